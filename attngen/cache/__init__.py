@@ -1,0 +1,55 @@
+"""On-disk per-signature artifact cache for compiled kernels (see docs/cache.md).
+
+Typical use by the build layer:
+
+    from attngen import cache
+    key = cache.cache_key(fields)                       # fields: everything that changes the binary
+    so = cache.default_cache().get_or_build(key, "causal bf16 hd128 sm_90a", build, meta={"fields": fields})
+"""
+
+from attngen.cache.keys import DEFAULT_TREE_EXCLUDE, cache_key, canonical_json, hash_bytes, hash_files, hash_tree
+from attngen.cache.store import (
+    META_NAME,
+    MANIFEST_NAME,
+    ArtifactCache,
+    CacheEntry,
+    CacheWarning,
+    cache_root,
+    clear,
+    default_cache,
+    default_cache_dir,
+    get_or_build,
+    info,
+    list_entries,
+    log,
+    verbose,
+    vlog,
+    write_if_different,
+)
+from attngen.errors import CacheError
+
+__all__ = [
+    "ArtifactCache",
+    "CacheEntry",
+    "CacheError",
+    "CacheWarning",
+    "DEFAULT_TREE_EXCLUDE",
+    "MANIFEST_NAME",
+    "META_NAME",
+    "cache_key",
+    "cache_root",
+    "canonical_json",
+    "clear",
+    "default_cache",
+    "default_cache_dir",
+    "get_or_build",
+    "hash_bytes",
+    "hash_files",
+    "hash_tree",
+    "info",
+    "list_entries",
+    "log",
+    "verbose",
+    "vlog",
+    "write_if_different",
+]

@@ -1,0 +1,765 @@
+"""The on-disk per-signature artifact cache (one directory per compiled kernel).
+
+Layout under the root ($ATTNGEN_CACHE_DIR, else $XDG_CACHE_HOME/attngen, else ~/.cache/attngen):
+
+    entries/<readable-name>-<key[:16]>/   published entries: sources, build.ninja, kernel.so, meta.json,
+                                          manifest.json (sha256 + size of every other file, written last)
+    locks/<key[:16]>.lock                 flock(2) target, one per entry; never deleted
+    tmp/<key[:16]>.<pid>.<random>/        builds in progress (renamed into entries/ when complete)
+
+Lookup: in-process memo -> prebuilt entries shipped in attngen/prebuilt/ -> entries/ -> build under the lock.
+An entry is visible only after os.rename of a complete directory, so a killed build never leaves a half entry;
+its tmp dir is removed by a later build once nobody holds that entry's lock (the kernel drops flock locks of
+dead processes, SIGKILL included).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import datetime
+import errno
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import stat
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - attngen targets Linux; the cache then runs without locks
+    fcntl = None  # type: ignore[assignment]
+
+from attngen.errors import BuildError, CacheError
+
+__all__ = [
+    "ArtifactCache",
+    "CacheEntry",
+    "CacheWarning",
+    "default_cache",
+    "default_cache_dir",
+    "cache_root",
+    "get_or_build",
+    "list_entries",
+    "clear",
+    "info",
+    "verbose",
+    "log",
+    "vlog",
+    "write_if_different",
+    "MANIFEST_NAME",
+    "META_NAME",
+]
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+META_NAME = "meta.json"
+_RESERVED = (MANIFEST_NAME, META_NAME)
+_KEY_RE = re.compile(r"^[0-9a-f]{16,128}$")
+_K16_RE = re.compile(r"^[0-9a-f]{16}$")
+_STALE_SECONDS_WITHOUT_LOCKS = 3600.0
+_PREBUILT_DIR = Path(__file__).resolve().parent.parent / "prebuilt"
+_META_PROTECTED = ("format", "name", "key", "artifact", "created", "created_unix")
+
+
+class CacheWarning(UserWarning):
+    """The cache recovered from a problem (corrupt entry rebuilt, unusable root replaced by a temp dir)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheEntry:
+    """One published entry, as listed by `ArtifactCache.list_entries`."""
+
+    name: str  # readable name given by the build layer, e.g. "causal bf16 hd128 sm_90a"
+    key: str  # full cache key ("" if the entry's meta.json/manifest.json is unreadable)
+    size: int  # bytes, all files
+    created: float  # unix time
+    path: Path  # the entry directory
+    artifact: str | None  # file name of the artifact inside the entry
+
+
+# ----------------------------------------------------------------------------------------------- logging
+
+
+def verbose() -> bool:
+    """True when ATTNGEN_VERBOSE is set to something other than '', 0, false, no, off."""
+    return os.environ.get("ATTNGEN_VERBOSE", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def log(msg: str) -> None:
+    """One line on stderr, prefixed 'attngen: '."""
+    sys.stderr.write(f"attngen: {msg}\n")
+    sys.stderr.flush()
+
+
+def vlog(msg: str) -> None:
+    """`log` only when `verbose()`; the build layer prints nvcc command lines through this."""
+    if verbose():
+        log(msg)
+
+
+# ------------------------------------------------------------------------------------------- file helpers
+
+
+def write_if_different(path: str | os.PathLike, text: str | bytes, *, encoding: str = "utf-8") -> bool:
+    """Write `text` to `path` unless it already holds exactly that; True if it wrote.
+
+    Unchanged files keep their mtime, so ninja does not rebuild from regenerated-but-identical sources.
+    The write goes through a temporary file and os.replace, so readers never see a partial file.
+    """
+    path = Path(path)
+    data = text.encode(encoding) if isinstance(text, str) else bytes(text)
+    try:
+        if path.stat().st_size == len(data) and path.read_bytes() == data:
+            return False
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return True
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _slug(name: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9.+_-]+", "_", name).strip("._-")
+    return s[:80] or "entry"
+
+
+def _check_owner_and_mode(path: Path, st: os.stat_result, what: str, *, allow_root_owner: bool = False) -> None:
+    """Refuse paths another user could have written: loading a cached library runs its code."""
+    uid = os.geteuid()
+    if st.st_uid != uid and not (allow_root_owner and st.st_uid == 0):
+        raise CacheError(
+            f"attngen cache {what} {path} is owned by uid {st.st_uid}, not by you (uid {uid}); loading kernels "
+            f"from it would run code another user controls. Fix: set ATTNGEN_CACHE_DIR to a directory you own, "
+            f"or remove {path}."
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CacheError(
+            f"attngen cache {what} {path} is writable by group/others (mode {stat.S_IMODE(st.st_mode):04o}); "
+            f"another user could replace the kernels in it. Fix: `chmod go-w {path}`, or set ATTNGEN_CACHE_DIR "
+            f"to a private directory."
+        )
+
+
+def _rmtree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.unlink(path)  # a symlink or file where a directory was expected
+
+
+# ----------------------------------------------------------------------------------------- fallback root
+
+_fallback_root: Path | None = None
+_fallback_lock = threading.Lock()
+
+
+def _private_temp_root() -> Path:
+    """One mkdtemp (mode 0700) per process, removed at exit; used when the configured root is unusable."""
+    global _fallback_root
+    with _fallback_lock:
+        if _fallback_root is None:
+            _fallback_root = Path(tempfile.mkdtemp(prefix=f"attngen-cache-{os.geteuid()}-"))
+            atexit.register(shutil.rmtree, str(_fallback_root), True)
+        return _fallback_root
+
+
+def default_cache_dir() -> Path:
+    """The configured root (not yet created): $ATTNGEN_CACHE_DIR, $XDG_CACHE_HOME/attngen, ~/.cache/attngen."""
+    env = os.environ.get("ATTNGEN_CACHE_DIR")
+    if env:
+        return Path(env).expanduser().absolute()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return (base / "attngen").absolute()
+
+
+# ------------------------------------------------------------------------------------------------ cache
+
+
+class ArtifactCache:
+    """Per-signature build artifacts on disk, safe across threads and processes.
+
+    `root=None` means `default_cache_dir()` at construction time. `prebuilt` is the directory searched for
+    entries shipped with the package (same layout as entries/); pass None to disable it.
+    Nothing touches the disk until the first operation.
+    """
+
+    def __init__(self, root: str | os.PathLike | None = None, *, prebuilt: str | os.PathLike | None = _PREBUILT_DIR):
+        try:
+            self._requested: Path | None = Path(root).expanduser().absolute() if root is not None else default_cache_dir()
+        except RuntimeError:  # Path.home() without HOME or a passwd entry
+            self._requested = None
+        self._prebuilt = Path(prebuilt) if prebuilt is not None else None
+        self._root: Path | None = None
+        self._memo: dict[tuple[str, str], Path] = {}
+        self._init_lock = threading.Lock()
+        self._warned_no_flock = False
+
+    def __repr__(self) -> str:
+        return f"ArtifactCache(root={str(self._root or self._requested)!r})"
+
+    # ------------------------------------------------------------------------------------------ root
+
+    @property
+    def root(self) -> Path:
+        """The root in use (created on first access; a private temp dir if the configured one is unusable)."""
+        root = self._root
+        return root if root is not None else self._ensure_root()
+
+    def _ensure_root(self) -> Path:
+        with self._init_lock:
+            if self._root is not None:
+                return self._root
+            requested = self._requested
+            try:
+                if requested is None:
+                    raise OSError("no home directory to put ~/.cache/attngen in")
+                self._prepare_root(requested)
+                root = requested
+            except OSError as e:
+                root = _private_temp_root()
+                warnings.warn(
+                    f"attngen: cache directory {requested} cannot be used ({e}); using the private temporary "
+                    f"directory {root} for this process instead, so kernels will be rebuilt in every new "
+                    f"process. Fix: make {requested} writable, or set ATTNGEN_CACHE_DIR to a writable "
+                    f"directory you own.",
+                    CacheWarning,
+                    stacklevel=4,
+                )
+                self._prepare_root(root)
+            self._root = root
+            vlog(f"cache root {root}")
+            return root
+
+    @staticmethod
+    def _prepare_root(root: Path) -> None:
+        """Create root and its subdirectories (mode 0700). OSError: unusable; CacheError: unsafe."""
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        _check_owner_and_mode(root, os.stat(root), "directory")
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "not writable", str(root))
+        for sub in ("entries", "locks", "tmp"):
+            p = root / sub
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(p, 0o700)
+            st = os.lstat(p)
+            if not stat.S_ISDIR(st.st_mode):
+                raise CacheError(
+                    f"attngen cache path {p} is not a directory. Fix: remove it (attngen recreates it), "
+                    f"or set ATTNGEN_CACHE_DIR to another directory."
+                )
+            _check_owner_and_mode(p, st, "directory")
+
+    # ------------------------------------------------------------------------------------ main entry
+
+    def get_or_build(
+        self,
+        key: str,
+        name: str,
+        build: Callable[[Path], Mapping[str, Any] | None],
+        meta: Mapping[str, Any] | None = None,
+        artifact: str = "kernel.so",
+    ) -> Path:
+        """Path of `artifact` inside the published entry for `key`, building it first if needed.
+
+        `build(tmpdir)` writes sources, build.ninja and the artifact into `tmpdir` and returns extra meta
+        (e.g. {"compiler": ..., "build_seconds": ...}) or None. If it raises, nothing is published and the
+        exception propagates. `meta` (JSON-able; by convention {"fields": ..., "expressions": ...}) goes into
+        meta.json. `name` is the readable name shown in logs and directory names.
+        """
+        hit = self._memo.get((key, artifact))
+        if hit is not None:
+            return hit
+        return self._lookup_or_build(key, name, build, meta, artifact)
+
+    def _lookup_or_build(self, key, name, build, meta, artifact) -> Path:
+        if not isinstance(key, str) or not _KEY_RE.match(key):
+            raise CacheError(
+                f"attngen cache: key {key!r} is not a lowercase hex digest (16-128 chars). "
+                f"Fix: pass cache_key(fields)."
+            )
+        parts = Path(artifact).parts
+        if not parts or Path(artifact).is_absolute() or ".." in parts or artifact in _RESERVED:
+            raise CacheError(
+                f"attngen cache: artifact {artifact!r} must be a relative path inside the entry, without '..', "
+                f"and not {' or '.join(_RESERVED)}. Fix: pass e.g. artifact='kernel.so'."
+            )
+        k16 = key[:16]
+
+        found = self._find_prebuilt(key, artifact)
+        if found is not None:
+            return self._remember(key, artifact, found / artifact, f"prebuilt {name}")
+
+        entries = self.root / "entries"
+        wanted = entries / f"{_slug(name)}-{k16}"
+
+        found = self._locate(wanted, entries, k16)
+        if found is not None and self._check_entry(found, key, artifact)[0] == "ok":
+            return self._remember(key, artifact, found / artifact, name)
+
+        with self._entry_lock(k16, name):
+            # Re-check: another process may have published (or repaired) the entry while we waited.
+            found = self._locate(wanted, entries, k16)
+            if found is not None:
+                status, reason = self._check_entry(found, key, artifact)
+                if status == "ok":
+                    return self._remember(key, artifact, found / artifact, name)
+                if status == "corrupt":
+                    warnings.warn(
+                        f"attngen: cache entry {found} ({name}) is corrupt: {reason}; removing it and "
+                        f"rebuilding.",
+                        CacheWarning,
+                        stacklevel=3,
+                    )
+                    self._discard(found, k16)
+            self._cleanup_tmp(held_k16=k16)
+            entry = self._build_and_publish(wanted, key, k16, name, build, meta, artifact)
+            return self._remember(key, artifact, entry / artifact, None)
+
+    def _remember(self, key: str, artifact: str, path: Path, hit_name: str | None) -> Path:
+        if hit_name is not None:
+            vlog(f"cache hit {hit_name}: {path}")
+        self._memo[(key, artifact)] = path
+        return path
+
+    @staticmethod
+    def _locate(wanted: Path, entries: Path, k16: str) -> Path | None:
+        if os.path.lexists(wanted):
+            return wanted
+        # The same key published under another readable name still serves.
+        for p in sorted(entries.glob(f"*-{k16}")):
+            return p
+        return None
+
+    def _find_prebuilt(self, key: str, artifact: str) -> Path | None:
+        pre = self._prebuilt
+        if pre is None or not pre.is_dir():
+            return None
+        for cand in sorted(pre.glob(f"*-{key[:16]}")):
+            status, reason = self._check_entry(cand, key, artifact, allow_root_owner=True)
+            if status == "ok":
+                return cand
+            if status == "corrupt":
+                warnings.warn(
+                    f"attngen: prebuilt entry {cand} is corrupt: {reason}; ignoring it. "
+                    f"Fix: reinstall attngen.",
+                    CacheWarning,
+                    stacklevel=4,
+                )
+        return None
+
+    # ------------------------------------------------------------------------------------ validation
+
+    def _check_entry(
+        self, entry: Path, key: str, artifact: str, *, allow_root_owner: bool = False
+    ) -> tuple[str, str | None]:
+        """("ok"|"missing"|"corrupt", reason). Raises CacheError for entries another user could have written.
+
+        Checks every file's size and sha256 against the manifest; this runs once per key per process
+        (afterwards the memo answers), so hashing a few MB of .so is paid once.
+        """
+        try:
+            st = os.lstat(entry)
+        except FileNotFoundError:
+            return "missing", None
+        if not stat.S_ISDIR(st.st_mode):
+            return "corrupt", "it is not a directory"
+        _check_owner_and_mode(entry, st, "entry", allow_root_owner=allow_root_owner)
+        mpath = entry / MANIFEST_NAME
+        try:
+            mst = os.lstat(mpath)
+        except FileNotFoundError:
+            return "corrupt", f"{MANIFEST_NAME} is missing (the build was interrupted or files were removed)"
+        if not stat.S_ISREG(mst.st_mode):
+            return "corrupt", f"{MANIFEST_NAME} is not a regular file"
+        _check_owner_and_mode(mpath, mst, "file", allow_root_owner=allow_root_owner)
+        try:
+            manifest = json.loads(mpath.read_text(encoding="utf-8"))
+            files = manifest["files"]
+            mkey = manifest["key"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return "corrupt", f"{MANIFEST_NAME} is unreadable ({type(e).__name__}: {e})"
+        if mkey != key:
+            return "corrupt", f"{MANIFEST_NAME} belongs to key {str(mkey)[:16]}..., not {key[:16]}..."
+        if not isinstance(files, dict) or artifact not in files:
+            return "corrupt", f"the manifest does not list the artifact {artifact!r}"
+        for rel, rec in files.items():
+            relp = Path(rel)
+            if relp.is_absolute() or ".." in relp.parts or rel == MANIFEST_NAME:
+                return "corrupt", f"the manifest lists the invalid path {rel!r}"
+            fpath = entry / rel
+            try:
+                fst = os.lstat(fpath)
+            except FileNotFoundError:
+                return "corrupt", f"{rel} is missing"
+            if not stat.S_ISREG(fst.st_mode):
+                return "corrupt", f"{rel} is not a regular file"
+            _check_owner_and_mode(fpath, fst, "file", allow_root_owner=allow_root_owner)
+            try:
+                size, digest = int(rec["size"]), str(rec["sha256"])
+            except (KeyError, TypeError, ValueError):
+                return "corrupt", f"the manifest record of {rel} is malformed"
+            if fst.st_size != size:
+                return "corrupt", f"{rel} has {fst.st_size} bytes, the manifest says {size}"
+            if _sha256_file(fpath) != digest:
+                return "corrupt", f"{rel} does not match its sha256 in the manifest"
+        return "ok", None
+
+    # --------------------------------------------------------------------------------------- locking
+
+    def _lock_path(self, k16: str) -> Path:
+        return self.root / "locks" / f"{k16}.lock"
+
+    @contextlib.contextmanager
+    def _entry_lock(self, k16: str, name: str) -> Iterator[None]:
+        """Exclusive flock on locks/<k16>.lock; also serializes threads (each open() is its own lock)."""
+        if fcntl is None:
+            yield
+            return
+        fd = os.open(self._lock_path(k16), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                vlog(f"waiting for another process building {name} (lock {self._lock_path(k16)})")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError as e:  # e.g. ENOLCK on some network filesystems
+                if not self._warned_no_flock:
+                    self._warned_no_flock = True
+                    warnings.warn(
+                        f"attngen: cannot lock files under {self.root} ({e}); concurrent processes may build "
+                        f"the same kernel twice (results stay correct: publishing is atomic). Fix: set "
+                        f"ATTNGEN_CACHE_DIR to a local filesystem.",
+                        CacheWarning,
+                        stacklevel=5,
+                    )
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _try_lock(self, k16: str) -> int | None:
+        """fd holding k16's lock, or None if someone else holds it (or locking is unavailable)."""
+        if fcntl is None:
+            return None
+        try:
+            fd = os.open(self._lock_path(k16), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            os.close(fd)
+            return None
+
+    def _cleanup_tmp(self, held_k16: str | None = None) -> int:
+        """Remove tmp dirs left by killed builds: those whose entry lock nobody holds. Returns the count."""
+        tmp = self.root / "tmp"
+        removed = 0
+        try:
+            names = os.listdir(tmp)
+        except OSError:
+            return 0
+        for nm in names:
+            p = tmp / nm
+            k16 = nm[:16]
+            if k16 == held_k16:
+                _rmtree(p)  # we hold this key's lock, so no live build owns it
+                removed += 1
+                continue
+            if _K16_RE.match(k16) and fcntl is not None:
+                fd = self._try_lock(k16)
+                if fd is None:
+                    continue  # a build of that key is running
+                try:
+                    _rmtree(p)
+                    removed += 1
+                finally:
+                    os.close(fd)
+                continue
+            with contextlib.suppress(OSError):
+                if time.time() - os.lstat(p).st_mtime > _STALE_SECONDS_WITHOUT_LOCKS:
+                    _rmtree(p)
+                    removed += 1
+        if removed:
+            vlog(f"removed {removed} stale temporary build dir(s) under {tmp}")
+        return removed
+
+    def _discard(self, entry: Path, k16: str) -> None:
+        """Move an entry out of entries/ atomically, then delete it (readers never see it half-deleted)."""
+        trash = self.root / "tmp" / f"{k16}.trash.{os.getpid()}.{secrets.token_hex(4)}"
+        try:
+            os.rename(entry, trash)
+        except FileNotFoundError:
+            return
+        _rmtree(trash)
+
+    # ----------------------------------------------------------------------------------------- build
+
+    def _build_and_publish(self, wanted, key, k16, name, build, meta, artifact) -> Path:
+        tmpdir = Path(tempfile.mkdtemp(prefix=f"{k16}.{os.getpid()}.", dir=self.root / "tmp"))
+        loud = verbose()
+        if loud:
+            log(f"building {name} in {tmpdir}")
+        else:
+            sys.stderr.write(f"attngen: building {name} ... ")
+            sys.stderr.flush()
+        t0 = time.perf_counter()
+        try:
+            extra = build(tmpdir)
+            seconds = time.perf_counter() - t0
+            if extra is None:
+                extra = {}
+            if not isinstance(extra, Mapping):
+                raise BuildError(
+                    f"attngen cache: the build function for {name} returned {type(extra).__name__}; expected a "
+                    f"dict of extra meta or None. Fix: return e.g. {{'compiler': 'nvcc 13.0'}}."
+                )
+            self._seal(tmpdir, key, name, artifact, seconds, meta or {}, extra)
+            entry = self._publish(tmpdir, wanted, key, k16, artifact)
+        except BaseException:
+            if loud:
+                log(f"build of {name} failed after {time.perf_counter() - t0:.1f} s")
+            else:
+                sys.stderr.write("failed\n")
+                sys.stderr.flush()
+            _rmtree(tmpdir)
+            raise
+        if loud:
+            log(f"built {name} in {seconds:.1f} s: {entry / artifact}")
+        else:
+            sys.stderr.write(f"{seconds:.1f} s\n")
+            sys.stderr.flush()
+        return entry
+
+    def _seal(self, tmpdir: Path, key, name, artifact, seconds, meta, extra) -> None:
+        """Check the build output, drop group/other write bits, write meta.json, then manifest.json LAST."""
+        art = tmpdir / artifact
+        if not art.is_file() or art.is_symlink():
+            raise BuildError(
+                f"attngen cache: the build of {name} finished without producing {artifact!r} in {tmpdir} "
+                f"(found: {sorted(os.listdir(tmpdir))}). Fix: the build function must write the artifact "
+                f"into the directory it is given."
+            )
+        if (tmpdir / MANIFEST_NAME).exists():
+            raise BuildError(
+                f"attngen cache: the build of {name} wrote {MANIFEST_NAME}, a name the cache reserves. "
+                f"Fix: name that file differently."
+            )
+        now = time.time()
+        doc: dict[str, Any] = {
+            "format": FORMAT_VERSION,
+            "name": name,
+            "key": key,
+            "artifact": artifact,
+            "created": datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(timespec="seconds"),
+            "created_unix": now,
+            "build_seconds": round(seconds, 3),
+            "host": socket.gethostname(),
+            "python": sys.version.split()[0],
+        }
+        base = dict(doc)
+        doc.update(meta)
+        doc.update(extra)  # the build may refine e.g. build_seconds, but not the identity fields
+        doc.update({k: base[k] for k in _META_PROTECTED})
+        (tmpdir / META_NAME).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+
+        files: dict[str, dict[str, Any]] = {}
+        for dirpath, dirnames, filenames in os.walk(tmpdir):
+            dpath = Path(dirpath)
+            for d in dirnames:
+                dp = dpath / d
+                if dp.is_symlink():
+                    raise BuildError(
+                        f"attngen cache: the build of {name} created the symlink {dp}; entries hold regular "
+                        f"files only. Fix: copy the target instead."
+                    )
+                os.chmod(dp, stat.S_IMODE(os.lstat(dp).st_mode) & ~0o022)
+            for f in filenames:
+                fp = dpath / f
+                st = os.lstat(fp)
+                if not stat.S_ISREG(st.st_mode):
+                    raise BuildError(
+                        f"attngen cache: the build of {name} created {fp}, which is not a regular file "
+                        f"(symlink, socket, ...). Fix: write regular files only."
+                    )
+                os.chmod(fp, stat.S_IMODE(st.st_mode) & ~0o022)
+                rel = fp.relative_to(tmpdir).as_posix()
+                if rel != MANIFEST_NAME:
+                    files[rel] = {"size": st.st_size, "sha256": _sha256_file(fp)}
+        manifest = {"format": FORMAT_VERSION, "key": key, "artifact": artifact, "files": dict(sorted(files.items()))}
+        (tmpdir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+        os.chmod(tmpdir / MANIFEST_NAME, 0o644)  # independent of the umask, like the files above
+
+    def _publish(self, tmpdir: Path, wanted: Path, key: str, k16: str, artifact: str) -> Path:
+        """os.rename the sealed tmp dir to its entry name; resolve a racing or broken occupant."""
+        for _ in range(3):
+            try:
+                os.rename(tmpdir, wanted)
+                return wanted
+            except OSError as e:
+                if e.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                    raise
+            # Only reachable without working locks (or after manual copying): someone else published first.
+            if self._check_entry(wanted, key, artifact)[0] == "ok":
+                _rmtree(tmpdir)
+                return wanted
+            self._discard(wanted, k16)
+        raise CacheError(f"attngen cache: could not publish {wanted}: it keeps reappearing. Fix: clear the cache.")
+
+    # ------------------------------------------------------------------------------------ management
+
+    def _entry_dirs(self) -> list[Path]:
+        entries = self.root / "entries"
+        try:
+            return sorted(p for p in entries.iterdir() if p.is_dir() and not p.is_symlink())
+        except FileNotFoundError:
+            return []
+
+    @staticmethod
+    def _read_json(path: Path) -> dict[str, Any] | None:
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            return doc if isinstance(doc, dict) else None
+        except (OSError, ValueError):
+            return None
+
+    def _describe(self, d: Path) -> tuple[CacheEntry, dict[str, Any]]:
+        meta = self._read_json(d / META_NAME) or {}
+        manifest = self._read_json(d / MANIFEST_NAME) or {}
+        size = 0
+        for dirpath, _, filenames in os.walk(d):
+            for f in filenames:
+                with contextlib.suppress(OSError):
+                    size += os.lstat(os.path.join(dirpath, f)).st_size
+        try:
+            created = float(meta.get("created_unix") or os.lstat(d).st_mtime)
+        except (OSError, TypeError, ValueError):
+            created = 0.0
+        entry = CacheEntry(
+            name=str(meta.get("name") or d.name),
+            key=str(meta.get("key") or manifest.get("key") or ""),
+            size=size,
+            created=created,
+            path=d,
+            artifact=meta.get("artifact") or manifest.get("artifact"),
+        )
+        return entry, meta
+
+    def list_entries(self) -> list[CacheEntry]:
+        """Published entries on disk (not prebuilt ones), oldest first."""
+        return sorted((self._describe(d)[0] for d in self._entry_dirs()), key=lambda e: (e.created, e.path.name))
+
+    def info(self, key_or_prefix: str) -> dict[str, Any]:
+        """meta.json of the entry whose key starts with `key_or_prefix` (or whose directory name does),
+        plus "path", "size_bytes" and "files" (the manifest). Searches disk entries, then prebuilt ones."""
+        q = key_or_prefix.strip()
+        if not q:
+            raise CacheError("attngen cache info: empty key. Fix: pass a key or key prefix from `attngen cache ls`.")
+        dirs = self._entry_dirs()
+        if self._prebuilt is not None and self._prebuilt.is_dir():
+            dirs += sorted(p for p in self._prebuilt.iterdir() if p.is_dir() and (p / MANIFEST_NAME).exists())
+        matches = []
+        for d in dirs:
+            entry, meta = self._describe(d)
+            if (entry.key and entry.key.startswith(q.lower())) or d.name == q or d.name.startswith(q):
+                matches.append((entry, meta))
+        if not matches:
+            raise CacheError(
+                f"attngen cache info: no entry matches {q!r} in {self.root / 'entries'}. "
+                f"Fix: pick a key from `python -m attngen cache ls`."
+            )
+        if len(matches) > 1:
+            shown = ", ".join(f"{e.key[:16]} ({e.name})" for e, _ in matches[:10])
+            raise CacheError(
+                f"attngen cache info: {q!r} matches {len(matches)} entries: {shown}. Fix: give more of the key."
+            )
+        entry, meta = matches[0]
+        out = dict(meta)
+        out["path"] = str(entry.path)
+        out["size_bytes"] = entry.size
+        out["files"] = (self._read_json(entry.path / MANIFEST_NAME) or {}).get("files", {})
+        return out
+
+    def clear(self) -> int:
+        """Remove every published entry (and stale temp dirs); returns the number of entries removed.
+
+        Libraries already loaded by running processes stay valid (Linux keeps unlinked files mapped).
+        """
+        n = 0
+        for d in self._entry_dirs():
+            k16 = d.name.rsplit("-", 1)[-1][:16]
+            self._discard(d, k16 if _K16_RE.match(k16) else "0" * 16)
+            n += 1
+        self._cleanup_tmp()
+        self._memo.clear()
+        return n
+
+    def forget(self) -> None:
+        """Drop the in-process memo (next lookups re-validate entries on disk)."""
+        self._memo.clear()
+
+
+# ------------------------------------------------------------------------------------ module-level API
+
+_defaults: dict[tuple[str | None, str | None], ArtifactCache] = {}
+
+
+def default_cache() -> ArtifactCache:
+    """The process-wide cache for the current ATTNGEN_CACHE_DIR / XDG_CACHE_HOME (one instance per value)."""
+    env = os.environ
+    k = (env.get("ATTNGEN_CACHE_DIR"), env.get("XDG_CACHE_HOME"))
+    c = _defaults.get(k)
+    if c is None:
+        c = _defaults.setdefault(k, ArtifactCache())
+    return c
+
+
+def cache_root() -> Path:
+    """Root directory of the default cache (created if needed)."""
+    return default_cache().root
+
+
+def get_or_build(key, name, build, meta=None, artifact="kernel.so") -> Path:
+    """`default_cache().get_or_build(...)`."""
+    return default_cache().get_or_build(key, name, build, meta, artifact)
+
+
+def list_entries() -> list[CacheEntry]:
+    return default_cache().list_entries()
+
+
+def clear() -> int:
+    return default_cache().clear()
+
+
+def info(key_or_prefix: str) -> dict[str, Any]:
+    return default_cache().info(key_or_prefix)

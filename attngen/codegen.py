@@ -1,0 +1,476 @@
+"""TracedVariant + BlockPredicates -> ``variant.inc``, the generated header of docs/kernel-interface.md.
+
+Work is placed where it is cheapest. Every subexpression gets a level from the symbols it depends on:
+
+    CONST  nothing            HEAD  b, h (and captured strides)
+    ROW    b, h, q_idx        COL   b, h, kv_idx          ELEM  score, or q_idx and kv_idx together
+
+The element functions (``score_mod``/``mask_mod``, called once per score) keep only ELEM work; every
+maximal lower-level subtree becomes a field of ``HeadCtx`` / ``RowCtx`` / ``ColCtx``, computed once per
+head / row / column by ``head_ctx`` / ``row_ctx`` / ``col_ctx``. Sums, products, ``&``/``|`` and
+min/max are regrouped first (``score + q + kv + 1`` -> ``score + rc.r0 + cc.k0``), a per-head factor is
+distributed over a row/column difference (alibi: ``slope*(kv - q)`` -> ``cc.k0 + rc.r0``), and captured
+loads become flat 64-bit offsets so their per-head/-row/-column parts hoist too. ``sympy.cse`` then
+removes repeated work inside each function.
+
+Every ``floor(n/d)`` of integers is rewritten to ``FloorDiv`` before CSE (so CSE cannot split it into a
+float ``1/d``), and the tile-level predicates print with ``i``/``j`` and the template's ``BQ``/``BK``.
+The output is deterministic: the same input gives byte-identical text.
+"""
+from __future__ import annotations
+
+import re
+from typing import Dict, Iterable, List, Sequence, Tuple
+
+import sympy
+
+from .errors import BuildError
+from .ir import BlockPredicates, TracedVariant
+from .printer import (
+    BOOL,
+    C_TYPES,
+    FLOAT,
+    INT,
+    LL,
+    CudaPrinter,
+    FlatILoad,
+    FlatLoad,
+    ToFloat,
+    lower_int_division,
+)
+from .symbols import BK, BQ, H, I, ILoad, J, KV, KVLEN, Load, Q, QLEN, QOFF, SCORE, B
+
+__all__ = ["render_variant_inc"]
+
+CONST, HEAD, ROW, COL, ELEM = range(5)
+_PREFIX = {HEAD: "hc.h", ROW: "rc.r", COL: "cc.k"}
+
+# Block bounds are ints in C; an unbounded side (+-oo) prints as +-2**30, far outside any block count
+# and safe to add small constants to.
+_BIG = 2**30
+
+
+def _join(a: int, b: int) -> int:
+    if a == b:
+        return a
+    if {a, b} == {ROW, COL}:
+        return ELEM
+    return max(a, b)
+
+
+def _below(low: int, high: int) -> bool:
+    return low != high and _join(low, high) == high
+
+
+def _assumptions(e) -> dict:
+    if isinstance(e, sympy.logic.boolalg.Boolean) and not isinstance(e, sympy.Expr):
+        return {}
+    if e.is_integer:
+        return {"integer": True}
+    if e.is_real:
+        return {"real": True}
+    return {}
+
+
+class _Hoister:
+    """Moves maximal HEAD/ROW/COL subtrees of element-level expressions into context-struct fields."""
+
+    _GROUPABLE = (sympy.Add, sympy.Mul, sympy.And, sympy.Or, sympy.Min, sympy.Max)
+    _ABSORB_CONST = (sympy.Add, sympy.And, sympy.Or, sympy.Min, sympy.Max)  # not Mul: keep coefficients out
+
+    def __init__(self, levels: Dict[sympy.Symbol, int]):
+        self.levels = dict(levels)
+        self.defs: Dict[int, List[Tuple[sympy.Symbol, sympy.Basic]]] = {HEAD: [], ROW: [], COL: []}
+        self._memo: Dict[Tuple[int, sympy.Basic], sympy.Symbol] = {}
+        self._lv: Dict[sympy.Basic, int] = {}
+
+    def level(self, e) -> int:
+        lv = self._lv.get(e)
+        if lv is None:
+            if isinstance(e, sympy.Symbol):
+                lv = self.levels.get(e, CONST)  # array names of loads are CONST
+            elif isinstance(e, FlatLoad):
+                lv = self.level(e.args[1])
+            elif isinstance(e, Load):
+                lv = CONST
+                for a in e.args[1:]:
+                    lv = _join(lv, self.level(a))
+            else:
+                lv = CONST
+                for a in e.args:
+                    lv = _join(lv, self.level(a))
+            self._lv[e] = lv
+        return lv
+
+    @staticmethod
+    def _trivial(e) -> bool:
+        if e.is_Atom:
+            return True
+        if isinstance(e, sympy.Tuple):  # ExprCondPair & co. are not values
+            return True
+        return e.is_Mul and len(e.args) == 2 and e.args[0] == -1 and e.args[1].is_Atom
+
+    def top(self, e):
+        return self.sub(e, ELEM)
+
+    def sub(self, e, T: int):
+        L = self.level(e)
+        if L != CONST and _below(L, T) and not self._trivial(e):
+            return self.var(e, L)
+        return self.lower(e, T)
+
+    def var(self, e, L: int) -> sympy.Symbol:
+        e = self.lower(e, L)
+        key = (L, e)
+        sym = self._memo.get(key)
+        if sym is None:
+            sym = sympy.Symbol(f"{_PREFIX[L]}{len(self.defs[L])}", **_assumptions(e))
+            self.defs[L].append((sym, e))
+            self.levels[sym] = L
+            self._memo[key] = sym
+        return sym
+
+    def _distribute(self, e):
+        """head * (row + col) at element level, with integer row/col terms:
+        * in an integer product, distribute: h*(kv - q) -> h*kv - h*q (exact), each product hoists;
+        * in a float product (alibi's slope*(kv - q)), convert the row and column sums to float in their
+          contexts and keep one float add and one multiply per element: slope*(cc.k0 + rc.r0). Exact
+          while indices stay below 2**24, unlike slope*kv - slope*q, which loses the small difference.
+        """
+        if not e.is_Mul:
+            return e
+        inner = [f for f in e.args if self.level(f) == ELEM]
+        if len(inner) != 1 or not inner[0].is_Add or not inner[0].is_integer:
+            return e
+        add = inner[0]
+        if any(self.level(f) not in (CONST, HEAD) for f in e.args if f is not add):
+            return e
+        if any(self.level(t) == ELEM for t in add.args):
+            return e
+        if e.is_integer:
+            return sympy.expand_mul(e, deep=False)
+        row = [t for t in add.args if self.level(t) != COL]
+        col = [t for t in add.args if self.level(t) == COL]
+        new_add = sympy.Add(ToFloat(sympy.Add(*row)), ToFloat(sympy.Add(*col)))
+        return sympy.Mul(*[f for f in e.args if f is not add], new_add)
+
+    def lower(self, e, T: int):
+        if e.is_Atom or not e.args:
+            return e
+        if T == ELEM and e.is_Mul:
+            d = self._distribute(e)
+            if d is not e and d != e:
+                return self.lower(d, T)
+        if isinstance(e, self._GROUPABLE):
+            return self._group(e, T)
+        return e.func(*[self.sub(a, T) for a in e.args])
+
+    def _group(self, e, T: int):
+        cls = e.func
+        args = list(e.args)
+        if cls is sympy.Add and T == ELEM:
+            flat = []
+            for a in args:
+                d = self._distribute(a)
+                flat.extend(d.args if d.is_Add else [d])
+            args = flat
+        keep, consts = [], []
+        buckets = {HEAD: [], ROW: [], COL: []}
+        for a in args:
+            L = self.level(a)
+            if L == CONST:
+                consts.append(a)
+            elif L == T:
+                keep.append(self.lower(a, T))
+            else:
+                buckets[L].append(a)
+        if T == ELEM and buckets[HEAD] and (buckets[ROW] or buckets[COL]):
+            buckets[ROW if buckets[ROW] else COL] += buckets.pop(HEAD)
+            buckets[HEAD] = []
+        if consts and issubclass(cls, self._ABSORB_CONST):
+            home = next((L for L in (ROW, COL, HEAD) if buckets[L]), None)
+            if home is not None:
+                buckets[home] += consts
+                consts = []
+        keep += consts
+        # integer terms of a float sum/product are converted to float once, in their context
+        to_float = cls in (sympy.Add, sympy.Mul, sympy.Min, sympy.Max) and not e.is_integer
+        for L in (HEAD, ROW, COL):
+            if buckets[L]:
+                g = cls(*buckets[L])
+                if to_float and g.is_integer:
+                    keep.append(self.var(ToFloat(g), L))
+                else:
+                    keep.append(self.lower(g, L) if self._trivial(g) else self.var(g, L))
+        return cls(*keep)
+
+
+def _comment(text: str) -> str:
+    """One safe line for a // comment (no trailing backslash continuation, no newlines)."""
+    return re.sub(r"\s+", " ", str(text)).replace("\\", "/")
+
+
+def _check_symbols(what: str, expr, allowed: Iterable[sympy.Symbol], arrays: Iterable[str]) -> None:
+    arrays = set(arrays)
+    names = {x.args[0] for x in expr.atoms(Load)} | {x.args[0] for x in expr.atoms(FlatLoad)}
+    for n in names:
+        if not isinstance(n, sympy.Symbol) or n.name not in arrays:
+            raise BuildError(
+                f"{what} `{expr}` reads array {n}, which is not among the captured tensors / summaries "
+                f"({', '.join(sorted(arrays)) or 'none'}); list it in TracedVariant.captured or BlockPredicates.summaries"
+            )
+    extra = expr.free_symbols - set(allowed) - names
+    if extra:
+        raise BuildError(
+            f"{what} `{expr}` uses {sorted(map(str, extra))}, but only {sorted(map(str, allowed))} exist at this "
+            "level; element mods see score, b, h, q_idx, kv_idx and block predicates see i/j, BQ, BK, QLEN, "
+            "KVLEN, QOFF, b, h"
+        )
+
+
+def _stride_symbols(traced: TracedVariant):
+    """Stride symbols per captured tensor: Symbol('c.stride[n][d]'), printed verbatim, typed long long."""
+    out = {}
+    for n, ct in enumerate(traced.captured):
+        if not 1 <= ct.rank <= 4:
+            raise BuildError(
+                f"captured tensor {ct.name} has rank {ct.rank}; generated kernels read tensors of rank 1 to 4 "
+                "(CapturedArgs.stride has 4 entries); reshape it"
+            )
+        out[ct.name] = [sympy.Symbol(f"c.stride[{n}][{d}]", integer=True) for d in range(ct.rank)]
+    return out
+
+
+def _flatten_loads(expr, strides):
+    """Load(t, i0, i1) -> FlatLoad(t, i0*s0 + i1*s1), distributed so per-row/-column parts separate."""
+
+    def rep(e):
+        name = e.args[0].name
+        if name not in strides:
+            return e  # summary arrays stay 1-D loads
+        idx = e.args[1:]
+        if len(idx) != len(strides[name]):
+            raise BuildError(
+                f"load `{e}` indexes captured tensor {name} with {len(idx)} indices, but it has rank "
+                f"{len(strides[name])}; a mod must index every dimension (e.g. bias[h, q_idx])"
+            )
+        off = sympy.Add(*[sympy.expand_mul(i * s, deep=False) for i, s in zip(idx, strides[name])])
+        return (FlatILoad if isinstance(e, ILoad) else FlatLoad)(e.args[0], off)
+
+    return expr.replace(lambda e: isinstance(e, Load), rep)
+
+
+class _Emitter:
+    """Holds the printing context shared by all generated functions."""
+
+    def __init__(self, traced: TracedVariant, preds: BlockPredicates, fast_tanh: bool, fast_exp2: bool):
+        self.captured = [(c.name, c.dtype) for c in traced.captured]
+        self.summaries = [(s.name, s.integer) for s in preds.summaries]
+        names = [n for n, _ in self.captured] + [n for n, _ in self.summaries]
+        if len(set(names)) != len(names):
+            raise BuildError(f"captured tensors and summaries must have distinct names, got {names}")
+        if len(self.captured) > 8 or len(self.summaries) > 8:
+            raise BuildError(
+                f"a variant may capture at most 8 tensors and use at most 8 summaries (ATTNGEN_MAX_CAPTURED/"
+                f"ATTNGEN_MAX_SUMMARIES), got {len(self.captured)} and {len(self.summaries)}; merge tensors"
+            )
+        self.fast_tanh, self.fast_exp2 = fast_tanh, fast_exp2
+        self.used: set = set()
+        self.types: Dict[sympy.Symbol, str] = {}
+
+    def printer(self, names: Dict[sympy.Symbol, str]) -> CudaPrinter:
+        p = CudaPrinter(self.fast_tanh, self.fast_exp2, captured=dict(self.captured), summaries=dict(self.summaries),
+                        symbol_names=names, local_types=self.types)
+        p.used = self.used
+        return p
+
+    def body(self, p: CudaPrinter, outputs: Sequence[Tuple[sympy.Basic, str]], indent: str = "  ") -> Tuple[List[str], List[str]]:
+        """CSE over ``outputs`` ((expr, type) pairs). Returns (temporary declarations, output texts)."""
+        temps, reduced = sympy.cse([e for e, _ in outputs], symbols=sympy.numbered_symbols("x"), order="canonical")
+        lines = []
+        for sym, d in temps:
+            t = p.typeof(d)
+            lines.append(f"{indent}const {C_TYPES[t]} {sym.name} = {p.doprint(d)};")
+            p.declare(sym, t)
+        outs = []
+        for (orig, t), r in zip(outputs, reduced):
+            rt = p.typeof(r)
+            if t == INT and rt not in (INT, LL, BOOL):
+                raise BuildError(f"block bound `{orig}` is not an integer expression (prints as {rt}); "
+                                 "block predicates must use integer arithmetic (floor division, Min/Max)")
+            outs.append(p.doprint(r, as_type=t))
+        return lines, outs
+
+
+def _elem_body(em: _Emitter, p: CudaPrinter, temps, expr, indent="  ") -> List[str]:
+    """Declarations of the element-level CSE temporaries ``expr`` needs, in order."""
+    need = set(expr.free_symbols)
+    for sym, d in reversed(temps):
+        if sym in need:
+            need |= d.free_symbols
+    lines = []
+    for sym, d in temps:
+        if sym in need:
+            t = p.typeof(d)
+            lines.append(f"{indent}const {C_TYPES[t]} {sym.name} = {p.doprint(d)};")
+            p.declare(sym, t)
+    return lines
+
+
+def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_tanh: bool = True,
+                       fast_exp2: bool = True) -> str:
+    """The ``variant.inc`` of docs/kernel-interface.md for ``traced`` and its block predicates.
+
+    fast_tanh / fast_exp2 select ``tanh.approx.f32`` / ``ex2.approx.ftz.f32`` (see ``CudaPrinter``).
+    Raises BuildError for expressions the printers cannot express, naming the node.
+    """
+    em = _Emitter(traced, preds, fast_tanh, fast_exp2)
+    cap_names = [n for n, _ in em.captured]
+    sum_names = [n for n, _ in em.summaries]
+    score = sympy.sympify(traced.score)
+    mask = sympy.sympify(traced.mask)
+    _check_symbols("score_mod", score, (SCORE, B, H, Q, KV), cap_names + sum_names)
+    _check_symbols("mask_mod", mask, (B, H, Q, KV), cap_names + sum_names)
+    if mask.is_Atom and mask not in (sympy.true, sympy.false):
+        raise BuildError(f"mask `{mask}` must be a boolean expression (e.g. q_idx >= kv_idx) or sympy.true")
+
+    # ---- element level: hoist into Head/Row/Col contexts ------------------------------------------------
+    strides = _stride_symbols(traced)
+    for ss in strides.values():
+        for s in ss:
+            em.types[s] = LL
+    levels = {SCORE: ELEM, Q: ROW, KV: COL, B: HEAD, H: HEAD}
+    levels.update({s: HEAD for ss in strides.values() for s in ss})
+    hoist = _Hoister(levels)
+    score_l = hoist.top(_flatten_loads(lower_int_division(score), strides))
+    mask_l = hoist.top(_flatten_loads(lower_int_division(mask), strides))
+
+    ctx_names = {SCORE: "score", Q: "q_idx", KV: "kv_idx", B: "hc.b", H: "hc.h"}
+    out: List[str] = []
+    structs: List[str] = []
+    funcs: List[str] = []
+
+    # HeadCtx always carries b and h: row/col/element code reaches them as hc.b / hc.h.
+    level_spec = {
+        HEAD: ("HeadCtx", "hc", "head_ctx", "const CapturedArgs& c, int b, int h", {**ctx_names, B: "b", H: "h"}),
+        ROW: ("RowCtx", "rc", "row_ctx", "const CapturedArgs& c, const HeadCtx& hc, int q_idx", ctx_names),
+        COL: ("ColCtx", "cc", "col_ctx", "const CapturedArgs& c, const HeadCtx& hc, int kv_idx", ctx_names),
+    }
+    for L in (HEAD, ROW, COL):
+        sname, var, fname, params, names = level_spec[L]
+        p = em.printer(names)
+        defs = hoist.defs[L]
+        fields = ["  int b, h;"] if L == HEAD else []
+        body = [f"  {sname} {var}{{}};"] + (["  hc.b = b;", "  hc.h = h;"] if L == HEAD else [])
+        if defs:
+            temps, reduced = sympy.cse([d for _, d in defs], symbols=sympy.numbered_symbols("x"), order="canonical")
+            for tsym, td in temps:
+                tt = p.typeof(td)
+                body.append(f"  const {C_TYPES[tt]} {tsym.name} = {p.doprint(td)};")
+                p.declare(tsym, tt)
+            for (sym, d), r in zip(defs, reduced):
+                t = p.typeof(r)
+                fields.append(f"  {C_TYPES[t]} {sym.name.split('.')[1]};  // {_comment(d)}")
+                body.append(f"  {sym.name} = {p.doprint(r)};")
+                em.types[sym] = t
+        body.append(f"  return {var};")
+        structs.append(f"struct {sname} {{\n" + "".join(f + "\n" for f in fields) + "};")
+        funcs.append(f"__device__ __forceinline__ {sname} {fname}({params}) {{\n" + "\n".join(body) + "\n}")
+
+    # element functions: CSE over score and mask together, each function declares what it needs
+    temps, (score_r, mask_r) = sympy.cse([score_l, mask_l], symbols=sympy.numbered_symbols("x"), order="canonical")
+    ps = em.printer(ctx_names)
+    s_lines = _elem_body(em, ps, temps, score_r)
+    s_text = ps.doprint(score_r, as_type=FLOAT)
+    pm = em.printer(ctx_names)
+    m_lines = _elem_body(em, pm, temps, mask_r)
+    m_text = pm.doprint(mask_r, as_type=BOOL)
+    elem_params = "const CapturedArgs& c, const HeadCtx& hc, const RowCtx& rc, const ColCtx& cc,\n    int q_idx, int kv_idx"
+    funcs.append(
+        f"__device__ __forceinline__ float score_mod(float score, {elem_params}) {{\n"
+        + "".join(x + "\n" for x in s_lines) + f"  return {s_text};\n}}"
+    )
+    funcs.append(
+        f"__device__ __forceinline__ bool mask_mod({elem_params}) {{\n"
+        + "".join(x + "\n" for x in m_lines) + f"  return {m_text};\n}}"
+    )
+
+    # ---- tile level ------------------------------------------------------------------------------------
+    tile_names = {I: "i", J: "j", BQ: "BQ", BK: "BK", QLEN: "t.QLEN", KVLEN: "t.KVLEN", QOFF: "t.QOFF", B: "t.b", H: "t.h"}
+    common = (BQ, BK, QLEN, KVLEN, QOFF, B, H)
+    arrays = cap_names + sum_names
+    tile_specs = [
+        ("kv_block_lo", "int", "int i", preds.kv_lo, (I,) + common),
+        ("kv_block_hi", "int", "int i", preds.kv_hi, (I,) + common),
+        ("kv_full_lo", "int", "int i", preds.kv_full_lo, (I,) + common),
+        ("kv_full_hi", "int", "int i", preds.kv_full_hi, (I,) + common),
+        ("q_block_lo", "int", "int j", preds.q_lo, (J,) + common),
+        ("q_block_hi", "int", "int j", preds.q_hi, (J,) + common),
+        ("q_full_lo", "int", "int j", preds.q_full_lo, (J,) + common),
+        ("q_full_hi", "int", "int j", preds.q_full_hi, (J,) + common),
+        ("tile_any", "bool", "int i, int j", preds.tile_any, (I, J) + common),
+        ("tile_all", "bool", "int i, int j", preds.tile_all, (I, J) + common),
+    ]
+    tile_funcs = []
+    for fname, rtype, params, expr, allowed in tile_specs:
+        expr = sympy.sympify(expr)
+        _check_symbols(f"block predicate {fname}", expr, allowed, arrays)
+        if rtype == "int":
+            expr = expr.xreplace({sympy.oo: sympy.Integer(_BIG), -sympy.oo: sympy.Integer(-_BIG)})
+        expr = lower_int_division(expr)
+        p = em.printer(tile_names)
+        lines, (text,) = em.body(p, [(expr, INT if rtype == "int" else BOOL)])
+        tile_funcs.append(
+            f"template <int BQ, int BK>\n__device__ __forceinline__ {rtype} {fname}(const CapturedArgs& c, const TileArgs& t, {params}) {{\n"
+            + "".join(x + "\n" for x in lines) + f"  return {text};\n}}"
+        )
+
+    # ---- assemble --------------------------------------------------------------------------------------
+    hp = CudaPrinter(fast_tanh, fast_exp2)
+    hp.used = em.used
+    helper_text = hp.helpers()
+
+    v = getattr(traced, "variant", None)
+    vname = getattr(v, "name", "?") if v is not None else "?"
+    cap_desc = ", ".join(f"{c.name}: {c.dtype} rank {c.rank}" for c in traced.captured) or "none"
+    sum_desc = ", ".join(f"{s.name}: per {s.axis}-block {'int32' if s.integer else 'float32'}"
+                         + (f" ({s.key})" if s.key else "") for s in preds.summaries) or "none"
+    has_score = int(score != SCORE)
+    has_mask = int(mask is not sympy.true)
+    out += [
+        "// variant.inc -- generated by attngen.codegen.render_variant_inc; do not edit.",
+        f"// variant:   {_comment(vname)}",
+        f"// score_mod: {_comment(score)}",
+        f"// mask_mod:  {_comment(mask)}",
+        f"// captured:  {_comment(cap_desc)}",
+        f"// summaries: {_comment(sum_desc)}",
+        f"// q-block i visits kv blocks [{_comment(preds.kv_lo)}, {_comment(preds.kv_hi)}), "
+        f"full [{_comment(preds.kv_full_lo)}, {_comment(preds.kv_full_hi)})",
+        f"// kv-block j visits q blocks [{_comment(preds.q_lo)}, {_comment(preds.q_hi)}), "
+        f"full [{_comment(preds.q_full_lo)}, {_comment(preds.q_full_hi)})",
+        f"// tile_any: {_comment(preds.tile_any)}",
+        f"// tile_all: {_comment(preds.tile_all)}",
+        f"// fast paths: tanh.approx={int(fast_tanh)} ex2.approx={int(fast_exp2)}",
+        "// Needs attngen_common.cuh (CapturedArgs, TileArgs, py_floordiv, py_mod) included first.",
+        "#pragma once",
+        "#ifndef ATTNGEN_MAX_CAPTURED",
+        '#error "attngen: include attngen_common.cuh before variant.inc"',
+        "#endif",
+        "",
+        f"#define ATTNGEN_HAS_SCORE_MOD {has_score}",
+        f"#define ATTNGEN_HAS_MASK {has_mask}",
+        f"#define ATTNGEN_NEEDS_CLASSIFIER {int(bool(preds.needs_classifier))}",
+        "",
+    ]
+    if helper_text:
+        out += ["// ---- helpers", helper_text, ""]
+    out += ["// ---- per-head / per-row / per-column terms (hoisted out of the element functions)"]
+    for s in structs:
+        out += [s]
+    out += [""]
+    for f in funcs:
+        out += [f, ""]
+    out += ["// ---- tile level (BQ x BK tiles; i = q-block, j = kv-block)"]
+    for f in tile_funcs:
+        out += [f, ""]
+    return "\n".join(out)

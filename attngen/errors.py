@@ -1,0 +1,21 @@
+"""Exceptions raised by attngen. Every message names the problem and the fix."""
+
+
+class AttngenError(Exception):
+    """Base class of every attngen error."""
+
+
+class UnsupportedOperation(AttngenError, TypeError):
+    """A score_mod/mask_mod used something the tracer cannot turn into an expression."""
+
+
+class InputError(AttngenError, ValueError):
+    """Tensors passed to an attention call do not match what the kernel accepts."""
+
+
+class BuildError(AttngenError, RuntimeError):
+    """Generating, compiling or loading a kernel failed (compiler output attached)."""
+
+
+class CacheError(AttngenError, RuntimeError):
+    """The on-disk artifact cache could not be used."""

@@ -1,0 +1,94 @@
+"""Hand-off types between pipeline stages: trace -> predicates -> codegen -> build -> runtime.
+
+Expressions use the vocabulary of ``attngen.symbols``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Tuple
+
+import sympy
+import torch
+
+from .mods import Variant
+
+
+@dataclass(frozen=True)
+class CapturedTensor:
+    """A tensor a mod indexed (``bias[h]``, ``doc[q_idx]``): a runtime input keyed by dtype and rank."""
+
+    name: str  # 't0', 't1', ... in first-use order
+    tensor: torch.Tensor = field(compare=False, repr=False)  # the live object, re-read at every call
+    dtype: torch.dtype = torch.float32
+    rank: int = 1
+
+    @property
+    def integer(self) -> bool:
+        return not (self.dtype.is_floating_point or self.dtype.is_complex)
+
+
+@dataclass(frozen=True)
+class TracedVariant:
+    """A variant as expressions. ``score`` has every score-independent -inf branch hoisted into ``mask``."""
+
+    variant: Variant = field(compare=False, repr=False)
+    score: sympy.Expr  # in SCORE, B, H, Q, KV, Load/ILoad
+    mask: sympy.Basic  # boolean in B, H, Q, KV, ILoad/Load; sympy.true when nothing is masked
+    captured: Tuple[CapturedTensor, ...] = ()
+
+    @property
+    def has_mask(self) -> bool:
+        return self.mask is not sympy.true
+
+    @property
+    def has_score_mod(self) -> bool:
+        from .symbols import SCORE
+
+        return self.score != SCORE
+
+    def canonical(self) -> str:
+        """Canonical text of the variant: equal for two spellings of one variant, different for
+        different constants. Captured tensors enter by name, dtype and rank, never by value."""
+        caps = ";".join(f"{c.name}:{c.dtype}:{c.rank}" for c in self.captured)
+        return f"score={sympy.srepr(self.score)}|mask={sympy.srepr(self.mask)}|captured={caps}"
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A runtime per-block array the predicates read as ``ILoad(Symbol(name), I)`` (or J).
+
+    ``compute(tensors, BQ, BK, QLEN, KVLEN, QOFF)`` builds it on the tensors' device in O(N);
+    ``tensors`` maps captured names to live tensors. ``axis`` says which block index it is indexed by.
+    """
+
+    name: str
+    axis: str  # 'q' (indexed by I, length ceil(QLEN/BQ)) or 'kv' (by J, length ceil(KVLEN/BK))
+    compute: Callable = field(compare=False, repr=False)
+    integer: bool = True
+    key: str = ""  # canonical description of what is computed (enters cache keys)
+
+
+@dataclass(frozen=True)
+class BlockPredicates:
+    """Closed-form block-skip predicates derived from a mask.
+
+    For q-block I: kv blocks outside [kv_lo, kv_hi) are EMPTY; blocks in [kv_full_lo, kv_full_hi) are FULL
+    (clamp both to [0, ceil(KVLEN/BK))). Transposed for kv-block J: q blocks in [q_lo, q_hi), full
+    [q_full_lo, q_full_hi). For any tile (I, J) in range: ``tile_any`` False => EMPTY, ``tile_all``
+    True => FULL, else PARTIAL. ``needs_classifier`` is False when the ranges alone give the exact map
+    (interval patterns), so a kernel need not evaluate tile_any/tile_all per tile.
+    All are sound: EMPTY/FULL only when provably so.
+    """
+
+    kv_lo: sympy.Expr
+    kv_hi: sympy.Expr
+    kv_full_lo: sympy.Expr
+    kv_full_hi: sympy.Expr
+    q_lo: sympy.Expr
+    q_hi: sympy.Expr
+    q_full_lo: sympy.Expr
+    q_full_hi: sympy.Expr
+    tile_any: sympy.Basic
+    tile_all: sympy.Basic
+    needs_classifier: bool = True
+    summaries: Tuple[Summary, ...] = ()

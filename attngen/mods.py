@@ -1,0 +1,190 @@
+"""User-facing mod objects: MaskMod, ScoreMod and Variant.
+
+A mod is an ordinary Python callable with FlexAttention's signature:
+``score_mod(score, b, h, q_idx, kv_idx)`` and ``mask_mod(b, h, q_idx, kv_idx)``.
+The same callable is evaluated on broadcast torch tensors (reference path, brute force)
+and on symbolic proxies (tracing), so the library variants are written once.
+MaskMod and ScoreMod only add names and composition on top of a plain function.
+"""
+from __future__ import annotations
+
+import math
+import types
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+
+def _is_symbolic(x) -> bool:
+    return getattr(type(x), "_attngen_symbolic", False)
+
+
+def _shim(name: str, torch_fn: Callable, math_fn: Callable) -> Callable:
+    def f(x):
+        if isinstance(x, torch.Tensor) or _is_symbolic(x):
+            return torch_fn(x)
+        return math_fn(x)
+
+    f.__name__ = name
+    f._attngen_math_shim = True
+    return f
+
+
+# math functions a mod may call on score/index values; each forwards to torch for tensors and proxies.
+MATH_SHIMS = {
+    math.tanh: _shim("tanh", torch.tanh, math.tanh),
+    math.exp: _shim("exp", torch.exp, math.exp),
+    math.log: _shim("log", torch.log, math.log),
+    math.log2: _shim("log2", torch.log2, math.log2),
+    math.sqrt: _shim("sqrt", torch.sqrt, math.sqrt),
+    math.sin: _shim("sin", torch.sin, math.sin),
+    math.cos: _shim("cos", torch.cos, math.cos),
+    math.fabs: _shim("fabs", torch.abs, math.fabs),
+}
+if hasattr(math, "exp2"):
+    MATH_SHIMS[math.exp2] = _shim("exp2", torch.exp2, math.exp2)
+
+_MATH_MODULE_SHIM = types.SimpleNamespace(
+    **{**{k: v for k, v in vars(math).items() if not k.startswith("_")},
+       **{fn.__name__: shim for fn, shim in MATH_SHIMS.items()}}
+)
+
+
+def with_math_shim(fn: Callable) -> Callable:
+    """Return ``fn`` with its globals' ``math`` module and ``math.*`` functions replaced by shims
+    that accept tensors and symbolic proxies. Only the mod's own globals are rewritten (a helper
+    function it calls keeps the real ``math``: the tracer then reports it with the fix)."""
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    g = fn.__globals__
+    repl = {}
+    for name, val in g.items():
+        if val is math:
+            repl[name] = _MATH_MODULE_SHIM
+        elif callable(val) and not isinstance(val, type):
+            try:
+                if val in MATH_SHIMS:
+                    repl[name] = MATH_SHIMS[val]
+            except TypeError:  # unhashable callables
+                pass
+    if not repl:
+        return fn
+    new_globals = dict(g)
+    new_globals.update(repl)
+    new = types.FunctionType(fn.__code__, new_globals, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__wrapped__ = fn
+    return new
+
+
+class MaskMod:
+    """A named mask_mod(b, h, q_idx, kv_idx) -> bool. Combine with ``&``, ``|``, ``~``."""
+
+    def __init__(self, fn: Callable, name: Optional[str] = None):
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "mask")
+
+    def __call__(self, b, h, q_idx, kv_idx):
+        return self.fn(b, h, q_idx, kv_idx)
+
+    def __and__(self, other):
+        other = as_mask_mod(other)
+        return MaskMod(lambda b, h, q, k: self(b, h, q, k) & other(b, h, q, k), f"({self.name} & {other.name})")
+
+    def __or__(self, other):
+        other = as_mask_mod(other)
+        return MaskMod(lambda b, h, q, k: self(b, h, q, k) | other(b, h, q, k), f"({self.name} | {other.name})")
+
+    __rand__ = lambda self, other: as_mask_mod(other) & self  # noqa: E731
+    __ror__ = lambda self, other: as_mask_mod(other) | self  # noqa: E731
+
+    def __invert__(self):
+        return MaskMod(lambda b, h, q, k: ~self(b, h, q, k), f"~{self.name}")
+
+    def __repr__(self):
+        return f"MaskMod({self.name})"
+
+
+class ScoreMod:
+    """A named score_mod(score, b, h, q_idx, kv_idx) -> score. ``a.then(b)`` applies a, then b."""
+
+    def __init__(self, fn: Callable, name: Optional[str] = None):
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "score")
+
+    def __call__(self, score, b, h, q_idx, kv_idx):
+        return self.fn(score, b, h, q_idx, kv_idx)
+
+    def then(self, other):
+        other = as_score_mod(other)
+        return ScoreMod(lambda s, b, h, q, k: other(self(s, b, h, q, k), b, h, q, k), f"{self.name}>{other.name}")
+
+    def __repr__(self):
+        return f"ScoreMod({self.name})"
+
+
+def compose(*score_mods) -> Optional[ScoreMod]:
+    """compose(a, b, c) applies a, then b, then c. None entries are skipped."""
+    mods = [as_score_mod(m) for m in score_mods if m is not None]
+    if not mods:
+        return None
+    out = mods[0]
+    for m in mods[1:]:
+        out = out.then(m)
+    return out
+
+
+def as_mask_mod(fn) -> MaskMod:
+    if isinstance(fn, MaskMod):
+        return fn
+    if not callable(fn):
+        raise TypeError(f"expected a mask_mod(b, h, q_idx, kv_idx) callable, got {type(fn).__name__}")
+    return MaskMod(with_math_shim(fn), getattr(fn, "__name__", "mask"))
+
+
+def as_score_mod(fn) -> ScoreMod:
+    if isinstance(fn, ScoreMod):
+        return fn
+    if not callable(fn):
+        raise TypeError(f"expected a score_mod(score, b, h, q_idx, kv_idx) callable, got {type(fn).__name__}")
+    return ScoreMod(with_math_shim(fn), getattr(fn, "__name__", "score"))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An attention variant: an optional score_mod and an optional mask_mod."""
+
+    score_mod: Optional[ScoreMod] = None
+    mask_mod: Optional[MaskMod] = None
+
+    @property
+    def name(self) -> str:
+        parts = [m.name for m in (self.score_mod, self.mask_mod) if m is not None]
+        return "+".join(parts) if parts else "full"
+
+
+def as_variant(obj) -> Variant:
+    """Accept a Variant, a compiled attention object, a MaskMod or a ScoreMod (or None: full attention)."""
+    if obj is None:
+        return Variant()
+    if isinstance(obj, Variant):
+        return obj
+    v = getattr(obj, "variant", None)
+    if isinstance(v, Variant):
+        return v
+    if isinstance(obj, MaskMod):
+        return Variant(mask_mod=obj)
+    if isinstance(obj, ScoreMod):
+        return Variant(score_mod=obj)
+    raise TypeError(
+        f"expected a variant (attngen.Variant, attngen.compile(...), a MaskMod or a ScoreMod), got {type(obj).__name__}; "
+        "wrap plain functions with attngen.Variant(score_mod=fn, mask_mod=fn)"
+    )
+
+
+def make_variant(score_mod=None, mask_mod=None) -> Variant:
+    return Variant(
+        score_mod=as_score_mod(score_mod) if score_mod is not None else None,
+        mask_mod=as_mask_mod(mask_mod) if mask_mod is not None else None,
+    )

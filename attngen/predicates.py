@@ -1,0 +1,692 @@
+"""Block-skip predicates in closed form.
+
+From a traced mask M(b, h, q_idx, kv_idx) derive, as sympy expressions in the tile symbols
+(I, J, BQ, BK, QLEN, KVLEN, QOFF, b, h and runtime per-block summaries):
+
+* ``tile_any(I, J)``: an over-approximation of "some element of tile (I, J) is kept" (False => EMPTY);
+* ``tile_all(I, J)``: an under-approximation of "every element is kept" (True => FULL),
+  computed as ``not tile_any(not M)``, so one sound procedure serves both;
+* kv-block ranges per q-block (and q-block ranges per kv-block): hulls of the kept set, and the
+  sub-range of blocks that are kept for every row.
+
+Soundness comes from interval bounds: every atom's expression is bounded over the tile from below and
+above, and a conjunction/disjunction of over-approximations is an over-approximation. Exactness comes
+from three refinements: (1) ``abs``/``min``/``max`` are expanded into case splits; (2) atoms in one
+variable that are monotone (``kv_idx < n``) cut the tile into sub-boxes on which they are constant; and
+(3) inside a conjunction, atoms over one shared form (``q_idx - kv_idx``, ``q//C - kv//C``) are merged
+into one interval (plus at most one congruence), decided exactly. Masks that read captured tensors get
+per-block min/max summaries computed at run time in O(N).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import sympy
+import torch
+from sympy.logic.boolalg import And, BooleanAtom, BooleanFunction, Not, Or
+
+from . import symbols as S
+from .ir import BlockPredicates, CapturedTensor, Summary, TracedVariant
+
+Rel = sympy.core.relational.Relational
+true, false = sympy.true, sympy.false
+
+
+# ----------------------------------------------------------------------------------------------
+# normal forms
+# ----------------------------------------------------------------------------------------------
+
+def _atom(e, kind):
+    """Normalised atom: kind in {'ge', 'gt', 'eq', 'ne'} meaning ``e >= 0``, ``e > 0``, ``e == 0``, ``e != 0``."""
+    e = sympy.expand(e)
+    if e.is_integer and kind == "gt":
+        e, kind = e - 1, "ge"
+    if e.is_number:
+        v = {"ge": e >= 0, "gt": e > 0, "eq": sympy.Eq(e, 0), "ne": sympy.Ne(e, 0)}[kind]
+        return true if bool(v) else false
+    if kind == "ge":
+        return sympy.Ge(e, 0, evaluate=False)
+    if kind == "gt":
+        return sympy.Gt(e, 0, evaluate=False)
+    if e.could_extract_minus_sign():
+        e = -e
+    return (sympy.Eq if kind == "eq" else sympy.Ne)(e, 0, evaluate=False)
+
+
+def _relation(rel, negate=False):
+    """A sympy relation as a normalised atom (or its negation)."""
+    a, b = rel.lhs, rel.rhs
+    if isinstance(rel, sympy.Eq):
+        return _atom(a - b, "ne" if negate else "eq")
+    if isinstance(rel, sympy.Ne):
+        return _atom(a - b, "eq" if negate else "ne")
+    if isinstance(rel, (sympy.Ge, sympy.Gt)):
+        e, strict = a - b, isinstance(rel, sympy.Gt)
+    elif isinstance(rel, (sympy.Le, sympy.Lt)):
+        e, strict = b - a, isinstance(rel, sympy.Lt)
+    else:
+        raise TypeError(rel)
+    if negate:  # not(e >= 0) == -e > 0 ; not(e > 0) == -e >= 0
+        return _atom(-e, "ge" if strict else "gt")
+    return _atom(e, "gt" if strict else "ge")
+
+
+def _first_piecewise_term(e):
+    """The first Abs/Min/Max/Piecewise inside ``e`` (innermost first), or None."""
+    for node in sympy.postorder_traversal(e):
+        if isinstance(node, (sympy.Abs, sympy.Min, sympy.Max, sympy.Piecewise)) and not node.has(S.SCORE):
+            return node
+    return None
+
+
+def _cases(node) -> List[Tuple[sympy.Basic, sympy.Basic]]:
+    """(condition, replacement) pairs covering every case of a piecewise-defined node."""
+    if isinstance(node, sympy.Abs):
+        x = node.args[0]
+        return [(sympy.Ge(x, 0), x), (sympy.Lt(x, 0), -x)]
+    if isinstance(node, (sympy.Min, sympy.Max)):
+        args = list(node.args)
+        out = []
+        for k, a in enumerate(args):
+            pick = sympy.Le if isinstance(node, sympy.Min) else sympy.Ge
+            conds = [pick(a, o) for o in args if o is not a]
+            out.append((And(*conds), a))
+        return out
+    if isinstance(node, sympy.Piecewise):
+        out, prior = [], false
+        for val, cond in node.args:
+            out.append((And(cond, Not(prior)), val))
+            prior = Or(prior, cond)
+        return out
+    raise TypeError(node)
+
+
+def nnf(f, negate=False):
+    """Negation normal form over normalised atoms, with Abs/Min/Max/Piecewise inside atoms
+    expanded into case splits (exact: each case is a conjunction with the case condition)."""
+    if f is true or f is false:
+        return (false if f is true else true) if negate else f
+    if isinstance(f, Not):
+        return nnf(f.args[0], not negate)
+    if isinstance(f, And):
+        parts = [nnf(a, negate) for a in f.args]
+        return Or(*parts) if negate else And(*parts)
+    if isinstance(f, Or):
+        parts = [nnf(a, negate) for a in f.args]
+        return And(*parts) if negate else Or(*parts)
+    if isinstance(f, (sympy.Xor, sympy.Equivalent, sympy.Implies, sympy.ITE)):
+        return nnf(sympy.simplify_logic(f, form="dnf", deep=False) if len(f.atoms(Rel)) <= 6 else f.to_nnf(), negate)
+    if isinstance(f, Rel):
+        node = _first_piecewise_term(f.lhs - f.rhs)
+        if node is not None:
+            # M(x) == OR_k (cond_k & M(x_k)); keeps exactness
+            expanded = Or(*[And(c, f.xreplace({node: v})) for c, v in _cases(node)])
+            return nnf(expanded, negate)
+        return _relation(f, negate)
+    raise TypeError(f"cannot derive predicates for {f!r} ({type(f).__name__})")
+
+
+# ----------------------------------------------------------------------------------------------
+# boxes and bounds
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Box:
+    """Integer box q in [qa, qb], kv in [ka, kb] (inclusive bounds, sympy expressions)."""
+
+    qa: sympy.Expr
+    qb: sympy.Expr
+    ka: sympy.Expr
+    kb: sympy.Expr
+
+    def nonempty(self):
+        return And(sympy.Le(self.qa, self.qb), sympy.Le(self.ka, self.kb))
+
+    def rng(self, var):
+        return (self.qa, self.qb) if var == S.Q else (self.ka, self.kb)
+
+    def with_range(self, var, lo, hi):
+        if var == S.Q:
+            return Box(lo, hi, self.ka, self.kb)
+        return Box(self.qa, self.qb, lo, hi)
+
+
+def tile_box() -> Box:
+    return Box(
+        S.I * S.BQ + S.QOFF,
+        sympy.Min((S.I + 1) * S.BQ, S.QLEN) - 1 + S.QOFF,
+        S.J * S.BK,
+        sympy.Min((S.J + 1) * S.BK, S.KVLEN) - 1,
+    )
+
+
+class _Summaries:
+    """Runtime per-block min/max arrays of captured tensors, created on demand while deriving."""
+
+    def __init__(self, captured: Sequence[CapturedTensor]):
+        self.by_name = {c.name: c for c in captured}
+        self.list: List[Summary] = []
+        self._index: Dict[str, sympy.Expr] = {}
+
+    def load(self, load: sympy.Expr, var, which: str):
+        """Bound of ``load`` (ILoad(t, [b,] var)) over the block of ``var``; None if not summarisable."""
+        name = str(load.args[0])
+        idx = load.args[1:]
+        cap = self.by_name.get(name)
+        if cap is None or idx[-1] != var or any(i.has(S.Q) or i.has(S.KV) for i in idx[:-1]):
+            return None
+        if any(i.free_symbols - {S.B, S.H} for i in idx[:-1]):
+            return None
+        axis = "q" if var == S.Q else "kv"
+        sname = f"{name}_{axis}{which}"
+        if sname not in self._index:
+            s = Summary(
+                name=f"s{len(self.list)}",
+                axis=axis,
+                compute=_block_reduce(name, axis, which, len(idx)),
+                integer=bool(load.is_integer),
+                key=f"{which}({name}) per {axis}-block",
+            )
+            self.list.append(s)
+            self._index[sname] = s.name
+        sym = self._index[sname]
+        blk = S.I if axis == "q" else S.J
+        nblocks = sympy.ceiling(S.QLEN / S.BQ) if axis == "q" else sympy.ceiling(S.KVLEN / S.BK)
+        lead = sympy.Integer(0)
+        if len(idx) == 2:  # (batch-or-head index, position): one row of summaries per leading index
+            lead = idx[0]
+        flat = lead * nblocks + blk
+        return S.load(sym, flat, integer=bool(load.is_integer))
+
+
+def _block_reduce(name, axis, which, rank):
+    """Host/GPU-side O(N) computation of a per-block min or max of a captured tensor."""
+
+    def compute(tensors, BQ, BK, QLEN, KVLEN, QOFF):
+        t = tensors[name]
+        t2 = t.reshape(1, -1) if rank == 1 else t
+        if axis == "q":
+            start, length, blk = QOFF, QLEN, BQ
+        else:
+            start, length, blk = 0, KVLEN, BK
+        nb = -(-length // blk)
+        seg = t2[:, start : start + length]
+        if seg.shape[1] < length:
+            raise IndexError(
+                f"captured tensor {name} has {t2.shape[1]} positions but the mask reads index "
+                f"{start + length - 1}; make it cover q_offset + q_len and kv_len"
+            )
+        pad = nb * blk - length
+        fill = seg[:, -1:].expand(-1, pad) if pad else seg[:, :0]
+        segp = torch.cat([seg, fill], dim=1).reshape(seg.shape[0], nb, blk)
+        red = segp.amin(dim=2) if which == "min" else segp.amax(dim=2)
+        dt = torch.int32 if not red.dtype.is_floating_point else torch.float32
+        return red.reshape(-1).to(dt).contiguous()
+
+    return compute
+
+
+def _split_terms(e):
+    """Split a sum into {var: [terms depending only on var]}, 'both': [...], const: expr."""
+    parts = {S.Q: [], S.KV: [], "both": []}
+    const = sympy.Integer(0)
+    for t in sympy.Add.make_args(sympy.expand(e)):
+        hq, hk = t.has(S.Q), t.has(S.KV)
+        if hq and hk:
+            parts["both"].append(t)
+        elif hq:
+            parts[S.Q].append(t)
+        elif hk:
+            parts[S.KV].append(t)
+        else:
+            const += t
+    return parts, const
+
+
+INF = sympy.oo
+
+
+def _pw(*args):
+    # evaluate=False: sympy's Piecewise folding runs simplify_logic on every construction (seconds)
+    return sympy.Piecewise(*args, evaluate=False)
+
+
+def _mod_bounds(a, b, m):
+    """Bounds of Mod(x, m) for integer x in [a, b]: within one period Mod is monotone, so
+    [Mod(a), Mod(b)]; across a period boundary every residue may occur, [0, m-1]. Written with
+    an indicator (1 when one period) instead of Piecewise, which sympy folds very slowly."""
+    one_period = 1 - sympy.Min(1, sympy.floor(b / m) - sympy.floor(a / m))
+    return sympy.Mod(a, m) * one_period, m - 1 - (m - 1 - sympy.Mod(b, m)) * one_period
+
+
+def term_bounds(t, var, lo, hi, summ: Optional[_Summaries]):
+    """Bounds (low, high) of a term that depends on ``var`` only, for var in [lo, hi]. Monotone
+    pieces are exact; anything unrecognised gets (-oo, oo)."""
+    coeff, rest = t.as_coeff_Mul()
+    if coeff != 1:
+        a, b = term_bounds(rest, var, lo, hi, summ)
+        return (coeff * a, coeff * b) if coeff > 0 else (coeff * b, coeff * a)
+    if t == var:
+        return lo, hi
+    poly = sympy.Poly(t, var) if t.is_polynomial(var) else None
+    if poly is not None and poly.degree() == 1:
+        a = poly.coeffs()[0]
+        if a.is_number:
+            c = t - a * var
+            return (a * lo + c, a * hi + c) if a > 0 else (a * hi + c, a * lo + c)
+    if isinstance(t, sympy.floor):
+        inner = t.args[0]
+        if inner.is_integer is not False:
+            num, den = sympy.fraction(sympy.together(inner))
+            if den.is_number and den > 0:
+                a, b = term_bounds(sympy.expand(num), var, lo, hi, summ)
+                return sympy.floor(a / den), sympy.floor(b / den)
+        a, b = term_bounds(inner, var, lo, hi, summ)
+        return sympy.floor(a), sympy.floor(b)
+    if isinstance(t, sympy.ceiling):
+        a, b = term_bounds(t.args[0], var, lo, hi, summ)
+        return sympy.ceiling(a), sympy.ceiling(b)
+    if isinstance(t, sympy.Mod) and t.args[1].is_number and t.args[1] > 0:
+        m = t.args[1]
+        a, b = term_bounds(t.args[0], var, lo, hi, summ)
+        if a.is_infinite or b.is_infinite:
+            return sympy.Integer(0), m - 1 if m.is_integer else m
+        return _mod_bounds(a, b, m)
+    if isinstance(t, S.Load) and summ is not None and t.args[-1] == var:
+        blo, bhi = summ.load(t, var, "min"), summ.load(t, var, "max")
+        if blo is not None:
+            return blo, bhi
+    return -INF, INF
+
+
+def expr_bounds(e, box: Box, summ: Optional[_Summaries]):
+    parts, const = _split_terms(e)
+    lo, hi = const, const
+    for var in (S.Q, S.KV):
+        vlo, vhi = box.rng(var)
+        for t in parts[var]:
+            a, b = term_bounds(t, var, vlo, vhi, summ)
+            lo, hi = lo + a, hi + b
+    for t in parts["both"]:
+        a, b = _both_bounds(t, box, summ)
+        lo, hi = lo + a, hi + b
+    return lo, hi
+
+
+def _both_bounds(t, box, summ):
+    coeff, rest = t.as_coeff_Mul()
+    if coeff != 1:
+        a, b = _both_bounds(rest, box, summ)
+        return (coeff * a, coeff * b) if coeff > 0 else (coeff * b, coeff * a)
+    if isinstance(t, sympy.floor):
+        num, den = sympy.fraction(sympy.together(t.args[0]))
+        if den.is_number and den > 0:
+            a, b = expr_bounds(sympy.expand(num), box, summ)
+            return sympy.floor(a / den), sympy.floor(b / den)
+    if isinstance(t, sympy.Mod) and t.args[1].is_number and t.args[1] > 0:
+        m = t.args[1]
+        a, b = expr_bounds(t.args[0], box, summ)
+        if a.is_infinite or b.is_infinite:
+            return sympy.Integer(0), m - 1
+        return _mod_bounds(a, b, m)
+    return -INF, INF
+
+
+# ----------------------------------------------------------------------------------------------
+# tile_any: sound over-approximation, exact for the affine / floor / mod / abs families
+# ----------------------------------------------------------------------------------------------
+
+def _vars(e):
+    return {v for v in (S.Q, S.KV) if e.has(v)}
+
+
+def _monotone_single(atom):
+    """If ``atom`` is ``a*var + r >= 0`` in one variable with r free of q/kv, return (var, lo, hi)
+    bounds on var (one of them None) describing where it holds."""
+    if not isinstance(atom, sympy.Ge):
+        return None
+    e = atom.lhs
+    vs = _vars(e)
+    if len(vs) != 1:
+        return None
+    (var,) = vs
+    if not e.is_polynomial(var):
+        return None
+    p = sympy.Poly(e, var)
+    if p.degree() != 1 or not p.coeffs()[0].is_number:
+        return None
+    a = p.coeffs()[0]
+    r = sympy.expand(e - a * var)
+    if r.has(S.Q) or r.has(S.KV) or not (r.is_integer and a.is_integer):
+        return None
+    if a > 0:  # var >= ceil(-r / a)
+        return var, sympy.ceiling(-r / a), None
+    return var, None, sympy.floor(r / (-a))
+
+
+def _substitute_atom(f, atom, value):
+    return f.xreplace({atom: value})
+
+
+def _form_of(e):
+    """Split an atom's expression into (form, offset) with form free of constants and of sign
+    ambiguity: two atoms on one form constrain one integer quantity."""
+    parts, const = _split_terms(e)
+    form = sympy.expand(e - const)
+    sign = 1
+    if form.could_extract_minus_sign():
+        form, sign = -form, -1
+    return form, sign, const
+
+
+_KIND = {sympy.Ge: "ge", sympy.Gt: "gt", sympy.Eq: "eq", sympy.Ne: "ne"}
+
+
+def _conj_any(atoms: Sequence, box: Box, summ) -> sympy.Basic:
+    """Over-approximate 'some point of the box satisfies all atoms'; exact within each form."""
+    groups: Dict[sympy.Expr, list] = {}
+    mods: List = []
+    for a in atoms:
+        e = a.lhs
+        # congruence atoms: Eq/Ne(Mod(x, m) - r, 0) become constraints on the form of x
+        m_terms = [t for t in sympy.Add.make_args(e) if isinstance(t, sympy.Mod)]
+        if isinstance(a, (sympy.Eq, sympy.Ne)) and len(m_terms) == 1 and m_terms[0].args[1].is_Integer:
+            mt = m_terms[0]
+            r = sympy.expand(mt - e) if isinstance(a, sympy.Eq) else sympy.expand(mt - e)
+            if not r.has(S.Q) and not r.has(S.KV):
+                form, sign, const = _form_of(mt.args[0])
+                groups.setdefault(form, []).append(("mod" if isinstance(a, sympy.Eq) else "nmod", sign, const, mt.args[1], r))
+                continue
+        form, sign, const = _form_of(e)
+        kind = _KIND[type(a)]
+        groups.setdefault(form, []).append((kind, sign, const, None, None))
+    out = []
+    for form, cons in groups.items():
+        out.append(_group_any(form, cons, box, summ))
+    return And(*out)
+
+
+def _group_any(form, cons, box, summ):
+    """Constraints on one integer quantity v = form(q, kv) (each as sign*v + const ⋈ 0)."""
+    vlo, vhi = expr_bounds(form, box, summ)
+    L, U = vlo, vhi
+    strict_lo, strict_hi = [], []
+    special = []
+    for kind, sign, const, m, r in cons:
+        if kind in ("ge", "gt"):
+            # sign*v + const >= 0  ->  v >= -const (sign 1) or v <= const (sign -1)
+            bound = -const if sign == 1 else const
+            if kind == "gt" and not form.is_integer:
+                (strict_lo if sign == 1 else strict_hi).append(bound)
+                continue
+            if kind == "gt":
+                bound = bound + (1 if sign == 1 else -1)
+            if sign == 1:
+                L = sympy.Max(L, bound)
+            else:
+                U = sympy.Min(U, bound)
+        elif kind == "eq":
+            val = -const if sign == 1 else const
+            L, U = sympy.Max(L, val), sympy.Min(U, val)
+        else:
+            special.append((kind, sign, const, m, r))
+    conds = [sympy.Le(L, U)]
+    conds += [sympy.Gt(U, s) for s in strict_lo] + [sympy.Lt(L, s) for s in strict_hi]
+    if len(special) == 1:
+        kind, sign, const, m, r = special[0]
+        if kind == "ne":
+            val = -const if sign == 1 else const
+            conds.append(Or(sympy.Lt(L, U), sympy.Ne(L, val)))
+        else:
+            # Mod(sign*v + const, m) == r  <=>  v == s (mod m) for one residue s
+            s = sympy.Mod(sign * (r - const), m)
+            if kind == "mod":
+                conds.append(sympy.Ge(sympy.floor((U - s) / m) * m + s, L))
+            else:
+                conds.append(Or(sympy.Lt(L, U), sympy.Ne(sympy.Mod(L, m), s)))
+    elif special:
+        # several congruences / disequalities on one form: each alone (sound, maybe loose)
+        for kind, sign, const, m, r in special:
+            conds.append(_group_any(form, [(kind, sign, const, m, r)], box, summ))
+    return And(*conds)
+
+
+_MAX_SPLITS = 4
+_MAX_DNF_TERMS = 64
+
+
+def tile_any(f, box: Box, summ=None, splits: int = 0):
+    """Over-approximation of 'f holds somewhere in box' as a sympy boolean."""
+    if f is true:
+        return box.nonempty()
+    if f is false:
+        return false
+    # (2) cut the box along a monotone one-variable atom
+    if splits < _MAX_SPLITS:
+        for atom in sorted(f.atoms(sympy.Ge), key=sympy.default_sort_key):
+            ms = _monotone_single(atom)
+            if ms is None:
+                continue
+            var, lo, hi = ms
+            vlo, vhi = box.rng(var)
+            if lo is not None:
+                b_true = box.with_range(var, sympy.Max(vlo, lo), vhi)
+                b_false = box.with_range(var, vlo, sympy.Min(vhi, lo - 1))
+            else:
+                b_true = box.with_range(var, vlo, sympy.Min(vhi, hi))
+                b_false = box.with_range(var, sympy.Max(vlo, hi + 1), vhi)
+            return Or(
+                And(b_true.nonempty(), tile_any(_substitute_atom(f, atom, true), b_true, summ, splits + 1)),
+                And(b_false.nonempty(), tile_any(_substitute_atom(f, atom, false), b_false, summ, splits + 1)),
+            )
+    # (3) disjunctive normal form; each conjunction decided per form
+    terms = _dnf_terms(f)
+    if terms is None:
+        return _structural_any(f, box, summ)
+    return And(box.nonempty(), Or(*[_conj_any(t, box, summ) for t in terms]))
+
+
+def _dnf_terms(f):
+    """DNF as a list of atom lists, or None when it would blow up."""
+    if isinstance(f, Or):
+        out = []
+        for a in f.args:
+            t = _dnf_terms(a)
+            if t is None:
+                return None
+            out += t
+        return out if len(out) <= _MAX_DNF_TERMS else None
+    if isinstance(f, And):
+        acc = [[]]
+        for a in f.args:
+            t = _dnf_terms(a)
+            if t is None:
+                return None
+            acc = [x + y for x in acc for y in t]
+            if len(acc) > _MAX_DNF_TERMS:
+                return None
+        return acc
+    return [[f]]
+
+
+def _structural_any(f, box, summ):
+    if isinstance(f, Or):
+        return Or(*[_structural_any(a, box, summ) for a in f.args])
+    if isinstance(f, And):
+        return And(*[_structural_any(a, box, summ) for a in f.args])
+    return And(box.nonempty(), _conj_any([f], box, summ))
+
+
+# ----------------------------------------------------------------------------------------------
+# ranges: hull of the kept set along one axis, and the sub-range kept for every row
+# ----------------------------------------------------------------------------------------------
+
+def _invert_monotone(g, var, glo, ghi):
+    """Given g(var) in [glo, ghi] (either may be None = unbounded) with g monotone in var,
+    return var bounds (lo, hi) (None = unbounded), or None when g is not understood."""
+    coeff, rest = g.as_coeff_Mul()
+    if coeff != 1 and coeff.is_number:
+        if coeff > 0:
+            return _invert_monotone(rest, var, None if glo is None else glo / coeff, None if ghi is None else ghi / coeff)
+        return _invert_monotone(rest, var, None if ghi is None else ghi / coeff, None if glo is None else glo / coeff)
+    if g == var:
+        return (None if glo is None else sympy.ceiling(glo)), (None if ghi is None else sympy.floor(ghi))
+    if isinstance(g, sympy.Add):
+        parts, const = _split_terms(g)
+        if const != 0 and len(g.args) > 1:
+            return _invert_monotone(g - const, var, None if glo is None else glo - const, None if ghi is None else ghi - const)
+    if isinstance(g, sympy.floor):
+        num, den = sympy.fraction(sympy.together(g.args[0]))
+        if den.is_number and den > 0:
+            # floor(n/den) >= glo <=> n >= den*ceil(glo); floor(n/den) <= ghi <=> n <= den*floor(ghi) + den - 1
+            return _invert_monotone(
+                sympy.expand(num), var,
+                None if glo is None else den * sympy.ceiling(glo),
+                None if ghi is None else den * sympy.floor(ghi) + den - 1,
+            )
+    return None
+
+
+def _atom_hull(atom, var, other, obox: Box, summ):
+    """Hull (lo, hi) of {var : exists other in its box range with atom} (None = unbounded), or
+    'none' (no point) or None when not understood (caller treats as unbounded)."""
+    e = atom.lhs
+    if not e.has(var):
+        return None  # no constraint on var (whether any row satisfies it is decided by tile_any)
+    parts, const = _split_terms(e)
+    if parts["both"]:
+        return None
+    g = sympy.Add(*parts[var])
+    hrest = sympy.Add(*parts[other]) + const  # atom: g(var) + hrest ⋈ 0
+    hlo, hhi = expr_bounds(hrest, obox, summ)
+    if isinstance(atom, sympy.Ge):
+        # g >= -hrest for some row: g >= min(-hrest) = -hhi
+        return _invert_monotone(g, var, -hhi, None)
+    if isinstance(atom, sympy.Gt):
+        return _invert_monotone(g, var, -hhi, None)
+    if isinstance(atom, sympy.Eq):
+        return _invert_monotone(g, var, -hhi, -hlo)
+    return None
+
+
+def _atom_kernel(atom, var, other, obox: Box, summ):
+    """Interval (lo, hi) of var values for which the atom holds for EVERY other in its range;
+    None when not understood (caller treats as empty)."""
+    e = atom.lhs
+    parts, const = _split_terms(e)
+    if parts["both"] or not e.has(var):
+        return None
+    g = sympy.Add(*parts[var])
+    hrest = sympy.Add(*parts[other]) + const
+    hlo, hhi = expr_bounds(hrest, obox, summ)
+    if isinstance(atom, sympy.Ge):
+        return _invert_monotone(g, var, -hlo, None)
+    if isinstance(atom, sympy.Gt):
+        return _invert_monotone(g, var, -hlo + 1 if g.is_integer else -hlo, None)  # conservative
+    if isinstance(atom, sympy.Eq):
+        return _invert_monotone(g, var, -hlo, -hhi)  # empty unless hrest is constant on the block
+    return None
+
+
+def hull(f, var, other, obox: Box, dom: Tuple, summ, kernel=False):
+    """Interval hull of the kept set along ``var`` for rows ``other`` in the block (kernel=False),
+    or an interval on which every row is kept (kernel=True). Returns (lo, hi) in dom."""
+    dlo, dhi = dom
+    empty = (dhi + 1, dlo - 1)
+    if f is true:
+        return dom if (kernel or True) else empty
+    if f is false:
+        return empty
+    if isinstance(f, And):
+        los, his = [], []
+        for a in f.args:
+            lo, hi = hull(a, var, other, obox, dom, summ, kernel)
+            los.append(lo)
+            his.append(hi)
+        return sympy.Max(*los), sympy.Min(*his)
+    if isinstance(f, Or):
+        parts = [hull(a, var, other, obox, dom, summ, kernel) for a in f.args]
+        if not kernel:
+            return sympy.Min(*[p[0] for p in parts]), sympy.Max(*[p[1] for p in parts])
+        # union of intervals is an interval only when they overlap: take it then, else the first
+        lo, hi = parts[0]
+        for plo, phi in parts[1:]:
+            overlap = And(sympy.Le(plo, hi + 1), sympy.Le(lo, phi + 1), sympy.Le(lo, hi), sympy.Le(plo, phi))
+            lo, hi = (
+                _pw((sympy.Min(lo, plo), overlap), (lo, sympy.Le(lo, hi)), (plo, True)),
+                _pw((sympy.Max(hi, phi), overlap), (hi, sympy.Le(lo, hi)), (phi, True)),
+            )
+        return lo, hi
+    # an atom
+    if not f.has(var):
+        # a condition on the rows only: all-or-nothing along var
+        if kernel:
+            holds = Not(tile_any(nnf(f, negate=True), obox, summ))
+        else:
+            holds = tile_any(f, obox, summ)
+        return _pw((dlo, holds), (empty[0], True)), _pw((dhi, holds), (empty[1], True))
+    r = (_atom_kernel if kernel else _atom_hull)(f, var, other, obox, summ)
+    if r is None:
+        return empty if kernel else dom
+    lo, hi = r
+    return (dlo if lo is None else sympy.Max(dlo, lo)), (dhi if hi is None else sympy.Min(dhi, hi))
+
+
+# ----------------------------------------------------------------------------------------------
+# captured-tensor equality (document ids): block ranges from sorted-prefix summaries
+# ----------------------------------------------------------------------------------------------
+
+def _block_range_from_hull(lo, hi, blk, n_blocks):
+    """Blocks [floor(lo/blk), floor(hi/blk) + 1) covering elements [lo, hi]; empty when hi < lo."""
+    # when hi < lo the range may keep one spurious block; tile_any then skips it
+    return sympy.floor(lo / blk), sympy.floor(hi / blk) + 1
+
+
+def _full_blocks(lo, hi, blk, length, n_blocks):
+    """Blocks whose every element lies in [lo, hi] (the last block may be short)."""
+    # hi never exceeds length-1; when it reaches it, the short last block counts too:
+    # last = floor((hi + 1 + (blk - 1)*[hi == length-1]) / blk). Empty (hi < lo) gives last <= first.
+    at_end = 1 - sympy.Min(1, length - 1 - hi)
+    return sympy.ceiling(lo / blk), sympy.floor((hi + 1 + (blk - 1) * at_end) / blk)
+
+
+def derive(traced: TracedVariant) -> BlockPredicates:
+    mask = traced.mask
+    nqb = sympy.ceiling(S.QLEN / S.BQ)
+    nkb = sympy.ceiling(S.KVLEN / S.BK)
+    if mask is true:
+        return BlockPredicates(
+            kv_lo=sympy.Integer(0), kv_hi=nkb, kv_full_lo=sympy.Integer(0), kv_full_hi=nkb,
+            q_lo=sympy.Integer(0), q_hi=nqb, q_full_lo=sympy.Integer(0), q_full_hi=nqb,
+            tile_any=true, tile_all=true, needs_classifier=False, summaries=(),
+        )
+    summ = _Summaries(traced.captured)
+    pos = nnf(mask)
+    neg = nnf(mask, negate=True)
+    box = tile_box()
+    any_ = tile_any(pos, box, summ)
+    all_ = Not(tile_any(neg, box, summ))
+
+    # kv range per q-block I: hull along KV over the q rows of block I
+    qrows = Box(box.qa, box.qb, sympy.Integer(0), S.KVLEN - 1)
+    kdom = (sympy.Integer(0), S.KVLEN - 1)
+    klo, khi = hull(pos, S.KV, S.Q, qrows, kdom, summ)
+    kflo, kfhi = hull(pos, S.KV, S.Q, qrows, kdom, summ, kernel=True)
+    kv_lo, kv_hi = _block_range_from_hull(klo, khi, S.BK, nkb)
+    kv_full_lo, kv_full_hi = _full_blocks(kflo, kfhi, S.BK, S.KVLEN, nkb)
+
+    # q range per kv-block J (for the backward pass), positions relative to QOFF
+    kcols = Box(S.QOFF, S.QLEN - 1 + S.QOFF, box.ka, box.kb)
+    qdom = (S.QOFF, S.QLEN - 1 + S.QOFF)
+    qlo, qhi = hull(pos, S.Q, S.KV, kcols, qdom, summ)
+    qflo, qfhi = hull(pos, S.Q, S.KV, kcols, qdom, summ, kernel=True)
+    q_lo, q_hi = _block_range_from_hull(qlo - S.QOFF, qhi - S.QOFF, S.BQ, nqb)
+    q_full_lo, q_full_hi = _full_blocks(qflo - S.QOFF, qfhi - S.QOFF, S.BQ, S.QLEN, nqb)
+
+    return BlockPredicates(
+        kv_lo=kv_lo, kv_hi=kv_hi, kv_full_lo=kv_full_lo, kv_full_hi=kv_full_hi,
+        q_lo=q_lo, q_hi=q_hi, q_full_lo=q_full_lo, q_full_hi=q_full_hi,
+        tile_any=any_, tile_all=all_, needs_classifier=True, summaries=tuple(summ.list),
+    )

@@ -1,0 +1,137 @@
+// attngen_common.cuh: types shared by the generated variant.inc, the kernel templates and the host ABI.
+//
+// Everything here is plain C++ that both the host compiler and nvcc's device pass accept: the structs
+// below ARE the C ABI (attngen/runtime.py packs them byte for byte), so field order, types and sizes
+// must only change together with ATTNGEN_ABI_VERSION and runtime.py.
+#pragma once
+
+#include <stdint.h>
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+// Bump whenever AttngenFwdArgs, CapturedArgs or AttngenKernelInfo change layout or meaning.
+#define ATTNGEN_ABI_VERSION 1
+
+#define ATTNGEN_MAX_CAPTURED 8
+#define ATTNGEN_MAX_SUMMARIES 8
+
+#if defined(_WIN32)
+#define ATTNGEN_EXPORT __declspec(dllexport)
+#else
+#define ATTNGEN_EXPORT __attribute__((visibility("default")))
+#endif
+
+#if defined(__CUDACC__)
+#define ATTNGEN_HD __host__ __device__
+#define ATTNGEN_DEV_INLINE __device__ __forceinline__
+#else
+#define ATTNGEN_HD
+#define ATTNGEN_DEV_INLINE inline
+#endif
+
+// Captured tensors and per-block summary arrays, filled by the host (runtime.py) through the C ABI.
+struct CapturedArgs {
+  const void* ptr[ATTNGEN_MAX_CAPTURED];           // captured tensors, in TracedVariant.captured order
+  long long stride[ATTNGEN_MAX_CAPTURED][4];       // element strides; dims beyond the rank are 0
+  const void* summary[ATTNGEN_MAX_SUMMARIES];      // BlockPredicates.summaries order (int32 or float32)
+};
+
+// Runtime facts the tile-level predicates are written in (q_idx = row + QOFF).
+struct TileArgs {
+  int QLEN, KVLEN, QOFF, b, h;
+};
+
+// The one argument block of `attngen_fwd`. Layout (x86-64 / aarch64, natural alignment, no padding):
+//   offset   0  q, k, v, o, lse            5 pointers           (lse may be NULL: no LSE output)
+//   offset  40  q_stride[3] .. o_stride[3] 4 x 3 int64          element strides (batch, head, seq)
+//   offset 136  B, Hq, Hkv, Lq, Lk, D      6 int32
+//   offset 160  scale (float32), q_offset (int32)
+//   offset 168  captured                   CapturedArgs (384 bytes)
+//   size   552
+struct AttngenFwdArgs {
+  const void* q;        // (B, Hq, Lq, D), last dim contiguous
+  const void* k;        // (B, Hkv, Lk, D)
+  const void* v;        // (B, Hkv, Lk, D)
+  void* o;              // (B, Hq, Lq, D), written in the input dtype
+  float* lse;           // (B, Hq, Lq) contiguous float32, natural log; NULL to skip
+  long long q_stride[3];
+  long long k_stride[3];
+  long long v_stride[3];
+  long long o_stride[3];
+  int B, Hq, Hkv, Lq, Lk, D;
+  float scale;
+  int q_offset;
+  CapturedArgs captured;
+};
+
+// What a compiled library was built for; read once by runtime.py at load time.
+struct AttngenKernelInfo {
+  int abi_version;
+  int args_size;        // sizeof(AttngenFwdArgs): runtime.py refuses a library whose layout differs
+  int head_dim;
+  int dtype;            // 0 = float16, 1 = bfloat16
+  int block_q;          // BQ: q rows per CTA (q-axis summaries have ceil(Lq / block_q) entries)
+  int block_k;          // BK: kv rows per tile (kv-axis summaries have ceil(Lk / block_k) entries)
+  int num_threads;
+  int smem_bytes;       // dynamic shared memory per CTA
+  int arch;             // e.g. 80, 90 (the __CUDA_ARCH__ the device code was built for, 0 if unknown)
+};
+
+#if defined(__cplusplus) && !defined(__CUDACC_RTC__)
+static_assert(sizeof(CapturedArgs) == 384, "CapturedArgs layout is part of the C ABI");
+static_assert(sizeof(AttngenFwdArgs) == 552, "AttngenFwdArgs layout is part of the C ABI");
+static_assert(__builtin_offsetof(AttngenFwdArgs, B) == 136, "AttngenFwdArgs layout is part of the C ABI");
+static_assert(__builtin_offsetof(AttngenFwdArgs, scale) == 160, "AttngenFwdArgs layout is part of the C ABI");
+static_assert(__builtin_offsetof(AttngenFwdArgs, captured) == 168, "AttngenFwdArgs layout is part of the C ABI");
+#endif
+
+// ---------------------------------------------------------------------------------------------------
+// Python-semantics integer helpers (the predicates and mods are traced from Python, where // floors and
+// % takes the divisor's sign). C++ `/` truncates toward zero, so correct the quotient when the
+// remainder is non-zero and its sign differs from the divisor's. b == 0 is undefined (Python raises).
+ATTNGEN_HD inline int py_floordiv(int a, int b) {
+  int q = a / b;
+  int r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q;
+}
+ATTNGEN_HD inline int py_mod(int a, int b) {
+  int r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+ATTNGEN_HD inline long long py_floordiv(long long a, long long b) {
+  long long q = a / b;
+  long long r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? q - 1 : q;
+}
+ATTNGEN_HD inline long long py_mod(long long a, long long b) {
+  long long r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+// Mixed int / long long arguments resolve to the 64-bit overloads instead of being ambiguous.
+ATTNGEN_HD inline long long py_floordiv(long long a, int b) { return py_floordiv(a, (long long)b); }
+ATTNGEN_HD inline long long py_floordiv(int a, long long b) { return py_floordiv((long long)a, b); }
+ATTNGEN_HD inline long long py_mod(long long a, int b) { return py_mod(a, (long long)b); }
+ATTNGEN_HD inline long long py_mod(int a, long long b) { return py_mod((long long)a, b); }
+
+// ---------------------------------------------------------------------------------------------------
+// Element readers for captured tensors, usable by generated code: attngen_load_f32<T>(ptr, offset)
+// reads element `offset` (in elements) of a tensor of storage type T as float; attngen_load_int<T>
+// reads it as an integer (bool tensors are stored as one byte, read them with T = unsigned char).
+#if defined(__CUDACC__)
+template <typename T>
+ATTNGEN_DEV_INLINE float attngen_to_f32(T x) { return static_cast<float>(x); }
+template <>
+ATTNGEN_DEV_INLINE float attngen_to_f32<__half>(__half x) { return __half2float(x); }
+template <>
+ATTNGEN_DEV_INLINE float attngen_to_f32<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+ATTNGEN_DEV_INLINE float attngen_load_f32(const void* ptr, long long offset) {
+  return attngen_to_f32<T>(__ldg(static_cast<const T*>(ptr) + offset));
+}
+template <typename T>
+ATTNGEN_DEV_INLINE long long attngen_load_int(const void* ptr, long long offset) {
+  return static_cast<long long>(__ldg(static_cast<const T*>(ptr) + offset));
+}
+#endif
