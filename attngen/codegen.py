@@ -76,7 +76,6 @@ class _Hoister:
     """Moves maximal HEAD/ROW/COL subtrees of element-level expressions into context-struct fields."""
 
     _GROUPABLE = (sympy.Add, sympy.Mul, sympy.And, sympy.Or, sympy.Min, sympy.Max)
-    _ABSORB_CONST = (sympy.Add, sympy.And, sympy.Or, sympy.Min, sympy.Max)  # not Mul: keep coefficients out
 
     def __init__(self, levels: Dict[sympy.Symbol, int]):
         self.levels = dict(levels)
@@ -187,7 +186,7 @@ class _Hoister:
         if T == ELEM and buckets[HEAD] and (buckets[ROW] or buckets[COL]):
             buckets[ROW if buckets[ROW] else COL] += buckets.pop(HEAD)
             buckets[HEAD] = []
-        if consts and issubclass(cls, self._ABSORB_CONST):
+        if consts:  # constants join a hoisted group: q + kv + 1 -> (q + 1) + kv, c*h*score -> (c*h)*score
             home = next((L for L in (ROW, COL, HEAD) if buckets[L]), None)
             if home is not None:
                 buckets[home] += consts

@@ -201,27 +201,94 @@ class _Summaries:
         return S.load(sym, flat, integer=bool(load.is_integer))
 
 
+    def equal_range(self, g, hrest, var, full=False):
+        """Hull along ``var`` of {var : t[var] == t[other] for some other in the block} when the atom
+        is ``t[.., var] - t[.., other] == 0`` for one captured tensor. Block ranges come from prefix
+        max / suffix min of per-block extremes (binary search, O(N/B log)): sound for any tensor,
+        exact when the tensor is sorted (document ids). Returns element bounds or None."""
+        other = S.Q if var == S.KV else S.KV
+        if not (isinstance(g, S.ILoad) and isinstance(-hrest, S.ILoad)):
+            return None
+        lv, lo_ = g, -hrest
+        if lv.args[0] != lo_.args[0] or lv.args[1:-1] != lo_.args[1:-1]:
+            return None
+        if lv.args[-1] != var or lo_.args[-1] != other or any(i.free_symbols - {S.B, S.H} for i in lv.args[1:-1]):
+            return None
+        name = str(lv.args[0])
+        if name not in self.by_name:
+            return None
+        axis = "q" if other == S.Q else "kv"  # the arrays are indexed by the other axis' block
+        out = []
+        for which in ("lo", "hi"):
+            key = f"{name}_{var}{'full' if full else 'range'}{which}"
+            if key not in self._index:
+                what = "block fully equal to" if full else "block with equal"
+                s = Summary(
+                    name=f"s{len(self.list)}", axis=axis,
+                    compute=_equal_range(name, var == S.KV, which, len(lv.args) - 1, full),
+                    integer=True, key=f"{which} {what} {name} per {axis}-block, along {var}",
+                )
+                self.list.append(s)
+                self._index[key] = s.name
+            blk = S.I if axis == "q" else S.J
+            nblocks = sympy.ceiling(S.QLEN / S.BQ) if axis == "q" else sympy.ceiling(S.KVLEN / S.BK)
+            lead = lv.args[1] if len(lv.args) == 3 else 0
+            out.append(S.load(self._index[key], lead * nblocks + blk, integer=True))
+        vblk, base = (S.BK, 0) if var == S.KV else (S.BQ, S.QOFF)
+        return out[0] * vblk + base, out[1] * vblk - 1 + base
+
+
+def _blocks_of(t2, start, length, blk):
+    """(min, max) per block of t2[:, start:start+length], each (rows, nblocks)."""
+    nb = -(-length // blk)
+    seg = t2[:, start : start + length]
+    if seg.shape[1] < length:
+        raise IndexError(
+            f"a captured tensor has {t2.shape[1]} positions but the mask reads index {start + length - 1}; "
+            "make it cover q_offset + q_len and kv_len"
+        )
+    pad = nb * blk - length
+    fill = seg[:, -1:].expand(-1, pad) if pad else seg[:, :0]
+    segp = torch.cat([seg, fill], dim=1).reshape(seg.shape[0], nb, blk)
+    return segp.amin(dim=2), segp.amax(dim=2)
+
+
+def _equal_range(name, along_kv, which, rank, full=False):
+    def compute(tensors, BQ, BK, QLEN, KVLEN, QOFF):
+        t = tensors[name]
+        t2 = t.reshape(1, -1) if rank == 1 else t
+        qmin, qmax = _blocks_of(t2, QOFF, QLEN, BQ)
+        kmin, kmax = _blocks_of(t2, 0, KVLEN, BK)
+        if not along_kv:  # q-blocks per kv-block: swap roles
+            qmin, qmax, kmin, kmax = kmin, kmax, qmin, qmax
+        if full:
+            # blocks whose every value equals our single value v: kmin >= v and kmax <= v. Binary
+            # search needs sorted per-block extremes, so an unsorted row gets an empty range (sound).
+            kmin, kmax = kmin.contiguous(), kmax.contiguous()
+            side = dict(right=False) if which == "lo" else dict(right=True)
+            r = torch.searchsorted(kmin if which == "lo" else kmax, qmin.contiguous(), **side)
+            ok = (qmin == qmax) & (kmin[:, 1:] >= kmin[:, :-1]).all(1, keepdim=True) & (kmax[:, 1:] >= kmax[:, :-1]).all(1, keepdim=True)
+            return torch.where(ok, r, torch.zeros_like(r)).reshape(-1).to(torch.int32).contiguous()
+        if which == "lo":  # first block whose running max reaches the smallest value of ours
+            seq = torch.cummax(kmax, dim=1).values.contiguous()
+            r = torch.searchsorted(seq, qmin.contiguous(), right=False)
+        else:  # one past the last block whose suffix min is within our largest value
+            seq = torch.flip(torch.cummin(torch.flip(kmin, [1]), dim=1).values, [1]).contiguous()
+            r = torch.searchsorted(seq, qmax.contiguous(), right=True)
+        return r.reshape(-1).to(torch.int32).contiguous()
+
+    return compute
+
+
 def _block_reduce(name, axis, which, rank):
     """Host/GPU-side O(N) computation of a per-block min or max of a captured tensor."""
 
     def compute(tensors, BQ, BK, QLEN, KVLEN, QOFF):
         t = tensors[name]
         t2 = t.reshape(1, -1) if rank == 1 else t
-        if axis == "q":
-            start, length, blk = QOFF, QLEN, BQ
-        else:
-            start, length, blk = 0, KVLEN, BK
-        nb = -(-length // blk)
-        seg = t2[:, start : start + length]
-        if seg.shape[1] < length:
-            raise IndexError(
-                f"captured tensor {name} has {t2.shape[1]} positions but the mask reads index "
-                f"{start + length - 1}; make it cover q_offset + q_len and kv_len"
-            )
-        pad = nb * blk - length
-        fill = seg[:, -1:].expand(-1, pad) if pad else seg[:, :0]
-        segp = torch.cat([seg, fill], dim=1).reshape(seg.shape[0], nb, blk)
-        red = segp.amin(dim=2) if which == "min" else segp.amax(dim=2)
+        start, length, blk = (QOFF, QLEN, BQ) if axis == "q" else (0, KVLEN, BK)
+        bmin, bmax = _blocks_of(t2, start, length, blk)
+        red = bmin if which == "min" else bmax
         dt = torch.int32 if not red.dtype.is_floating_point else torch.float32
         return red.reshape(-1).to(dt).contiguous()
 
@@ -567,7 +634,8 @@ def _atom_hull(atom, var, other, obox: Box, summ):
     if isinstance(atom, sympy.Gt):
         return _invert_monotone(g, var, -hhi, None)
     if isinstance(atom, sympy.Eq):
-        return _invert_monotone(g, var, -hhi, -hlo)
+        r = summ.equal_range(g, hrest, var) if summ is not None else None
+        return r if r is not None else _invert_monotone(g, var, -hhi, -hlo)
     return None
 
 
@@ -586,7 +654,8 @@ def _atom_kernel(atom, var, other, obox: Box, summ):
     if isinstance(atom, sympy.Gt):
         return _invert_monotone(g, var, -hlo + 1 if g.is_integer else -hlo, None)  # conservative
     if isinstance(atom, sympy.Eq):
-        return _invert_monotone(g, var, -hlo, -hhi)  # empty unless hrest is constant on the block
+        r = summ.equal_range(g, hrest, var, full=True) if summ is not None else None
+        return r if r is not None else _invert_monotone(g, var, -hlo, -hhi)  # empty unless hrest is constant
     return None
 
 

@@ -351,7 +351,7 @@ def forward(
         scale = 1.0 / math.sqrt(D)
     if q_offset.__class__ is not int:
         q_offset = int(q_offset)
-    if not (-(2**31) <= q_offset and q_offset + Lq < 2**31 and Lk < 2**31):
+    if not (-(2**31) <= q_offset and q_offset + Lq < 2**31 and Lq < 2**31 and Lk < 2**31):
         raise InputError(f"q_offset {q_offset} with {Lq} queries and {Lk} keys leaves the int32 range of q_idx / "
                          "kv_idx: use a smaller q_offset or shorter sequences")
 

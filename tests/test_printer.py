@@ -396,11 +396,12 @@ def test_types_and_literals():
     assert p.doprint(Q + 3_000_000_000) == "(long long)q_idx + 3000000000LL"
     assert p.typeof(Q * 3_000_000_000) == LL
     assert p.doprint(30 * sympy.tanh(SCORE / 30)) == "30.0f * ag_tanh(0.033333335f * score)"
-    assert p.doprint(sympy.Piecewise((SCORE, Q >= KV), (-sympy.oo, True))) == "q_idx >= kv_idx ? score : -INFINITY"
+    assert p.doprint(sympy.Piecewise((SCORE, Q >= KV), (-sympy.oo, True))) in (
+        "q_idx >= kv_idx ? score : -INFINITY", "kv_idx <= q_idx ? score : -INFINITY")
     assert CudaPrinter(fast_tanh=False).doprint(sympy.tanh(SCORE)) == "tanhf(score)"
     assert CudaPrinter(fast_exp2=False).doprint(2**SCORE) == "exp2f(score)"
     assert CudaPrinter(fast_exp2=False).doprint(sympy.exp(SCORE)) == "expf(score)"
-    assert p.doprint(sympy.exp(SCORE)) == "ag_exp2(1.44269502f * score)"
+    assert p.doprint(sympy.exp(SCORE)) == "ag_exp2(1.442695f * score)"
     assert p.doprint(1 / sympy.sqrt(SCORE)) == "ag_rsqrt(score)"
     assert p.doprint(sympy.sqrt(SCORE)) == "sqrtf(score)"
     assert p.doprint(1 / SCORE) == "1.0f / score"

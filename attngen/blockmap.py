@@ -1,0 +1,224 @@
+"""Inspection: the block map computed from the derived predicates, and a readable report.
+
+``block_map`` never evaluates the mask per element. It evaluates the per-q-block ranges (O(N/B)),
+fills the provably full runs, and runs the tile classifier only on the tiles inside a kv range that
+are not provably full, so its cost follows the number of boundary tiles, and its memory is the map
+itself plus O(N/B) vectors.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import sympy
+import torch
+
+from . import symbols as S
+from .errors import InputError
+from .ir import BlockPredicates, TracedVariant
+from .printer import torch_function
+
+EMPTY, PARTIAL, FULL = 0, 1, 2
+_ROW_ARGS = (S.I, S.BQ, S.BK, S.QLEN, S.KVLEN, S.QOFF, S.B, S.H)
+_TILE_ARGS = (S.I, S.J, S.BQ, S.BK, S.QLEN, S.KVLEN, S.QOFF, S.B, S.H)
+_COL_ARGS = (S.J, S.BQ, S.BK, S.QLEN, S.KVLEN, S.QOFF, S.B, S.H)
+
+
+@dataclass
+class _Evaluators:
+    kv_range: tuple
+    q_range: tuple
+    tile_any: object
+    tile_all: object
+
+
+@functools.lru_cache(maxsize=64)
+def _compile_evaluators(preds: BlockPredicates) -> _Evaluators:
+    summaries = {s.name: s.integer for s in preds.summaries}
+
+    def fn(e, args):
+        return torch_function(e, args, summaries=summaries or None)
+
+    return _Evaluators(
+        kv_range=tuple(fn(e, _ROW_ARGS) for e in (preds.kv_lo, preds.kv_hi, preds.kv_full_lo, preds.kv_full_hi)),
+        q_range=tuple(fn(e, _COL_ARGS) for e in (preds.q_lo, preds.q_hi, preds.q_full_lo, preds.q_full_hi)),
+        tile_any=fn(preds.tile_any, _TILE_ARGS),
+        tile_all=fn(preds.tile_all, _TILE_ARGS),
+    )
+
+
+def _runtime_arrays(traced: TracedVariant, preds: BlockPredicates, BQ, BK, QLEN, KVLEN, QOFF, overrides) -> Dict[str, torch.Tensor]:
+    tensors = {}
+    for c in traced.captured:
+        t = overrides.get(c.name, c.tensor)
+        if t.dtype != c.dtype or t.dim() != c.rank:
+            raise InputError(
+                f"captured tensor {c.name} was traced as {c.dtype} rank {c.rank}, got {t.dtype} rank {t.dim()}; "
+                "pass a tensor of the traced dtype and rank (or re-trace the variant)"
+            )
+        tensors[c.name] = t.detach().cpu()
+    arrays = dict(tensors)
+    for s in preds.summaries:
+        arrays[s.name] = s.compute(tensors, BQ, BK, QLEN, KVLEN, QOFF).cpu()
+    return arrays
+
+
+def _as_i64(x, n):
+    t = x if isinstance(x, torch.Tensor) else torch.tensor(x)
+    return t.to(torch.int64).expand(n) if t.dim() == 0 else t.to(torch.int64)
+
+
+def kv_ranges(traced, preds, q_len, kv_len, block, b=0, h=0, q_offset=0, captured=None):
+    """Per q-block (lo, hi, full_lo, full_hi) int64 vectors, clamped to [0, n_kv_blocks]."""
+    BQ, BK = block
+    nqb, nkb = -(-q_len // BQ), -(-kv_len // BK)
+    arrays = _runtime_arrays(traced, preds, BQ, BK, q_len, kv_len, q_offset, captured or {})
+    ev = _compile_evaluators(preds)
+    i = torch.arange(nqb, dtype=torch.int64)
+    vals = [_as_i64(f(i, BQ, BK, q_len, kv_len, q_offset, b, h, tensors=arrays), nqb).clamp(0, nkb) for f in ev.kv_range]
+    return vals, arrays, ev
+
+
+def block_map(variant, q_len: int, kv_len: int, block: Tuple[int, int] = (128, 128), b: int = 0, h: int = 0,
+              q_offset: int = 0, **captured) -> torch.Tensor:
+    """int8 tensor (n_q_blocks, n_kv_blocks): 0 empty, 1 partial, 2 full, from the derived predicates.
+
+    ``variant``: anything ``attngen.compile`` returns, a Variant, MaskMod or ScoreMod.
+    ``captured``: replacement values for captured tensors by traced name (``t0=doc_ids``).
+    """
+    from .frontend import analyze
+
+    if q_len <= 0 or kv_len <= 0:
+        raise InputError(f"block_map needs positive lengths, got q_len={q_len}, kv_len={kv_len}")
+    BQ, BK = block
+    if BQ <= 0 or BK <= 0:
+        raise InputError(f"block sizes must be positive, got block={block}")
+    traced, preds = analyze(variant)
+    nqb, nkb = -(-q_len // BQ), -(-kv_len // BK)
+    out = torch.zeros(nqb, nkb, dtype=torch.int8)
+    (lo, hi, flo, fhi), arrays, ev = kv_ranges(traced, preds, q_len, kv_len, block, b, h, q_offset, captured)
+    fhi = torch.maximum(flo, torch.minimum(fhi, hi))
+    flo = torch.maximum(flo, lo).minimum(fhi)
+    for i, (a, z) in enumerate(zip(flo.tolist(), fhi.tolist())):
+        if z > a:
+            out[i, a:z] = FULL
+    # tiles in range but not provably full: [lo, flo) and [fhi, hi)
+    n1 = (flo - lo).clamp(min=0)
+    n2 = (hi - fhi).clamp(min=0)
+    rows = torch.arange(nqb, dtype=torch.int64)
+    cand_i = torch.cat([rows.repeat_interleave(n1), rows.repeat_interleave(n2)])
+    starts = torch.cat([lo.repeat_interleave(n1), fhi.repeat_interleave(n2)])
+    offs = torch.cat([_ragged_arange(n1), _ragged_arange(n2)])
+    cand_j = starts + offs
+    chunk = 1 << 20
+    for s in range(0, cand_i.numel(), chunk):
+        i, j = cand_i[s : s + chunk], cand_j[s : s + chunk]
+        args = (i, j, BQ, BK, q_len, kv_len, q_offset, b, h)
+        if preds.needs_classifier:
+            anyv = _as_bool(ev.tile_any(*args, tensors=arrays), i.numel())
+            allv = _as_bool(ev.tile_all(*args, tensors=arrays), i.numel())
+            cls = torch.where(allv, FULL, torch.where(anyv, PARTIAL, EMPTY)).to(torch.int8)
+        else:
+            cls = torch.full_like(i, PARTIAL, dtype=torch.int8)
+        out[i, j] = cls
+    return out
+
+
+def _ragged_arange(n: torch.Tensor) -> torch.Tensor:
+    """concat(arange(n0), arange(n1), ...) without a Python loop."""
+    total = int(n.sum())
+    if total == 0:
+        return torch.zeros(0, dtype=torch.int64)
+    ends = torch.cumsum(n, 0)
+    starts = (ends - n).repeat_interleave(n)
+    return torch.arange(total, dtype=torch.int64) - starts
+
+
+def _as_bool(x, n):
+    t = x if isinstance(x, torch.Tensor) else torch.tensor(bool(x))
+    return t.to(torch.bool).expand(n) if t.dim() == 0 else t.to(torch.bool)
+
+
+# ----------------------------------------------------------------------------------------------
+# explain
+# ----------------------------------------------------------------------------------------------
+
+def _fmt(e) -> str:
+    return sympy.sstr(e)
+
+
+def explain(variant, q_len: int = 32768, kv_len: Optional[int] = None, block: Tuple[int, int] = (128, 128),
+            png: Optional[str] = None, **captured) -> str:
+    """A readable report: simplified mask and score expressions, kv-range formulas, sparsity, and
+    (with ``png=path``) a picture of the block map."""
+    from .frontend import analyze
+
+    kv_len = q_len if kv_len is None else kv_len
+    traced, preds = analyze(variant)
+    bm = block_map(variant, q_len, kv_len, block, **captured)
+    n = bm.numel()
+    n_empty = int((bm == EMPTY).sum())
+    n_full = int((bm == FULL).sum())
+    n_part = n - n_empty - n_full
+    lines = [
+        f"variant: {traced.variant.name}",
+        f"score:   {_fmt(traced.score)}",
+        f"mask:    {_fmt(traced.mask)}",
+    ]
+    if traced.captured:
+        lines.append("captured: " + ", ".join(f"{c.name}: {c.dtype} rank {c.rank}" for c in traced.captured))
+    lines += [
+        "",
+        "derived block predicates (i: q-block, j: kv-block; BQ, BK block sizes; QOFF q offset):",
+        f"  kv blocks visited for q-block i: [{_fmt(preds.kv_lo)}, {_fmt(preds.kv_hi)})",
+        f"  kv blocks provably full:         [{_fmt(preds.kv_full_lo)}, {_fmt(preds.kv_full_hi)})",
+        f"  q blocks per kv-block j (bwd):   [{_fmt(preds.q_lo)}, {_fmt(preds.q_hi)})",
+    ]
+    if preds.summaries:
+        lines.append("  runtime per-block summaries: " + "; ".join(f"{s.name} = {s.key}" for s in preds.summaries))
+    ta = _fmt(preds.tile_any)
+    lines.append(f"  tile classifier: EMPTY unless {ta if len(ta) < 400 else ta[:400] + ' ...'}")
+    lines += [
+        "",
+        f"block map at q_len={q_len}, kv_len={kv_len}, block={block[0]}x{block[1]}: {bm.shape[0]}x{bm.shape[1]} tiles",
+        f"  empty {n_empty} ({100.0 * n_empty / n:.1f}%), partial {n_part} ({100.0 * n_part / n:.1f}%), "
+        f"full {n_full} ({100.0 * n_full / n:.1f}%)",
+        f"  work relative to dense attention: {100.0 * (n_full + n_part) / n:.1f}% of tiles",
+    ]
+    if png:
+        write_png(bm, png)
+        lines.append(f"  picture: {png}")
+    return "\n".join(lines)
+
+
+def write_png(bm: torch.Tensor, path: str, max_side: int = 1024) -> None:
+    """Write the block map as a PNG (white empty, orange partial, dark blue full) with no imaging
+    dependency: zlib + a hand-made PNG container. Large maps are downsampled (max class per cell)."""
+    import struct
+    import zlib
+
+    m = bm
+    step = max(1, -(-max(m.shape) // max_side))
+    if step > 1:
+        H, W = -(-m.shape[0] // step), -(-m.shape[1] // step)
+        pad = torch.zeros(H * step, W * step, dtype=torch.int8)
+        pad[: m.shape[0], : m.shape[1]] = m
+        # partial dominates (it is where mask work happens), then full
+        v = pad.reshape(H, step, W, step)
+        has_part = (v == PARTIAL).any(3).any(1)
+        has_full = (v == FULL).any(3).any(1)
+        m = torch.where(has_part, PARTIAL, torch.where(has_full, FULL, EMPTY)).to(torch.int8)
+    scale = max(1, 512 // max(m.shape))
+    m = m.repeat_interleave(scale, 0).repeat_interleave(scale, 1)
+    palette = torch.tensor([[255, 255, 255], [240, 140, 40], [30, 60, 140]], dtype=torch.uint8)
+    rgb = palette[m.long()]
+    raw = b"".join(b"\x00" + bytes(row.flatten().tolist()) for row in rgb)
+
+    def chunk(tag, data):
+        c = struct.pack(">I", len(data)) + tag + data
+        return c + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+
+    hdr = struct.pack(">IIBBBBB", rgb.shape[1], rgb.shape[0], 8, 2, 0, 0, 0)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", hdr) + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))

@@ -1,0 +1,436 @@
+"""attngen.codegen.render_variant_inc: the generated variant.inc
+
+* compiles with nvcc for sm_80 and sm_90a, every contract function instantiated and called;
+* computes, on the host (g++, same text), what Python computes for the variant's expressions and
+  block predicates (the torch evaluator of attngen.printer is the reference, itself checked against
+  sympy in test_printer.py);
+* hoists per-head/-row/-column work out of score_mod/mask_mod;
+* is byte-identical across runs and hash seeds.
+"""
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import sympy
+import torch
+
+from attngen.codegen import render_variant_inc
+from attngen.errors import BuildError
+from attngen.ir import BlockPredicates, CapturedTensor, Summary, TracedVariant
+from attngen.mods import Variant
+from attngen.printer import torch_function
+from attngen.symbols import B, BK, BQ, H, I, J, KV, KVLEN, Q, QLEN, QOFF, SCORE, load
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_COMMON = REPO / "attngen" / "templates" / "attngen_common.cuh"
+NVCC = shutil.which("nvcc")
+GXX = shutil.which("g++")
+
+# Minimal stand-in for attngen/templates/attngen_common.cuh (used while that file does not exist),
+# exactly the declarations of docs/kernel-interface.md.
+COMMON_STUB = r"""
+#pragma once
+#define ATTNGEN_MAX_CAPTURED 8
+#define ATTNGEN_MAX_SUMMARIES 8
+struct CapturedArgs {
+  const void* ptr[ATTNGEN_MAX_CAPTURED];
+  long long   stride[ATTNGEN_MAX_CAPTURED][4];
+  const void* summary[ATTNGEN_MAX_SUMMARIES];
+};
+struct TileArgs { int QLEN, KVLEN, QOFF, b, h; };
+__host__ __device__ inline int py_floordiv(int a, int b) { int q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+__host__ __device__ inline int py_mod(int a, int b) { int r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+__host__ __device__ inline long long py_floordiv(long long a, long long b) { long long q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+__host__ __device__ inline long long py_mod(long long a, long long b) { long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+"""
+
+BIG = 2**30  # what an unbounded (+-oo) block bound prints as
+fl = sympy.floor
+
+
+# ---------------------------------------------------------------------------------------------------------
+# hand-built variants and predicates
+
+
+def causal_preds(needs_classifier=False):
+    return BlockPredicates(
+        kv_lo=sympy.Integer(0), kv_hi=fl((I * BQ + BQ - 1 + QOFF) / BK) + 1,
+        kv_full_lo=sympy.Integer(0), kv_full_hi=fl((I * BQ + QOFF + 1) / BK),
+        q_lo=fl((J * BK - QOFF) / BQ), q_hi=fl((QLEN + BQ - 1) / BQ),
+        q_full_lo=sympy.ceiling((J * BK + BK - 1 - QOFF) / BQ), q_full_hi=fl((QLEN + BQ - 1) / BQ),
+        tile_any=I * BQ + BQ - 1 + QOFF >= J * BK, tile_all=I * BQ + QOFF >= J * BK + BK - 1,
+        needs_classifier=needs_classifier,
+    )
+
+
+def full_preds():
+    return BlockPredicates(
+        kv_lo=sympy.Integer(0), kv_hi=sympy.oo, kv_full_lo=sympy.Integer(0), kv_full_hi=sympy.oo,
+        q_lo=sympy.Integer(0), q_hi=sympy.oo, q_full_lo=sympy.Integer(0), q_full_hi=sympy.oo,
+        tile_any=sympy.true, tile_all=sympy.true, needs_classifier=False,
+    )
+
+
+def doc_preds():
+    s0 = Summary("s0", "q", lambda *a: None, True, "min doc id per q-block")
+    s1 = Summary("s1", "kv", lambda *a: None, True, "max doc id per kv-block")
+    s2 = Summary("s2", "q", lambda *a: None, True, "max doc id per q-block")
+    s3 = Summary("s3", "kv", lambda *a: None, True, "min doc id per kv-block")
+    rng = sympy.Integer(0)
+    any_ = sympy.And(load("s0", I, integer=True) <= load("s1", J, integer=True),
+                     load("s3", J, integer=True) <= load("s2", I, integer=True))
+    all_ = sympy.And(sympy.Eq(load("s0", I, integer=True), load("s2", I, integer=True)),
+                     sympy.Eq(load("s3", J, integer=True), load("s1", J, integer=True)),
+                     sympy.Eq(load("s0", I, integer=True), load("s1", J, integer=True)))
+    return BlockPredicates(
+        kv_lo=rng, kv_hi=sympy.oo, kv_full_lo=rng, kv_full_hi=rng, q_lo=rng, q_hi=sympy.oo, q_full_lo=rng,
+        q_full_hi=rng, tile_any=any_, tile_all=all_, needs_classifier=True, summaries=(s0, s1, s2, s3))
+
+
+def make_tensors(seed):
+    g = torch.Generator().manual_seed(seed)
+    doc = torch.sort(torch.randint(0, 6, (200,), generator=g, dtype=torch.int32)).values
+    doc2 = torch.sort(torch.randint(0, 4, (2, 200), generator=g, dtype=torch.int64), dim=1).values
+    bias = torch.randn(4, 2048, generator=g).to(torch.bfloat16)
+    hbias = torch.randn(160, 4, generator=g, dtype=torch.float16).t()  # (4, 160), strides (1, 4)
+    return dict(doc=doc, doc2=doc2, bias=bias, hbias=hbias)
+
+
+def variants(tensors):
+    slope = 2 ** (-8 * (H + 1) / sympy.Integer(16))
+    V = {}
+    V["causal"] = (TracedVariant(Variant(), SCORE, Q >= KV), causal_preds())
+    V["softcap"] = (TracedVariant(Variant(), 30 * sympy.tanh(SCORE / 30), sympy.true), full_preds())
+    V["alibi"] = (TracedVariant(Variant(), SCORE + slope * (KV - Q), sympy.true), full_preds())
+    V["document"] = (
+        TracedVariant(Variant(), SCORE, sympy.Eq(load("t0", Q, integer=True), load("t0", KV, integer=True)),
+                      (CapturedTensor("t0", tensors["doc"], torch.int32, 1),)),
+        doc_preds())
+    V["chunked"] = (TracedVariant(Variant(), SCORE, sympy.And(sympy.Eq(fl(Q / 256), fl(KV / 256)), Q >= KV)),
+                    causal_preds(needs_classifier=True))
+    V["bias"] = (
+        TracedVariant(Variant(), SCORE + load("t0", H, Q - KV + 1024), sympy.true,
+                      (CapturedTensor("t0", tensors["bias"], torch.bfloat16, 2),)),
+        full_preds())
+    # everything at once: softcap of alibi + a per-head fp16 bias, dilated head-dependent window,
+    # per-batch int64 documents
+    V["compound"] = (
+        TracedVariant(
+            Variant(),
+            30 * sympy.tanh((SCORE + slope * (KV - Q) + load("t1", H, sympy.Mod(Q, 160))) / 30),
+            sympy.And(Q >= KV, sympy.Eq(sympy.Mod(Q - KV, 3), 0), Q - KV < 16 * (H + 1),
+                      sympy.Eq(load("t0", B, Q, integer=True), load("t0", B, KV, integer=True))),
+            (CapturedTensor("t0", tensors["doc2"], torch.int64, 2), CapturedTensor("t1", tensors["hbias"], torch.float16, 2)),
+        ),
+        causal_preds(needs_classifier=True))
+    return V
+
+
+def body(text: str, fname: str) -> str:
+    m = re.search(r"\b" + fname + r"\([^)]*\)[^{]*\{\n(.*?)\n\}", text, re.S)
+    assert m, f"{fname} not found in\n{text}"
+    return m.group(1)
+
+
+@pytest.fixture(scope="module")
+def rendered():
+    tensors = make_tensors(0)
+    return {k: render_variant_inc(t, p) for k, (t, p) in variants(tensors).items()}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# structure
+
+
+def test_macros(rendered):
+    def macros(text):
+        return {m.group(1): int(m.group(2)) for m in re.finditer(r"#define ATTNGEN_(\w+) (\d)", text)}
+
+    assert macros(rendered["causal"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 0}
+    assert macros(rendered["softcap"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 0, "NEEDS_CLASSIFIER": 0}
+    assert macros(rendered["document"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 1}
+    assert macros(rendered["compound"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 1}
+
+
+def test_every_contract_function_is_defined(rendered):
+    for text in rendered.values():
+        for sig in ("HeadCtx head_ctx(const CapturedArgs& c, int b, int h)",
+                    "RowCtx row_ctx(const CapturedArgs& c, const HeadCtx& hc, int q_idx)",
+                    "ColCtx col_ctx(const CapturedArgs& c, const HeadCtx& hc, int kv_idx)",
+                    "float score_mod(float score, const CapturedArgs& c, const HeadCtx& hc, const RowCtx& rc, const ColCtx& cc,",
+                    "bool mask_mod(const CapturedArgs& c, const HeadCtx& hc, const RowCtx& rc, const ColCtx& cc,"):
+            assert sig in text
+        for f in ("kv_block_lo", "kv_block_hi", "kv_full_lo", "kv_full_hi"):
+            assert f"template <int BQ, int BK>\n__device__ __forceinline__ int {f}(const CapturedArgs& c, const TileArgs& t, int i)" in text
+        for f in ("tile_any", "tile_all"):
+            assert f"bool {f}(const CapturedArgs& c, const TileArgs& t, int i, int j)" in text
+
+
+def test_work_is_hoisted_out_of_the_element_functions(rendered):
+    r = rendered
+    # causal: nothing to hoist, the mask is one comparison
+    assert body(r["causal"], "mask_mod").strip() in ("return q_idx >= kv_idx;", "return kv_idx <= q_idx;")
+    assert body(r["causal"], "score_mod").strip() == "return score;"
+    # softcap: 1/30 folded into a multiply, one tanh per element
+    sm = body(r["softcap"], "score_mod")
+    assert sm.count("ag_tanh(") == 1 and "0.033333335f" in sm and "/" not in sm
+    # alibi: the slope's exp2 is per head; no int->float conversion per element
+    sm = body(r["alibi"], "score_mod")
+    assert "exp2" not in sm and "(float)" not in sm, sm
+    assert "ag_exp2" in body(r["alibi"], "head_ctx")
+    assert "(float)" in body(r["alibi"], "row_ctx") and "(float)" in body(r["alibi"], "col_ctx")
+    # document: both loads are per row / per column, the element compares two registers
+    mm = body(r["document"], "mask_mod")
+    assert "ag_ld" not in mm and "==" in mm
+    assert "ag_ld_i32" in body(r["document"], "row_ctx") and "ag_ld_i32" in body(r["document"], "col_ctx")
+    # chunked: the chunk index of q and of kv is computed once per row / column
+    assert "py_floordiv" not in body(r["chunked"], "mask_mod")
+    assert "py_floordiv(q_idx, 256)" in body(r["chunked"], "row_ctx")
+    assert "py_floordiv(kv_idx, 256)" in body(r["chunked"], "col_ctx")
+    # bias table: the 64-bit offset is split into a per-row and a per-column part
+    sm = body(r["bias"], "score_mod")
+    assert sm.count("ag_ld_bf16(") == 1 and "stride" not in sm and "long long" not in sm, sm
+    assert "stride" in body(r["bias"], "row_ctx") and "stride" in body(r["bias"], "col_ctx")
+    # compound: per-element work keeps only what needs both q and kv
+    sm = body(r["compound"], "score_mod")
+    assert "exp2" not in sm and sm.count("ag_tanh(") == 1 and sm.count("ag_ld_f16(") == 0, sm
+    mm = body(r["compound"], "mask_mod")
+    assert "ag_ld" not in mm and "py_mod(" in mm, mm
+
+
+def test_output_is_deterministic_across_processes_and_hash_seeds(rendered):
+    code = (
+        "import sys, hashlib; sys.path.insert(0, %r)\n"
+        "import test_codegen as t\n"
+        "from attngen.codegen import render_variant_inc\n"
+        "V = t.variants(t.make_tensors(0))\n"
+        "print('\\n'.join(hashlib.sha256(render_variant_inc(a, b).encode()).hexdigest() for a, b in V.values()))\n"
+    ) % str(Path(__file__).parent)
+    want = "\n".join(__import__("hashlib").sha256(t.encode()).hexdigest() for t in rendered.values())
+    for seed in ("0", "777"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == want
+    again = {k: render_variant_inc(t, p) for k, (t, p) in variants(make_tensors(0)).items()}
+    assert again == rendered
+
+
+def test_fast_path_switches():
+    t, p = variants(make_tensors(0))["compound"]
+    slow = render_variant_inc(t, p, fast_tanh=False, fast_exp2=False)
+    assert "tanhf(" in slow and "exp2f(" in slow and "ag_tanh" not in slow and "ag_exp2" not in slow
+    fast = render_variant_inc(t, p)
+    assert "tanh.approx.f32" in fast and "ex2.approx.ftz.f32" in fast
+
+
+def test_errors_name_the_problem():
+    tensors = make_tensors(0)
+    cap = (CapturedTensor("t0", tensors["bias"], torch.bfloat16, 2),)
+    with pytest.raises(BuildError, match="rank 2"):
+        render_variant_inc(TracedVariant(Variant(), SCORE + load("t0", Q), sympy.true, cap), full_preds())
+    with pytest.raises(BuildError, match="t5"):
+        render_variant_inc(TracedVariant(Variant(), SCORE + load("t5", Q), sympy.true, cap), full_preds())
+    with pytest.raises(BuildError, match="score"):
+        render_variant_inc(TracedVariant(Variant(), SCORE, SCORE > 0), full_preds())
+    bad = causal_preds()
+    bad = BlockPredicates(**{**bad.__dict__, "kv_hi": J + 1})
+    with pytest.raises(BuildError, match="kv_block_hi"):
+        render_variant_inc(TracedVariant(Variant(), SCORE, Q >= KV), bad)
+    with pytest.raises(BuildError, match="mystery"):
+        render_variant_inc(TracedVariant(Variant(), sympy.Function("mystery")(SCORE), sympy.true), full_preds())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# nvcc: every function instantiated and called from a kernel, sm_80 and sm_90a in parallel
+
+
+def _write_includes(tmp: Path, rendered) -> list:
+    if REAL_COMMON.exists():
+        inc = ["-I", str(REAL_COMMON.parent)]
+    else:
+        (tmp / "attngen_common.cuh").write_text(COMMON_STUB)
+        inc = ["-I", str(tmp)]
+    for k, text in rendered.items():
+        (tmp / f"{k}.inc").write_text(text)
+    return inc
+
+
+_UNDEF = "#undef ATTNGEN_HAS_SCORE_MOD\n#undef ATTNGEN_HAS_MASK\n#undef ATTNGEN_NEEDS_CLASSIFIER\n"
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="needs nvcc")
+def test_variant_inc_compiles_with_nvcc(tmp_path, rendered):
+    inc = _write_includes(tmp_path, rendered)
+    parts = ['#include "attngen_common.cuh"']
+    calls = []
+    for k in rendered:
+        parts.append(f"namespace v_{k} {{\n#include \"{k}.inc\"\n" + r"""
+template <int BQ_, int BK_>
+__device__ float exercise(const CapturedArgs& c, const TileArgs& t) {
+  HeadCtx hc = head_ctx(c, t.b, t.h);
+  int q = (int)threadIdx.x + t.QOFF, k = (int)threadIdx.y;
+  RowCtx rc = row_ctx(c, hc, q);
+  ColCtx cc = col_ctx(c, hc, k);
+  float s = score_mod(0.5f * (float)threadIdx.z, c, hc, rc, cc, q, k);
+  bool m = mask_mod(c, hc, rc, cc, q, k);
+  int i = (int)blockIdx.x, j = (int)blockIdx.y;
+  int r = kv_block_lo<BQ_, BK_>(c, t, i) + kv_block_hi<BQ_, BK_>(c, t, i) + kv_full_lo<BQ_, BK_>(c, t, i)
+        + kv_full_hi<BQ_, BK_>(c, t, i) + q_block_lo<BQ_, BK_>(c, t, j) + q_block_hi<BQ_, BK_>(c, t, j)
+        + q_full_lo<BQ_, BK_>(c, t, j) + q_full_hi<BQ_, BK_>(c, t, j);
+  bool any = tile_any<BQ_, BK_>(c, t, i, j), all = tile_all<BQ_, BK_>(c, t, i, j);
+  return (m ? s : -INFINITY) + (float)r + (any ? 1.0f : 0.0f) + (all ? 2.0f : 0.0f)
+       + ATTNGEN_HAS_SCORE_MOD + ATTNGEN_HAS_MASK + ATTNGEN_NEEDS_CLASSIFIER;
+}
+}  // namespace
+""" + _UNDEF)
+        calls.append(f"  acc += v_{k}::exercise<128, 128>(c, t) + v_{k}::exercise<64, 176>(c, t);")
+    parts.append("__global__ void exercise_all(CapturedArgs c, TileArgs t, float* out) {\n  float acc = 0.0f;\n"
+                 + "\n".join(calls) + "\n  out[blockIdx.x * blockDim.x + threadIdx.x] = acc;\n}\n")
+    cu = tmp_path / "all_variants.cu"
+    cu.write_text("\n".join(parts))
+
+    def compile_for(arch):
+        out = tmp_path / f"all_{arch}.o"
+        cmd = [NVCC, "-std=c++17", "-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}", *inc, "-c", str(cu), "-o", str(out)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        return arch, r, out
+
+    with ThreadPoolExecutor(2) as ex:
+        results = list(ex.map(compile_for, ["80", "90a"]))
+    for arch, r, out in results:
+        assert r.returncode == 0, f"nvcc sm_{arch} failed:\n{r.stderr[:8000]}"
+        assert out.stat().st_size > 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# host semantics: the same text compiled by g++ computes what Python computes
+
+
+def _c_bytes(name: str, t: torch.Tensor) -> str:
+    base = t._base if t._base is not None else t
+    assert base.is_contiguous() and base.storage_offset() == 0
+    raw = base.reshape(-1).view(torch.uint8).tolist()
+    return f"alignas(16) static const unsigned char {name}[{len(raw)}] = {{{', '.join(map(str, raw))}}};"
+
+
+def _py(expr, args, tensors, *vals):
+    expr = sympy.sympify(expr).xreplace({sympy.oo: sympy.Integer(BIG), -sympy.oo: sympy.Integer(-BIG)})
+    return torch_function(expr, args)(*vals, tensors=tensors)
+
+
+@pytest.mark.skipif(GXX is None, reason="needs g++")
+def test_variant_inc_host_semantics_match_python(tmp_path):
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = random.Random(seed)
+    tensors = make_tensors(seed)
+    V = variants(tensors)
+    rendered = {k: render_variant_inc(t, p) for k, (t, p) in V.items()}
+    (tmp_path / "attngen_common.cuh").write_text(COMMON_STUB)
+    for k, text in rendered.items():
+        (tmp_path / f"{k}.inc").write_text(text)
+    QLEN_, KVLEN_, QOFF_ = 37, 150, rng.randint(0, 100)
+    BQ_, BK_ = 16, 32
+    b_, h_ = rng.randint(0, 1), rng.randint(0, 3)
+    nqb, nkb = -(-QLEN_ // BQ_), -(-KVLEN_ // BK_)
+    summaries = {f"s{n}": torch.randint(0, 6, (8,), dtype=torch.int32) for n in range(4)}
+    scores = torch.randn(QLEN_, KVLEN_, dtype=torch.float64) * 20
+    scores32 = scores.to(torch.float32)
+
+    src = [r"""
+#define __host__
+#define __device__
+#define __forceinline__ inline
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include "attngen_common.cuh"
+"""]
+    for k, (tv, _) in V.items():
+        for ct in tv.captured:
+            src.append(_c_bytes(f"{k}_{ct.name}", ct.tensor))
+    for n, s in summaries.items():
+        src.append(_c_bytes(f"sum_{n}", s))
+    src.append(f"static const float S[{QLEN_ * KVLEN_}] = {{{', '.join(repr(float(x)) + 'f' for x in scores32.flatten().tolist())}}};")
+    for k, (tv, preds) in V.items():
+        setup = ["  CapturedArgs c; memset(&c, 0, sizeof(c));"]
+        for n, ct in enumerate(tv.captured):
+            setup.append(f"  c.ptr[{n}] = {k}_{ct.name} + {ct.tensor.storage_offset() * ct.tensor.element_size()};")
+            setup += [f"  c.stride[{n}][{d}] = {st};" for d, st in enumerate(ct.tensor.stride())]
+        for n, s in enumerate(preds.summaries):
+            setup.append(f"  c.summary[{n}] = sum_{s.name};")
+        src.append(f"namespace v_{k} {{\n#include \"{k}.inc\"\n" + f"""
+void run() {{
+{chr(10).join(setup)}
+  TileArgs t{{{QLEN_}, {KVLEN_}, {QOFF_}, {b_}, {h_}}};
+  HeadCtx hc = head_ctx(c, {b_}, {h_});
+  for (int r = 0; r < {QLEN_}; ++r) {{
+    int q = r + {QOFF_};
+    RowCtx rc = row_ctx(c, hc, q);
+    for (int k = 0; k < {KVLEN_}; ++k) {{
+      ColCtx cc = col_ctx(c, hc, k);
+      printf("%.9g %d\\n", score_mod(S[r * {KVLEN_} + k], c, hc, rc, cc, q, k), (int)mask_mod(c, hc, rc, cc, q, k));
+    }}
+  }}
+  for (int i = 0; i < {nqb}; ++i)
+    printf("%d %d %d %d\\n", kv_block_lo<{BQ_}, {BK_}>(c, t, i), kv_block_hi<{BQ_}, {BK_}>(c, t, i),
+           kv_full_lo<{BQ_}, {BK_}>(c, t, i), kv_full_hi<{BQ_}, {BK_}>(c, t, i));
+  for (int j = 0; j < {nkb}; ++j)
+    printf("%d %d %d %d\\n", q_block_lo<{BQ_}, {BK_}>(c, t, j), q_block_hi<{BQ_}, {BK_}>(c, t, j),
+           q_full_lo<{BQ_}, {BK_}>(c, t, j), q_full_hi<{BQ_}, {BK_}>(c, t, j));
+  for (int i = 0; i < {nqb}; ++i)
+    for (int j = 0; j < {nkb}; ++j)
+      printf("%d %d\\n", (int)tile_any<{BQ_}, {BK_}>(c, t, i, j), (int)tile_all<{BQ_}, {BK_}>(c, t, i, j));
+  printf("END\\n");
+}}
+}}  // namespace
+""" + _UNDEF)
+    src.append("int main() {\n" + "\n".join(f"  v_{k}::run();" for k in V) + "\n  return 0;\n}\n")
+    (tmp_path / "host.cpp").write_text("\n".join(src))
+    exe = tmp_path / "host"
+    r = subprocess.run([GXX, "-std=c++17", "-O1", "-I", str(tmp_path), "-o", str(exe), str(tmp_path / "host.cpp")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[:8000]
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("END\n")
+
+    q = torch.arange(QLEN_)[:, None] + QOFF_
+    kv = torch.arange(KVLEN_)[None, :]
+    i = torch.arange(nqb)
+    j = torch.arange(nkb)
+    tile_args = (BQ, BK, QLEN, KVLEN, QOFF, B, H)
+    tile_vals = (BQ_, BK_, QLEN_, KVLEN_, QOFF_, b_, h_)
+    for k, (tv, preds) in V.items():
+        lines = out[list(V).index(k)].strip().split("\n")
+        caps = {ct.name: ct.tensor for ct in tv.captured}
+        el = torch.tensor([[float(x) for x in ln.split()] for ln in lines[: QLEN_ * KVLEN_]], dtype=torch.float64)
+        got_score = el[:, 0].reshape(QLEN_, KVLEN_)
+        got_mask = el[:, 1].reshape(QLEN_, KVLEN_).bool()
+        want_score = torch.broadcast_to(torch.as_tensor(
+            _py(tv.score, [SCORE, B, H, Q, KV], caps, scores32.to(torch.float64), b_, h_, q, kv), dtype=torch.float64), (QLEN_, KVLEN_))
+        want_mask = torch.broadcast_to(torch.as_tensor(_py(tv.mask, [B, H, Q, KV], caps, b_, h_, q, kv)), (QLEN_, KVLEN_))
+        assert torch.equal(got_mask, want_mask), f"seed {seed}: {k}: mask_mod differs at {(got_mask != want_mask).nonzero()[:5].tolist()}"
+        torch.testing.assert_close(got_score, want_score, rtol=2e-6, atol=2e-5,
+                                   msg=lambda m: f"seed {seed}: {k}: score_mod: {m}")
+        pos = QLEN_ * KVLEN_
+        rows = torch.tensor([[int(x) for x in ln.split()] for ln in lines[pos: pos + nqb]])
+        for col, e in enumerate((preds.kv_lo, preds.kv_hi, preds.kv_full_lo, preds.kv_full_hi)):
+            want = torch.broadcast_to(torch.as_tensor(_py(e, (I,) + tile_args, summaries, i, *tile_vals)), (nqb,))
+            assert rows[:, col].tolist() == want.tolist(), f"seed {seed}: {k}: kv bound {e}"
+        pos += nqb
+        rows = torch.tensor([[int(x) for x in ln.split()] for ln in lines[pos: pos + nkb]])
+        for col, e in enumerate((preds.q_lo, preds.q_hi, preds.q_full_lo, preds.q_full_hi)):
+            want = torch.broadcast_to(torch.as_tensor(_py(e, (J,) + tile_args, summaries, j, *tile_vals)), (nkb,))
+            assert rows[:, col].tolist() == want.tolist(), f"seed {seed}: {k}: q bound {e}"
+        pos += nkb
+        rows = torch.tensor([[int(x) for x in ln.split()] for ln in lines[pos: pos + nqb * nkb]]).reshape(nqb, nkb, 2)
+        for col, e in enumerate((preds.tile_any, preds.tile_all)):
+            want = torch.broadcast_to(torch.as_tensor(
+                _py(e, (I, J) + tile_args, summaries, i[:, None], j[None, :], *tile_vals)), (nqb, nkb))
+            assert rows[..., col].bool().tolist() == want.bool().tolist(), f"seed {seed}: {k}: {e}"
