@@ -1,0 +1,180 @@
+"""Derived block predicates vs brute-force per-element evaluation of the mask.
+
+Soundness: a tile is EMPTY only if every element is masked, FULL only if every element is kept, and
+no kept element lies outside the kv range of its q-block (or the q range of its kv-block).
+Exactness: for masks built from affine comparisons, floor-div / mod by constants, abs, min/max and
+their & | ~ combinations (and sorted document ids) the derived map equals the brute-force map.
+"""
+import random
+import time
+
+import pytest
+import torch
+
+import attngen
+from attngen import reference
+from attngen.blockmap import EMPTY, FULL, PARTIAL, _compile_evaluators, _runtime_arrays
+from attngen.frontend import analyze
+
+torch.manual_seed(0)
+_DOCS = torch.randint(0, 7, (3000,)).sort().values
+_DOCS_UNSORTED = torch.randint(0, 40, (3000,))
+_DOCS_B = torch.randint(0, 5, (2, 3000)).sort(dim=1).values
+
+
+def _custom_min(b, h, q, k):
+    return torch.minimum(q, k) >= 130
+
+
+def _custom_abs(b, h, q, k):
+    return abs(q - k) <= 40
+
+
+def _custom_max(b, h, q, k):
+    return torch.maximum(q - 300, k) <= q
+
+
+def _custom_mod(b, h, q, k):
+    return ((q + 2 * k) % 5 != 0) & (k < q + 64)
+
+
+def _custom_scoremask(s, b, h, q, k):
+    return torch.where((q // 64) >= (k // 64), s, float("-inf"))
+
+
+# (name, variant, exact?) -- exactness is required for the affine/floor/mod/abs families and sorted docs
+EXACT = [
+    ("causal", attngen.causal()),
+    ("sliding_window", attngen.sliding_window(300)),
+    ("local", attngen.local(50, 70)),
+    ("local_left_only", attngen.local(100, None)),
+    ("prefix_lm", attngen.prefix_lm(200)),
+    ("chunked", attngen.chunked(96)),
+    ("block_diagonal", attngen.block_diagonal(100)),
+    ("dilated", attngen.dilated(300, 3)),
+    ("document_sorted", attngen.document(_DOCS)),
+    ("document_batched", attngen.document(_DOCS_B)),
+    ("prefix_or_window", attngen.prefix_lm(64) & ~attngen.block_diagonal(100) | attngen.sliding_window(300)),
+    ("not_causal", ~attngen.causal()),
+    ("causal_and_doc", attngen.causal() & attngen.document(_DOCS)),
+    ("window_and_not_chunk", attngen.local(64, 64) & ~attngen.chunked(128)),
+    ("min", attngen.MaskMod(_custom_min, "min")),
+    ("abs", attngen.MaskMod(_custom_abs, "abs")),
+    ("max", attngen.MaskMod(_custom_max, "max")),
+    ("prefix_and_dilated", attngen.prefix_lm(100) | attngen.dilated(200, 4)),
+]
+SOUND_ONLY = [
+    ("document_unsorted", attngen.document(_DOCS_UNSORTED)),
+    ("mod_two_vars", attngen.MaskMod(_custom_mod, "mod2")),
+]
+
+
+def _brute(variant, q_len, kv_len, BQ, BK, q_offset, b=0, h=0):
+    variant = attngen.mods.as_variant(variant)
+    m = reference.dense_mask(attngen.Variant(mask_mod=variant.mask_mod), b + 1, h + 1, q_len, kv_len, q_offset=q_offset)[b, h]
+    if variant.score_mod is not None:
+        # a score_mod's -inf branches are part of the mask (hoisted by the tracer)
+        s = torch.zeros(q_len, kv_len)
+        qi = torch.arange(q_len)[:, None] + q_offset
+        ki = torch.arange(kv_len)[None, :]
+        m = m & torch.isfinite(variant.score_mod(s, torch.tensor(b), torch.tensor(h), qi, ki))
+    nqb, nkb = -(-q_len // BQ), -(-kv_len // BK)
+    padded = torch.full((nqb * BQ, nkb * BK), -1, dtype=torch.int8)
+    padded[:q_len, :kv_len] = m.to(torch.int8)
+    tiles = padded.reshape(nqb, BQ, nkb, BK).permute(0, 2, 1, 3).reshape(nqb, nkb, -1)
+    any_kept = (tiles == 1).any(-1)
+    all_kept = ~(tiles == 0).any(-1)
+    return torch.where(all_kept, FULL, torch.where(any_kept, PARTIAL, EMPTY)).to(torch.int8)
+
+
+def _shapes(rng, n):
+    for _ in range(n):
+        BQ = rng.choice([16, 32, 64, 128])
+        BK = rng.choice([16, 32, 64, 128])
+        q_len = rng.choice([1, 7, rng.randint(1, 700), BQ * rng.randint(1, 5)])
+        kv_len = rng.choice([1, 13, rng.randint(1, 700), BK * rng.randint(1, 5), q_len])
+        q_offset = rng.choice([0, 0, rng.randint(0, 200), max(0, kv_len - q_len)])
+        yield q_len, kv_len, BQ, BK, q_offset
+
+
+def _check(variant, q_len, kv_len, BQ, BK, q_offset, exact, b=0, h=0):
+    got = attngen.block_map(variant, q_len, kv_len, (BQ, BK), b=b, h=h, q_offset=q_offset)
+    want = _brute(variant, q_len, kv_len, BQ, BK, q_offset, b, h)
+    ctx = f"q_len={q_len} kv_len={kv_len} block=({BQ},{BK}) q_offset={q_offset}"
+    unsound_empty = (got == EMPTY) & (want != EMPTY)
+    unsound_full = (got == FULL) & (want != FULL)
+    assert not unsound_empty.any(), f"tile marked EMPTY but has kept elements at {unsound_empty.nonzero()[:5].tolist()} ({ctx})"
+    assert not unsound_full.any(), f"tile marked FULL but has masked elements at {unsound_full.nonzero()[:5].tolist()} ({ctx})"
+    if exact:
+        diff = got != want
+        assert not diff.any(), f"inexact at {diff.nonzero()[:5].tolist()}: got {got[diff][:5].tolist()} want {want[diff][:5].tolist()} ({ctx})"
+    _check_q_ranges(variant, q_len, kv_len, BQ, BK, q_offset, want, b, h)
+
+
+def _check_q_ranges(variant, q_len, kv_len, BQ, BK, q_offset, want, b, h):
+    """The transposed ranges (q blocks per kv block, for the backward pass) must be sound too."""
+    traced, preds = analyze(variant)
+    arrays = _runtime_arrays(traced, preds, BQ, BK, q_len, kv_len, q_offset, {})
+    ev = _compile_evaluators(preds)
+    nqb, nkb = want.shape
+    j = torch.arange(nkb)
+    lo, hi, flo, fhi = [torch.as_tensor(f(j, BQ, BK, q_len, kv_len, q_offset, b, h, tensors=arrays)).expand(nkb).clamp(0, nqb)
+                        for f in ev.q_range]
+    i = torch.arange(nqb)[:, None]
+    outside = (i < lo[None, :]) | (i >= hi[None, :])
+    assert not ((want != EMPTY) & outside).any(), "kept tile outside its kv-block's q range"
+    in_full = (i >= flo[None, :]) & (i < fhi[None, :])
+    assert not ((want != FULL) & in_full).any(), "non-full tile inside the provably full q range"
+
+
+@pytest.mark.parametrize("name,variant", EXACT, ids=[n for n, _ in EXACT])
+def test_block_map_exact_and_sound(name, variant):
+    rng = random.Random(hash(name) % 1000)
+    for shape in _shapes(rng, 12):
+        _check(variant, *shape, exact=True)
+
+
+@pytest.mark.parametrize("name,variant", SOUND_ONLY, ids=[n for n, _ in SOUND_ONLY])
+def test_block_map_sound(name, variant):
+    rng = random.Random(7)
+    for shape in _shapes(rng, 10):
+        _check(variant, *shape, exact=False)
+
+
+def test_score_mod_mask_is_hoisted_into_block_map():
+    v = attngen.compile(score_mod=_custom_scoremask)
+    traced, _ = analyze(v)
+    assert traced.score == attngen.trace(attngen.Variant()).score  # the score part is the plain score
+    for shape in _shapes(random.Random(3), 6):
+        _check(v.variant, *shape, exact=True)
+
+
+def test_batched_document_uses_batch_index():
+    for b in (0, 1):
+        _check(attngen.document(_DOCS_B), 500, 700, 64, 32, 0, exact=True, b=b)
+
+
+def test_alibi_and_softcap_are_dense():
+    v = attngen.compile(score_mod=attngen.alibi(8).then(attngen.softcap(20)))
+    bm = v.block_map(300, 200, (64, 64))
+    assert (bm == FULL).all()
+
+
+@pytest.mark.parametrize("variant", [attngen.causal(), attngen.sliding_window(4096),
+                                     attngen.document(torch.randint(0, 8, (1 << 20,)).sort().values)],
+                         ids=["causal", "sliding_window", "document"])
+def test_block_map_at_one_million_tokens_is_fast(variant):
+    n = 1 << 20
+    analyze(variant)  # tracing and derivation are one-time costs, timed separately
+    t0 = time.perf_counter()
+    bm = attngen.block_map(variant, n, n)
+    dt = time.perf_counter() - t0
+    assert bm.dtype == torch.int8 and bm.shape == (8192, 8192)
+    assert dt < 1.0, f"block_map at 1M tokens took {dt:.2f} s"
+    # spot-check a few rows against brute force on the row's tiles
+    for i in (0, 1, 4000, 8191):
+        rows = torch.arange(i * 128, (i + 1) * 128)[:, None]
+        m = torch.as_tensor(variant(torch.tensor(0), torch.tensor(0), rows, torch.arange(n)[None, :])).expand(128, n)
+        t = m.reshape(128, 8192, 128).permute(1, 0, 2).reshape(8192, -1)
+        want = torch.where(t.all(-1), FULL, torch.where(t.any(-1), PARTIAL, EMPTY)).to(torch.int8)
+        assert torch.equal(bm[i], want)
