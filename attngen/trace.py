@@ -539,11 +539,11 @@ def hoist_mask(score):
         kept = []
         for val, cond in score.args:
             this = sympy.And(cond, sympy.Not(seen_cond))
-            if val == NEG_INF and not _depends_on_score(cond):
+            if val == NEG_INF and not _depends_on_score(this):
                 neg = sympy.Or(neg, this)
             else:
                 sub_neg, sub_val = hoist_mask(val)
-                if sub_neg is not sympy.false and not _depends_on_score(cond):
+                if sub_neg is not sympy.false and not _depends_on_score(this):
                     neg = sympy.Or(neg, sympy.And(this, sub_neg))
                 kept.append((sub_val, cond))
             seen_cond = sympy.Or(seen_cond, cond)

@@ -14,9 +14,21 @@ for name in ["causal", "alibi_doc", "bias2d_pad"]:
 build.write_build_ninja(bd, srcs, arch)
 build.run_ninja(bd, jobs=os.cpu_count())
 libs = lambda n, dt, hd: runtime.load_library(f"{bd}/{n}_bfloat16_{hd}/libattngen_fwd.so")
+cases = []
 for hd in [64, 128, 256]:
-    T.run_case(libs, "causal", torch.bfloat16, hd, B=1, Hq=2, Hkv=1, Lq=200, Lk=333, q_offset=-20)
-    T.run_case(libs, "alibi_doc", torch.bfloat16, hd, B=1, Hq=2, Hkv=2, Lq=300, Lk=400, q_offset=100, seed=3)
-    T.run_case(libs, "alibi_doc", torch.bfloat16, hd, B=1, Hq=1, Hkv=1, Lq=90, Lk=170, q_offset=170, all_masked=True)
-    T.run_case(libs, "bias2d_pad", torch.bfloat16, hd, B=1, Hq=2, Hkv=1, Lq=77, Lk=150, q_offset=5)
+    cases += [("causal", hd, dict(B=1, Hq=2, Hkv=1, Lq=200, Lk=333, q_offset=-20)),
+              ("alibi_doc", hd, dict(B=1, Hq=2, Hkv=2, Lq=300, Lk=400, q_offset=100, seed=3)),
+              ("alibi_doc", hd, dict(B=1, Hq=1, Hkv=1, Lq=90, Lk=170, q_offset=170, all_masked=True)),
+              ("bias2d_pad", hd, dict(B=1, Hq=2, Hkv=1, Lq=77, Lk=150, q_offset=5))]
+only = os.environ.get("CASES")
+for n, (name, hd, kw) in enumerate(cases):
+    if only and str(n) not in only.split(","):
+        continue
+    print(f"CASE {n}: {name} hd{hd} {kw}", flush=True)
+    try:
+        T.run_case(libs, name, torch.bfloat16, hd, **kw)
+        print(f"CASE {n} ok", flush=True)
+    except Exception as e:
+        print(f"CASE {n} FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        raise
 print("SANITIZE CASES DONE")
