@@ -28,6 +28,7 @@ import torch
 from sympy.logic.boolalg import And, BooleanAtom, BooleanFunction, Not, Or
 
 from . import symbols as S
+from .errors import InputError
 from .ir import BlockPredicates, CapturedTensor, Summary, TracedVariant
 
 Rel = sympy.core.relational.Relational
@@ -243,7 +244,7 @@ def _blocks_of(t2, start, length, blk):
     nb = -(-length // blk)
     seg = t2[:, start : start + length]
     if seg.shape[1] < length:
-        raise IndexError(
+        raise InputError(
             f"a captured tensor has {t2.shape[1]} positions but the mask reads index {start + length - 1}; "
             "make it cover q_offset + q_len and kv_len"
         )

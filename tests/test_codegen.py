@@ -7,6 +7,7 @@
 * hoists per-head/-row/-column work out of score_mod/mask_mod;
 * is byte-identical across runs and hash seeds.
 """
+import ctypes
 import os
 import random
 import re
@@ -440,17 +441,13 @@ void run() {{
 # GPU: the device paths (tanh.approx, ex2.approx, __ldg loads, fp16/bf16 conversion) on real hardware
 
 
-class _CapturedArgsC(__import__("ctypes").Structure):
-    import ctypes as _c
-
-    _fields_ = [("ptr", _c.c_void_p * 8), ("stride", (_c.c_longlong * 4) * 8), ("summary", _c.c_void_p * 8)]
+class _CapturedArgsC(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_void_p * 8), ("stride", (ctypes.c_longlong * 4) * 8), ("summary", ctypes.c_void_p * 8)]
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or NVCC is None, reason="needs a CUDA GPU and nvcc")
 def test_variant_inc_on_gpu_matches_python(tmp_path):
-    import ctypes
-
     seed = int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     tensors = make_tensors(seed)

@@ -1,0 +1,187 @@
+"""Kernel stage: variant -> generated sources -> ninja/nvcc -> cached library -> launch.
+
+One library per signature (variant canonical text, dtype, head dim, arch, template, flags), built
+once into the on-disk cache (attngen/cache) and memoised in process, so a call after the first costs
+a dict lookup plus the ctypes launch.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from . import __version__
+from .build import (
+    LIBRARY_NAME,
+    SUPPORTED_HEAD_DIMS,
+    current_arch,
+    find_nvcc,
+    nvcc_version,
+    render_sources,
+    run_ninja,
+    template_hash,
+    write_build_ninja,
+)
+from .cache import default_cache
+from .codegen import render_variant_inc
+from .errors import InputError
+from .runtime import forward, load_library
+
+_LIBS: Dict[tuple, object] = {}
+_LOCK = threading.Lock()
+_TEMPLATE_HASH: Optional[str] = None
+
+
+def _template_hash() -> str:
+    global _TEMPLATE_HASH
+    if _TEMPLATE_HASH is None:
+        _TEMPLATE_HASH = template_hash()
+    return _TEMPLATE_HASH
+
+
+def choose_kernel(arch: str, kernel: str = "auto") -> str:
+    """'sm90' (TMA + wgmma) on Hopper when its template is present, else the portable 'sm80'."""
+    if kernel not in ("auto", "sm80", "sm90"):
+        raise InputError(f"kernel must be 'auto', 'sm80' or 'sm90', got {kernel!r}")
+    from .build import TEMPLATE_DIR
+
+    has_sm90 = (TEMPLATE_DIR / "fwd_sm90.cu.j2").exists() and _sm90_supported()
+    if kernel == "sm90":
+        if arch != "sm_90a":
+            raise InputError(f"the sm90 kernel needs arch sm_90a (H100/H200), got {arch}; use kernel='sm80'")
+        if not has_sm90:
+            raise InputError("the sm90 kernel template is not available in this build of attngen; use kernel='sm80'")
+        return "sm90"
+    if kernel == "auto" and arch == "sm_90a" and has_sm90:
+        return "sm90"
+    return "sm80"
+
+
+def _sm90_supported() -> bool:
+    try:
+        from .build import render_sources as rs  # noqa: F401
+        import inspect
+
+        return "kernel" in inspect.signature(rs).parameters
+    except Exception:
+        return False
+
+
+def signature_fields(attn, dtype: torch.dtype, head_dim: int, arch: str, kernel: str) -> dict:
+    traced = attn.traced
+    return {
+        "variant": traced.canonical(),
+        "summaries": [s.key for s in attn.predicates.summaries],
+        "dtype": str(dtype),
+        "head_dim": head_dim,
+        "arch": arch,
+        "kernel": kernel,
+        "fast_math": attn.fast_math,
+        "templates": _template_hash(),
+        "attngen": __version__,
+        "nvcc": list(nvcc_version()),
+    }
+
+
+def _readable_name(attn, dtype, head_dim, arch, kernel) -> str:
+    dt = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+    return f"{attn.variant.name} {dt} hd{head_dim} {arch} {kernel}"
+
+
+def build_kernel(attn, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, arch: Optional[str] = None,
+                 kernel: str = "auto") -> Path:
+    """Build (or find in the cache) the library for one signature; needs nvcc, not a GPU."""
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise InputError(f"head dim {head_dim} is not supported: expected one of {list(SUPPORTED_HEAD_DIMS)}")
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise InputError(f"the kernels take torch.bfloat16 or torch.float16, got {dtype}")
+    arch = arch or current_arch()
+    kind = choose_kernel(arch, kernel)
+    fields = signature_fields(attn, dtype, head_dim, arch, kind)
+    from .cache import cache_key
+
+    key = cache_key(fields)
+    name = _readable_name(attn, dtype, head_dim, arch, kind)
+
+    def build(tmpdir: Path) -> dict:
+        t0 = time.perf_counter()
+        inc = render_variant_inc(attn.traced, attn.predicates, fast_tanh=attn.fast_math, fast_exp2=attn.fast_math)
+        if kind == "sm90":
+            sources = render_sources(inc, dtype, head_dim, arch, kernel="sm90")
+        else:
+            sources = render_sources(inc, dtype, head_dim, arch)
+        write_build_ninja(tmpdir, sources, arch)
+        run_ninja(tmpdir)
+        for p in tmpdir.glob("*.o"):
+            p.unlink()
+        for p in tmpdir.glob("*.o.d"):
+            p.unlink()
+        return {"compiler": find_nvcc(), "build_seconds": round(time.perf_counter() - t0, 3)}
+
+    meta = {
+        "fields": fields,
+        "expressions": {
+            "score": str(attn.traced.score),
+            "mask": str(attn.traced.mask),
+            "kv_range": [str(attn.predicates.kv_lo), str(attn.predicates.kv_hi)],
+        },
+    }
+    return default_cache().get_or_build(key, name, build, meta=meta, artifact=LIBRARY_NAME)
+
+
+def _library(attn, dtype, head_dim, device_index: int):
+    key = (id(attn), dtype, head_dim, device_index)
+    lib = _LIBS.get(key)
+    if lib is not None:
+        return lib
+    with _LOCK:
+        lib = _LIBS.get(key)
+        if lib is None:
+            arch = current_arch(device_index)
+            path = build_kernel(attn, dtype, head_dim, arch, "sm80" if attn.backend == "sm80" else
+                                ("sm90" if attn.backend == "sm90" else "auto"))
+            lib = load_library(path)
+            _LIBS[key] = lib
+    return lib
+
+
+class _SummaryCache:
+    """Per-block summaries of captured tensors, recomputed only when a tensor or a length changes
+    (keyed by data pointer and torch's in-place version counter)."""
+
+    def __init__(self):
+        self.key = None
+        self.value = ()
+
+    def get(self, attn, captured, lib, Lq, Lk, q_offset):
+        preds = attn.predicates
+        if not preds.summaries:
+            return ()
+        key = (lib.block_q, lib.block_k, Lq, Lk, q_offset,
+               tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in captured))
+        if key != self.key:
+            tensors = {c.name: t for c, t in zip(attn.traced.captured, captured)}
+            self.value = tuple(s.compute(tensors, lib.block_q, lib.block_k, Lq, Lk, q_offset) for s in preds.summaries)
+            self.key = key
+        return self.value
+
+
+def run_forward(attn, q, k, v, *, scale=None, return_lse=False, q_offset=0):
+    if q.dim() != 4:
+        raise InputError(f"q must have shape (B, H, L, D), got {tuple(q.shape)}")
+    head_dim = q.shape[-1]
+    lib = _library(attn, q.dtype, head_dim, q.device.index if q.device.index is not None else torch.cuda.current_device())
+    captured = [c.tensor for c in attn.traced.captured]
+    for c, t in zip(attn.traced.captured, captured):
+        if t.device != q.device:
+            raise InputError(
+                f"captured tensor {c.name} ({t.dtype}, shape {tuple(t.shape)}) is on {t.device} but q is on {q.device}; "
+                f"move it before compiling (e.g. doc_ids.to('{q.device}'))"
+            )
+    sc = attn.__dict__.setdefault("_summary_cache", _SummaryCache())
+    summaries = sc.get(attn, captured, lib, q.shape[2], k.shape[2], int(q_offset))
+    return forward(lib, q, k, v, scale=scale, q_offset=int(q_offset), return_lse=return_lse,
+                   captured=captured, summaries=summaries)
