@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One device round on the H200: environment facts, parallel kernel builds + GPU tests, benchmark.
+# Usage (on the device, from the repo root): scripts/gpu_round.sh [tests|bench|sweep|sanitize|all]...
+# Logs and results go to $OUT (the device tool brings that folder back) or benchmarks/results/latest.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export ATTNGEN_CACHE_DIR="${ATTNGEN_CACHE_DIR:-/tmp/attngen-cache}"
+export ATTNGEN_TEST_BUILD_JOBS="${ATTNGEN_TEST_BUILD_JOBS:-12}"
+RES="${OUT:-benchmarks/results/latest}"
+mkdir -p "$RES"
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(all)
+{
+  date -u +"date %Y-%m-%dT%H:%M:%SZ"
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
+  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
+  nvcc --version | tail -1
+} > "$RES/device.txt" 2>&1
+cat "$RES/device.txt"
+rc=0
+for step in "${steps[@]}"; do
+  case "$step" in
+    tests|all)
+      t0=$(date +%s)
+      python -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tee "$RES/gpu_tests.log" | tail -n 40
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      echo "gpu tests: $(( $(date +%s) - t0 )) s" ;;&
+    bench|all)
+      python benchmarks/bench_forward.py --out "$RES" 2>&1 | tee "$RES/bench.log" | tail -n 40 ;;&
+    sweep)
+      python benchmarks/bench_forward.py --no-anchors --no-compile-figures --sweep --out "$RES" 2>&1 | tee "$RES/sweep.log" | tail -n 40 ;;
+    sanitize)
+      python scripts/sanitize_case.py "$RES" 2>&1 | tail -n 40 ;;
+    tests|bench|all) ;;
+    *) echo "unknown step $step"; rc=2 ;;
+  esac
+done
+exit $rc

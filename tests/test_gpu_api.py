@@ -1,0 +1,183 @@
+"""Generated kernels through the public API vs a float64 reference (needs a CUDA GPU).
+
+Judged as FlexAttention's and FlashAttention's tests judge bf16/fp16 kernels: the kernel's error
+against float64 may be at most ~2x the error of an eager implementation in the same dtype (plus a
+tiny absolute slack). Fresh random inputs every case; outputs are poisoned by the runtime being given
+no preallocated buffers, and any NaN/inf in a kept row fails.
+"""
+import concurrent.futures as cf
+import os
+
+import pytest
+import torch
+
+import attngen
+from attngen.mods import Variant
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+DEV = "cuda"
+_GEN = torch.Generator(device="cpu").manual_seed(1234)
+DOCS = torch.randint(0, 5, (2100,), generator=_GEN).sort().values.to(DEV)
+DOCS_B = torch.randint(0, 4, (2, 2100), generator=_GEN).sort(dim=1).values.to(DEV)
+SLOPES = torch.exp2(-torch.arange(1, 9, dtype=torch.float32)).to(DEV)
+BIAS = (torch.randn(8, 4200, generator=_GEN) * 0.5).to(DEV, torch.bfloat16)
+
+
+def _bias_mod(s, b, h, q, k):
+    return s + BIAS[h, q - k + 2100]
+
+
+def _rowsink(b, h, q, k):
+    # queries 0..99 see nothing: fully masked rows
+    return (q >= 100) & (k <= q)
+
+
+VARIANTS = {
+    "full": attngen.compile(),
+    "causal": attngen.compile(causal=True),
+    "sliding_window": attngen.compile(window=256),
+    "local": attngen.compile(window=(100, 50)),
+    "softcap": attngen.compile(softcap=30.0),
+    "softcap_causal": attngen.compile(softcap=30.0, causal=True),
+    "alibi_causal": attngen.compile(score_mod=attngen.alibi(8), causal=True),
+    "alibi_tensor": attngen.compile(score_mod=attngen.alibi(SLOPES)),
+    "prefix_lm": attngen.compile(mask_mod=attngen.prefix_lm(300)),
+    "chunked": attngen.compile(mask_mod=attngen.chunked(192)),
+    "document": attngen.compile(mask_mod=attngen.document(DOCS)),
+    "document_batched_causal": attngen.compile(mask_mod=attngen.document(DOCS_B), causal=True),
+    "block_diagonal": attngen.compile(mask_mod=attngen.block_diagonal(200)),
+    "dilated": attngen.compile(mask_mod=attngen.dilated(512, 3)),
+    "prefix_or_window_not_chunk": attngen.compile(mask_mod=(attngen.prefix_lm(64) | attngen.sliding_window(128)) & ~attngen.chunked(500)),
+    "bias_table": attngen.compile(score_mod=_bias_mod, causal=True),
+    "masked_rows": attngen.compile(mask_mod=_rowsink),
+}
+# (variant, dtype, head dim) signatures exercised below; built in parallel up front
+MAIN = [(n, torch.bfloat16, 128) for n in VARIANTS]
+DTYPE_DIM = [(n, dt, d) for n in ("full", "causal", "softcap_causal", "document")
+             for dt, d in ((torch.float16, 128), (torch.bfloat16, 64), (torch.bfloat16, 256), (torch.float16, 64), (torch.float16, 256))]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prebuilt():
+    """Build every signature once, in parallel (each build runs nvcc in its own process)."""
+    from attngen.kernels import build_kernel
+
+    todo = sorted(set(MAIN + DTYPE_DIM), key=lambda x: (x[0], str(x[1]), x[2]))
+    with cf.ThreadPoolExecutor(max_workers=int(os.environ.get("ATTNGEN_TEST_BUILD_JOBS", "8"))) as ex:
+        futs = {ex.submit(build_kernel, VARIANTS[n], dt, d): (n, dt, d) for n, dt, d in todo}
+        for f in cf.as_completed(futs):
+            f.result()
+
+
+def _eager(q, k, v, variant: Variant, scale, q_offset=0):
+    """Same-dtype eager attention: scores, mods and probabilities rounded to the input dtype."""
+    dt = q.dtype
+    B, Hq, Lq, D = q.shape
+    rep = Hq // k.shape[1]
+    kk, vv = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = (q @ kk.transpose(-1, -2)) * scale
+    idx = (torch.arange(B, device=q.device)[:, None, None, None], torch.arange(Hq, device=q.device)[None, :, None, None],
+           torch.arange(Lq, device=q.device)[None, None, :, None] + q_offset,
+           torch.arange(k.shape[2], device=q.device)[None, None, None, :])
+    if variant.score_mod is not None:
+        s = variant.score_mod(s, *idx).to(dt)
+    if variant.mask_mod is not None:
+        s = s.masked_fill(~torch.as_tensor(variant.mask_mod(*idx)).expand_as(s), float("-inf"))
+    p = torch.softmax(s.float(), -1).nan_to_num(0.0).to(dt)
+    return p @ vv
+
+
+def _ref64(q, k, v, variant, scale, q_offset=0):
+    out, lse = attngen.reference.attention(q.double(), k.double(), v.double(), variant, scale=scale, return_lse=True,
+                                           q_offset=q_offset)
+    return out, lse
+
+
+def _run_case(name, dtype=torch.bfloat16, D=128, B=2, Hq=8, Hkv=8, Lq=777, Lk=777, q_offset=0, layout="bhld"):
+    attn = VARIANTS[name]
+    g = torch.Generator(device=DEV).manual_seed(hash((name, str(dtype), D, Lq, Lk, Hkv, q_offset)) % (2 ** 31))
+    if layout == "blhd":  # (B, L, H, D) storage viewed as (B, H, L, D): non-contiguous strides
+        q = torch.randn(B, Lq, Hq, D, device=DEV, dtype=dtype, generator=g).transpose(1, 2)
+        k = torch.randn(B, Lk, Hkv, D, device=DEV, dtype=dtype, generator=g).transpose(1, 2)
+        v = torch.randn(B, Lk, Hkv, D, device=DEV, dtype=dtype, generator=g).transpose(1, 2)
+    else:
+        q, k, v = (torch.randn(B, H, L, D, device=DEV, dtype=dtype, generator=g)
+                   for H, L in ((Hq, Lq), (Hkv, Lk), (Hkv, Lk)))
+    scale = D ** -0.5
+    out, lse = attn(q, k, v, return_lse=True, q_offset=q_offset)
+    torch.cuda.synchronize()
+    ref, ref_lse = _ref64(q, k, v, attn.variant, scale, q_offset)
+    eager = _eager(q, k, v, attn.variant, scale, q_offset)
+    err = (out.double() - ref).abs().max().item()
+    eager_err = (eager.double() - ref).abs().max().item()
+    assert torch.isfinite(out).all(), f"{name}: non-finite output"
+    assert err <= 2.0 * eager_err + 1e-4, f"{name} {dtype} D={D}: kernel err {err:.3e} > 2 x eager err {eager_err:.3e}"
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), f"{name}: LSE -inf pattern differs from the reference"
+    if finite.any():
+        lse_err = (lse.double()[finite] - ref_lse[finite]).abs().max().item()
+        assert lse_err <= 2e-2, f"{name}: LSE err {lse_err:.3e}"
+    if (~finite).any():
+        assert (out[~finite] == 0).all(), f"{name}: fully masked rows must be 0"
+    return err, eager_err
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_every_variant_bf16_hd128(name):
+    _run_case(name)
+
+
+@pytest.mark.parametrize("name,dtype,D", DTYPE_DIM, ids=[f"{n}-{str(dt)[6:]}-d{d}" for n, dt, d in DTYPE_DIM])
+def test_dtypes_and_head_dims(name, dtype, D):
+    _run_case(name, dtype=dtype, D=D, Lq=515, Lk=515)
+
+
+@pytest.mark.parametrize("Hq,Hkv", [(8, 2), (8, 1)])
+@pytest.mark.parametrize("name", ["causal", "softcap", "document", "alibi_causal"])
+def test_gqa_mqa(name, Hq, Hkv):
+    _run_case(name, Hq=Hq, Hkv=Hkv)
+
+
+@pytest.mark.parametrize("Lq,Lk,q_offset", [(1, 1, 0), (1, 2000, 1999), (77, 1000, 923), (1000, 77, 0), (129, 1031, 0),
+                                             (300, 2000, 1700), (2000, 300, 0)])
+@pytest.mark.parametrize("name", ["full", "causal", "sliding_window", "prefix_lm", "document"])
+def test_odd_lengths_and_offsets(name, Lq, Lk, q_offset):
+    if name == "document" and q_offset + Lq > DOCS.numel():
+        pytest.skip("doc ids shorter than the positions")
+    _run_case(name, Lq=Lq, Lk=Lk, q_offset=q_offset)
+
+
+@pytest.mark.parametrize("name", ["causal", "bias_table"])
+def test_non_contiguous_layout(name):
+    _run_case(name, layout="blhd")
+
+
+def test_captured_tensor_update_is_seen():
+    """Captured tensors are runtime inputs: changing their values in place changes the result."""
+    docs = DOCS.clone()
+    attn = attngen.compile(mask_mod=attngen.document(docs))
+    q, k, v = (torch.randn(1, 2, 600, 128, device=DEV, dtype=torch.bfloat16) for _ in range(3))
+    a = attn(q, k, v).clone()
+    docs.copy_(torch.randint(0, 3, (docs.numel(),), device=DEV).sort().values)
+    b = attn(q, k, v)
+    ref = attngen.reference.attention(q.double(), k.double(), v.double(), attn.variant)
+    assert (b.double() - ref).abs().max() < 2e-2
+    assert not torch.equal(a, b)
+
+
+def test_bad_inputs_raise_clear_errors():
+    attn = VARIANTS["causal"]
+    q = torch.randn(1, 2, 64, 128, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(attngen.InputError, match="float32"):
+        attn(q.float(), q.float(), q.float())
+    with pytest.raises(attngen.InputError, match="head dim"):
+        x = torch.randn(1, 2, 64, 96, device=DEV, dtype=torch.bfloat16)
+        attn(x, x, x)
+    with pytest.raises(attngen.InputError):
+        attn(q, q[:, :1].expand(1, 3, 64, 128), q[:, :1].expand(1, 3, 64, 128))
+    with pytest.raises(attngen.InputError, match="contiguous"):
+        x = torch.randn(1, 2, 128, 64, device=DEV, dtype=torch.bfloat16).transpose(-1, -2)
+        attn(x, x, x)
