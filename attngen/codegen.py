@@ -8,10 +8,11 @@ Work is placed where it is cheapest. Every subexpression gets a level from the s
 The element functions (``score_mod``/``mask_mod``, called once per score) keep only ELEM work; every
 maximal lower-level subtree becomes a field of ``HeadCtx`` / ``RowCtx`` / ``ColCtx``, computed once per
 head / row / column by ``head_ctx`` / ``row_ctx`` / ``col_ctx``. Sums, products, ``&``/``|`` and
-min/max are regrouped first (``score + q + kv + 1`` -> ``score + rc.r0 + cc.k0``), a per-head factor is
-distributed over a row/column difference (alibi: ``slope*(kv - q)`` -> ``cc.k0 + rc.r0``), and captured
-loads become flat 64-bit offsets so their per-head/-row/-column parts hoist too. ``sympy.cse`` then
-removes repeated work inside each function.
+min/max are regrouped first (``score + q + kv + 1`` -> ``score + rc.r0 + cc.k0``), integer terms of
+float arithmetic are converted to float in their context (alibi: ``slope*(kv - q)`` ->
+``hc.h0 * (cc.k0 + rc.r0)`` with ``rc.r0 = (float)-q_idx``, ``cc.k0 = (float)kv_idx``: no int->float
+conversion per element, and exact), and captured loads become flat 64-bit offsets so their
+per-head/-row/-column parts hoist too. ``sympy.cse`` then removes repeated work inside each function.
 
 Every ``floor(n/d)`` of integers is rewritten to ``FloorDiv`` before CSE (so CSE cannot split it into a
 float ``1/d``), and the tile-level predicates print with ``i``/``j`` and the template's ``BQ``/``BK``.
@@ -301,7 +302,7 @@ class _Emitter:
         return lines, outs
 
 
-def _elem_body(em: _Emitter, p: CudaPrinter, temps, expr, indent="  ") -> List[str]:
+def _elem_body(p: CudaPrinter, temps, expr, indent="  ") -> List[str]:
     """Declarations of the element-level CSE temporaries ``expr`` needs, in order."""
     need = set(expr.free_symbols)
     for sym, d in reversed(temps):
@@ -379,10 +380,10 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
     # element functions: CSE over score and mask together, each function declares what it needs
     temps, (score_r, mask_r) = sympy.cse([score_l, mask_l], symbols=sympy.numbered_symbols("x"), order="canonical")
     ps = em.printer(ctx_names)
-    s_lines = _elem_body(em, ps, temps, score_r)
+    s_lines = _elem_body(ps, temps, score_r)
     s_text = ps.doprint(score_r, as_type=FLOAT)
     pm = em.printer(ctx_names)
-    m_lines = _elem_body(em, pm, temps, mask_r)
+    m_lines = _elem_body(pm, temps, mask_r)
     m_text = pm.doprint(mask_r, as_type=BOOL)
     elem_params = "const CapturedArgs& c, const HeadCtx& hc, const RowCtx& rc, const ColCtx& cc,\n    int q_idx, int kv_idx"
     funcs.append(

@@ -25,7 +25,7 @@ import keyword
 import math
 import struct
 from collections import namedtuple
-from typing import Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import sympy
 import torch
@@ -402,7 +402,7 @@ class _Printer:
 
     def _e_Pow(self, e) -> R:
         b, x = e.base, e.exp
-        if x.is_Float and float(x) == int(float(x)) and abs(float(x)) <= 64:
+        if x.is_Float and math.isfinite(float(x)) and float(x) == int(float(x)) and abs(float(x)) <= 64:
             x = sympy.Integer(int(float(x)))
             if x >= 0:
                 return self._powi(self._emit_as(b, FLOAT), b, int(x))

@@ -15,8 +15,8 @@ import sympy
 import torch
 
 from attngen.errors import BuildError
-from attngen.printer import FLOAT, INT, LL, CudaPrinter, FloorDiv, TorchPrinter, torch_function
-from attngen.symbols import B, BK, BQ, H, I, ILoad, J, KV, Load, Q, QOFF, SCORE, load
+from attngen.printer import FLOAT, INT, LL, CudaPrinter, FloorDiv, torch_function
+from attngen.symbols import B, BK, BQ, H, I, J, KV, Q, QOFF, SCORE, load
 
 GXX = shutil.which("g++")
 needs_gxx = pytest.mark.skipif(GXX is None, reason="needs a host C++ compiler (g++)")
