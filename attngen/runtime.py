@@ -267,6 +267,8 @@ def _captured_fields(device: torch.device, captured: Sequence[torch.Tensor],
             strides[4 * n + d] = s
     sums = [0] * MAX_SUMMARIES
     for n, t in enumerate(summaries):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"block summary #{n} is a {type(t).__name__}, expected a torch.Tensor")
         if t.device != device:
             raise InputError(f"block summary #{n} is on {t.device} but q is on {device}: compute it on {device}")
         if t.dtype not in (torch.int32, torch.float32) or (t.dim() != 1 and t.numel() > 1) or \

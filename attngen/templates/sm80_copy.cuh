@@ -7,13 +7,17 @@ namespace attngen {
 
 // Copy 16 bytes global -> shared without going through registers, bypassing L1 (.cg: K/V tiles are
 // reused from shared memory, not L1). When `valid` is false nothing is read and the 16 destination
-// bytes are zero-filled (src-size 0): out-of-range rows must be zero, not stale data, because a
-// masked P (= 0) times a stale NaN in V would still give NaN. `gmem` must point at readable memory
-// even when `valid` is false (callers pass a clamped in-range row); both addresses 16-byte aligned.
+// bytes are zeroed instead: out-of-range rows must be zero, not stale data, because a masked P (= 0)
+// times a stale NaN in V would still give NaN. The zeros are an ordinary shared store (not cp.async's
+// src-size form); callers order both kinds of write before readers with the same __syncthreads().
+// Both addresses 16-byte aligned.
 __device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gmem, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes)
-               : "memory");
+  if (valid) {
+    const unsigned long long gaddr = static_cast<unsigned long long>(__cvta_generic_to_global(gmem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gaddr) : "memory");
+  } else {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(smem_addr), "r"(0) : "memory");
+  }
 }
 
 // Close the current group of cp.async operations (an empty group is legal and completes at once).
@@ -28,7 +32,8 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // 16-byte global store (st.global.v4.b32); `gmem` must be 16-byte aligned.
 __device__ __forceinline__ void st_global_16(void* gmem, const uint4& v) {
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(gmem), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+  const unsigned long long gaddr = static_cast<unsigned long long>(__cvta_generic_to_global(gmem));
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(gaddr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
 }
 
