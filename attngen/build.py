@@ -50,8 +50,8 @@ _NVCC_HELP = (
 )
 
 
-def _verbose() -> bool:
-    return os.environ.get("ATTNGEN_VERBOSE", "") not in ("", "0")
+from .cache import verbose as _verbose  # noqa: E402  (one definition of ATTNGEN_VERBOSE)
+from .cache import write_if_different  # noqa: E402  (generated files: ninja sees only real changes)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -212,9 +212,32 @@ def _jinja_env():
     )
 
 
-def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles: Optional[TileConfig] = None) -> dict:
+@dataclass(frozen=True)
+class Sm90Tiles:
+    """Tiles of the SM90 (TMA + wgmma) kernel. BQ is always 128: two consumer warpgroups x 64 rows."""
+
+    block_k: int
+    stages: int
+    overlap: bool = True  # issue the next Q.K^T before this tile's softmax (intra-warpgroup overlap)
+    pingpong: bool = True  # alternate softmax and GEMMs between the two consumer warpgroups
+    block_q: int = 128
+
+
+# Defaults per head dim (BK=128 at d64/d128 as FA3; d256 is bounded by the 227 KiB of shared memory).
+SM90_TILES = {64: Sm90Tiles(128, 3), 128: Sm90Tiles(128, 2), 256: Sm90Tiles(80, 2)}
+SM90_HEADERS = KERNEL_HEADERS + ("sm90_mbarrier.cuh", "sm90_tma.cuh", "sm90_wgmma.cuh")
+# attngen_fwd's own return codes when a TMA tensor map cannot be made: run the sm80 kernel instead
+SM90_FALLBACK_CODES = (9001, 9002)
+
+
+def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=None, kernel: str = "sm80") -> dict:
     """Files of one kernel library: {filename: text}. The kernel source includes `variant.inc` and the
-    headers it needs, all returned here, so a build directory holding them is self-contained."""
+    headers it needs, all returned here, so a build directory holding them is self-contained.
+    ``kernel``: 'sm80' (portable mma.sync kernel) or 'sm90' (TMA + wgmma, sm_90a only)."""
+    if kernel == "sm90":
+        return _render_sm90(variant_inc, dtype, head_dim, arch, tiles)
+    if kernel != "sm80":
+        raise BuildError(f"kernel must be 'sm80' or 'sm90', got {kernel!r}")
     elem_type, dtype_code, dtype_name = _dtype_info(dtype)
     tiles = tiles or tile_config(head_dim, arch)
     if head_dim not in SUPPORTED_HEAD_DIMS:
@@ -234,6 +257,25 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles: 
     )
     sources = {KERNEL_SOURCE: kernel, VARIANT_INCLUDE: variant_inc}
     for name in KERNEL_HEADERS:
+        sources[name] = (TEMPLATE_DIR / name).read_text()
+    return sources
+
+
+def _render_sm90(variant_inc: str, dtype, head_dim: int, arch: str, tiles) -> dict:
+    if arch != "sm_90a":
+        raise BuildError(f"the sm90 kernel uses wgmma and TMA, which need arch sm_90a (H100/H200), got {arch}; "
+                         "use kernel='sm80'")
+    if head_dim not in SM90_TILES:
+        raise BuildError(f"head dim {head_dim} is not supported: expected one of {sorted(SM90_TILES)}")
+    elem_type, dtype_code, dtype_name = _dtype_info(dtype)
+    tiles = tiles or SM90_TILES[head_dim]
+    kernel = _jinja_env().get_template("fwd_sm90.cu.j2").render(
+        elem_type=elem_type, dtype_code=dtype_code, dtype_name=dtype_name, head_dim=head_dim,
+        block_q=tiles.block_q, block_k=tiles.block_k, stages=tiles.stages, overlap=tiles.overlap,
+        pingpong=tiles.pingpong, arch_number=90, variant_include=VARIANT_INCLUDE,
+    )
+    sources = {KERNEL_SOURCE: kernel, VARIANT_INCLUDE: variant_inc}
+    for name in SM90_HEADERS:
         sources[name] = (TEMPLATE_DIR / name).read_text()
     return sources
 
@@ -266,16 +308,6 @@ def _shell_quote(s: str) -> str:
     return s if re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]+", s) else "'" + s.replace("'", "'\\''") + "'"
 
 
-def _write_if_changed(path: Path, text: str) -> None:
-    # Unchanged files keep their mtime, so ninja rebuilds only what really changed.
-    if path.exists() and path.read_text() == text:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_build_ninja(
     build_dir: Union[str, Path],
     sources: Union[Mapping[str, str], Iterable[str]],
@@ -294,7 +326,7 @@ def write_build_ninja(
     build_dir.mkdir(parents=True, exist_ok=True)
     if isinstance(sources, Mapping):
         for name, text in sources.items():
-            _write_if_changed(build_dir / name, text)
+            write_if_different(build_dir / name, text)
         names = list(sources)
     else:
         names = list(sources)
@@ -335,7 +367,7 @@ def write_build_ninja(
         lines.append(f"build {_ninja_escape(lib)}: nvcc_link {' '.join(_ninja_escape(o) for o in objs)}")
         libs.append(str(build_dir / lib))
     lines += ["", f"default {' '.join(_ninja_escape(os.path.relpath(l, build_dir)) for l in libs)}", ""]
-    _write_if_changed(build_dir / "build.ninja", "\n".join(lines))
+    write_if_different(build_dir / "build.ninja", "\n".join(lines))
     return libs
 
 

@@ -31,7 +31,11 @@ _DTYPE_CODES = {0: torch.float16, 1: torch.bfloat16}
 
 
 class KernelLaunchError(AttngenError, RuntimeError):
-    """The CUDA runtime refused to launch a compiled kernel."""
+    """The CUDA runtime refused to launch a compiled kernel (``code``: the library's return code)."""
+
+    def __init__(self, message: str, code: int = 0):
+        super().__init__(message)
+        self.code = code
 
 
 # --------------------------------------------------------------------------------------------------
@@ -390,6 +394,7 @@ def forward(
     if rc != 0:
         raise KernelLaunchError(
             f"launching the attention kernel ({lib.path}) failed: CUDA error {rc} ({lib.error_string(rc)}); "
-            f"q {tuple(q.shape)}, k {tuple(k.shape)}, {q.dtype}, on {q.device}"
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, {q.dtype}, on {q.device}",
+            code=rc,
         )
     return (out, lse) if return_lse else out

@@ -166,10 +166,13 @@ class Flex:
         return lambda q, k, v: self.fn(q, k, v, score_mod=sm, block_mask=bm)
 
 
+BACKEND = "auto"  # --backend
+
+
 def make_attngen(score_mod, mask_mod):
     import attngen
 
-    return attngen.compile(score_mod=score_mod, mask_mod=mask_mod)
+    return attngen.compile(score_mod=score_mod, mask_mod=mask_mod, backend=BACKEND)
 
 
 def make_sdpa(causal: bool, backend: str):
@@ -533,6 +536,7 @@ def parse_args(argv=None):
     p.add_argument("--sweep-tokens", type=int, default=16384, help="sweep batch = tokens // S (default 16384)")
     p.add_argument("--sweep-hidden", type=int, default=2048, help="sweep heads = hidden // D (default 2048)")
     p.add_argument("--no-anchors", action="store_true", help="skip the anchor table")
+    p.add_argument("--backend", default="auto", choices=["auto", "sm80", "sm90"], help="attngen kernel (default auto)")
     p.add_argument("--no-compile-figures", action="store_true", help="skip cold/warm build and call overhead")
     p.add_argument("--overhead-calls", type=int, default=1000, help="calls timed for the call overhead (1000)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="output directory")
@@ -540,7 +544,9 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    global BACKEND
     args = parse_args(argv)
+    BACKEND = args.backend
     import torch
 
     if not torch.cuda.is_available():

@@ -19,6 +19,8 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 DEV = "cuda"
+# ATTNGEN_TEST_BACKEND=sm90 runs the same suite against the SM90 (TMA + wgmma) template
+BACKEND = os.environ.get("ATTNGEN_TEST_BACKEND", "auto")
 _GEN = torch.Generator(device="cpu").manual_seed(1234)
 DOCS = torch.randint(0, 5, (2100,), generator=_GEN).sort().values.to(DEV)
 DOCS_B = torch.randint(0, 4, (2, 2100), generator=_GEN).sort(dim=1).values.to(DEV)
@@ -36,23 +38,23 @@ def _rowsink(b, h, q, k):
 
 
 VARIANTS = {
-    "full": attngen.compile(),
-    "causal": attngen.compile(causal=True),
-    "sliding_window": attngen.compile(window=256),
-    "local": attngen.compile(window=(100, 50)),
-    "softcap": attngen.compile(softcap=30.0),
-    "softcap_causal": attngen.compile(softcap=30.0, causal=True),
-    "alibi_causal": attngen.compile(score_mod=attngen.alibi(8), causal=True),
-    "alibi_tensor": attngen.compile(score_mod=attngen.alibi(SLOPES)),
-    "prefix_lm": attngen.compile(mask_mod=attngen.prefix_lm(300)),
-    "chunked": attngen.compile(mask_mod=attngen.chunked(192)),
-    "document": attngen.compile(mask_mod=attngen.document(DOCS)),
-    "document_batched_causal": attngen.compile(mask_mod=attngen.document(DOCS_B), causal=True),
-    "block_diagonal": attngen.compile(mask_mod=attngen.block_diagonal(200)),
-    "dilated": attngen.compile(mask_mod=attngen.dilated(512, 3)),
-    "prefix_or_window_not_chunk": attngen.compile(mask_mod=(attngen.prefix_lm(64) | attngen.sliding_window(128)) & ~attngen.chunked(500)),
-    "bias_table": attngen.compile(score_mod=_bias_mod, causal=True),
-    "masked_rows": attngen.compile(mask_mod=_rowsink),
+    "full": attngen.compile(backend=BACKEND),
+    "causal": attngen.compile(causal=True, backend=BACKEND),
+    "sliding_window": attngen.compile(window=256, backend=BACKEND),
+    "local": attngen.compile(window=(100, 50), backend=BACKEND),
+    "softcap": attngen.compile(softcap=30.0, backend=BACKEND),
+    "softcap_causal": attngen.compile(softcap=30.0, causal=True, backend=BACKEND),
+    "alibi_causal": attngen.compile(score_mod=attngen.alibi(8), causal=True, backend=BACKEND),
+    "alibi_tensor": attngen.compile(score_mod=attngen.alibi(SLOPES), backend=BACKEND),
+    "prefix_lm": attngen.compile(mask_mod=attngen.prefix_lm(300), backend=BACKEND),
+    "chunked": attngen.compile(mask_mod=attngen.chunked(192), backend=BACKEND),
+    "document": attngen.compile(mask_mod=attngen.document(DOCS), backend=BACKEND),
+    "document_batched_causal": attngen.compile(mask_mod=attngen.document(DOCS_B), causal=True, backend=BACKEND),
+    "block_diagonal": attngen.compile(mask_mod=attngen.block_diagonal(200), backend=BACKEND),
+    "dilated": attngen.compile(mask_mod=attngen.dilated(512, 3), backend=BACKEND),
+    "prefix_or_window_not_chunk": attngen.compile(mask_mod=(attngen.prefix_lm(64) | attngen.sliding_window(128)) & ~attngen.chunked(500), backend=BACKEND),
+    "bias_table": attngen.compile(score_mod=_bias_mod, causal=True, backend=BACKEND),
+    "masked_rows": attngen.compile(mask_mod=_rowsink, backend=BACKEND),
 }
 # (variant, dtype, head dim) signatures exercised below; built in parallel up front
 MAIN = [(n, torch.bfloat16, 128) for n in VARIANTS]
@@ -67,7 +69,8 @@ def prebuilt():
 
     todo = sorted(set(MAIN + DTYPE_DIM), key=lambda x: (x[0], str(x[1]), x[2]))
     with cf.ThreadPoolExecutor(max_workers=int(os.environ.get("ATTNGEN_TEST_BUILD_JOBS", "8"))) as ex:
-        futs = {ex.submit(build_kernel, VARIANTS[n], dt, d): (n, dt, d) for n, dt, d in todo}
+        kernel = BACKEND if BACKEND in ("sm80", "sm90") else "auto"
+        futs = {ex.submit(build_kernel, VARIANTS[n], dt, d, None, kernel): (n, dt, d) for n, dt, d in todo}
         for f in cf.as_completed(futs):
             f.result()
 
@@ -158,7 +161,7 @@ def test_non_contiguous_layout(name):
 def test_captured_tensor_update_is_seen():
     """Captured tensors are runtime inputs: changing their values in place changes the result."""
     docs = DOCS.clone()
-    attn = attngen.compile(mask_mod=attngen.document(docs))
+    attn = attngen.compile(mask_mod=attngen.document(docs), backend=BACKEND)
     q, k, v = (torch.randn(1, 2, 600, 128, device=DEV, dtype=torch.bfloat16) for _ in range(3))
     a = attn(q, k, v).clone()
     docs.copy_(torch.randint(0, 3, (docs.numel(),), device=DEV).sort().values)

@@ -1,0 +1,123 @@
+// sm90_tma.cuh: tensor-memory-accelerator (TMA) loads for sm90: the device-side bulk tensor copy into
+// shared memory (completing on an mbarrier), and the host-side encoding of the tensor maps.
+//
+// Host side: cuTensorMapEncodeTiled is a driver API function. The library links no libcuda (cudart is
+// static, the driver is found at run time), so the function is looked up through cudart's driver entry
+// point query; <cuda.h> is included for the CUtensorMap type and enums only.
+//
+// Attention operands are (B, H, L, D) with element strides (batch, head, seq) and a contiguous last dim.
+// They are described as 4-D tensors (D, L, H, B) (innermost first) with a box of 64 x rows x 1 x 1: one
+// box is 64 head-dim columns (128 bytes, the widest box CU_TENSOR_MAP_SWIZZLE_128B allows) of `rows`
+// consecutive sequence positions, written to shared memory as rows x 128 bytes with the 128-byte swizzle
+// (16-byte chunk c of row r lands at chunk c ^ (r % 8)). A tile with head dim D takes D / 64 boxes at
+// column coordinates 0, 64, ...; the kernel places them [D/64][rows][64] (see sm90_wgmma.cuh for why this
+// is the canonical wgmma layout). Rows past L (and any coordinate outside the tensor) are zero-filled,
+// and the transaction byte count still includes them (a full box is always delivered).
+#pragma once
+
+#include <stdint.h>
+#include <cuda_runtime.h>
+
+// CUtensorMap and the encoder's enums: from <cuda.h> (types only, no driver symbol is linked). Some
+// toolkit installs (pip wheels) may ship cuda_runtime.h without cuda.h; the driver ABI below (CUDA 12.0,
+// unchanged since) is then declared here.
+#if defined(__has_include) && !defined(ATTNGEN_NO_CUDA_H)
+#if __has_include(<cuda.h>)
+#include <cuda.h>
+#define ATTNGEN_HAVE_CUDA_H 1
+#endif
+#endif
+#ifndef ATTNGEN_HAVE_CUDA_H
+typedef int CUresult;
+typedef uint32_t cuuint32_t;
+typedef uint64_t cuuint64_t;
+typedef struct CUtensorMap_st {
+  alignas(128) cuuint64_t opaque[16];  // 64-byte alignment is what TMA needs; CUDA 13 uses 128
+} CUtensorMap;
+typedef enum { CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9 } CUtensorMapDataType;
+typedef enum { CU_TENSOR_MAP_INTERLEAVE_NONE = 0 } CUtensorMapInterleave;
+typedef enum { CU_TENSOR_MAP_SWIZZLE_128B = 3 } CUtensorMapSwizzle;
+typedef enum { CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3 } CUtensorMapL2promotion;
+typedef enum { CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0 } CUtensorMapFloatOOBfill;
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#endif
+
+namespace attngen {
+
+// ---------------------------------------------------------------------------------------------------
+// device
+
+// Bulk tensor copy of one box at coordinates (c0, c1, c2, c3) (innermost first, in elements) into shared
+// memory at `smem_dst` (1024-byte aligned for the 128B swizzle), completing `bytes` on mbarrier `bar`.
+// `tmap` is the address of a __grid_constant__ kernel parameter (param space, addressed generically).
+__device__ __forceinline__ void tma_load_4d(uint32_t smem_dst, const CUtensorMap* tmap, uint32_t bar, int c0, int c1,
+                                            int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(smem_dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// Pull a tensor map (kernel parameter) into the TMA unit's descriptor cache ahead of the first copy.
+__device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* tmap) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// host
+
+typedef CUresult (*TmaEncodeTiledFn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                     const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled from the driver, or nullptr when the driver does not provide it (looked up once).
+inline TmaEncodeTiledFn tma_encode_fn() {
+  static const TmaEncodeTiledFn fn = []() -> TmaEncodeTiledFn {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+#if defined(CUDART_VERSION) && CUDART_VERSION >= 12050
+    // Ask for the CUDA 12.0 ABI of the function: the signature declared above.
+    cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &status);
+#else
+    cudaError_t err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &status);
+#endif
+    if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || p == nullptr) {
+      (void)cudaGetLastError();  // the failed query must not surface as a later launch error
+      return nullptr;
+    }
+    return reinterpret_cast<TmaEncodeTiledFn>(p);
+  }();
+  return fn;
+}
+
+// Encode the map of a (B, H, L, D) 16-bit tensor at `base` with element strides `stride` = (batch, head,
+// seq), boxes of 64 columns x `box_rows` rows, 128-byte swizzle, zero fill out of bounds. Returns
+// CUDA_SUCCESS or the driver's error (CUDA_ERROR_INVALID_VALUE for strides TMA cannot express: not a
+// multiple of 16 bytes, zero, or >= 2^40 bytes), or CUDA_ERROR_NOT_SUPPORTED without an encoder.
+// L == 0 is encoded as L = 1 (the kernel then never loads from the map).
+inline CUresult tma_encode_bhld(CUtensorMap* map, const void* base, bool bf16, int D, long long B, long long H,
+                                long long L, const long long (&stride)[3], int box_rows) {
+  const TmaEncodeTiledFn encode = tma_encode_fn();
+  if (encode == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  const long long row_bytes = 2LL * D;
+  // A dimension of extent 1 is never stepped: its stride is free, and any valid value will do (torch may
+  // report anything there, e.g. 1 for a size-1 dim).
+  auto stride_bytes = [&](long long extent, long long st) -> cuuint64_t {
+    return (cuuint64_t)(extent <= 1 ? row_bytes : 2LL * st);
+  };
+  for (int d = 0; d < 3; ++d) {
+    if (stride[d] < 0) return CUDA_ERROR_INVALID_VALUE;
+  }
+  const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)(L > 0 ? L : 1), (cuuint64_t)H, (cuuint64_t)B};
+  const cuuint64_t strides[3] = {stride_bytes(L, stride[2]), stride_bytes(H, stride[1]), stride_bytes(B, stride[0])};
+  const cuuint32_t box[4] = {64u, (cuuint32_t)box_rows, 1u, 1u};
+  const cuuint32_t elem_strides[4] = {1u, 1u, 1u, 1u};
+  return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+}  // namespace attngen

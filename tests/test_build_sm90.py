@@ -1,0 +1,516 @@
+"""The sm90 (Hopper) kernel template, attngen/templates/fwd_sm90.cu.j2.
+
+CPU part (needs nvcc, no GPU): render the template around fixture variant.inc files and really compile
+them for sm_90a in one ninja run (-j2), then check what ptxas reports (registers, spills, no wgmma
+serialization) and, where cuobjdump + nvdisasm are installed, the SASS itself (HGMMA with the transposed
+V operand, TMA loads, setmaxnreg, no local memory). The host side of the C ABI is exercised by loading
+the libraries (no GPU needed).
+
+GPU part (@pytest.mark.gpu): the sm80 kernel's correctness suite (tests/test_kernel_gpu.py: float64
+references, poisoned outputs, lengths, GQA, strides, q offsets, fully masked rows, ...) run against
+sm90 libraries, plus the non-default template paths and the TMA fallback code.
+
+The template is rendered here directly; SM90_TILES below is the proposed default for build.py.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import math
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import torch
+
+from attngen import build, runtime
+from attngen.errors import BuildError
+
+DATA = Path(__file__).parent / "data"
+TEMPLATE = "fwd_sm90.cu.j2"
+SM90_HEADERS = ("attngen_common.cuh", "sm80_mma.cuh", "sm80_copy.cuh", "sm90_mbarrier.cuh", "sm90_tma.cuh",
+                "sm90_wgmma.cuh")
+SMEM_LIMIT = 232448  # opt-in shared memory per block on sm90
+ERR_TMA_LAYOUT = 9001
+ERR_NO_TMA_ENCODER = 9002
+
+
+@dataclass(frozen=True)
+class Sm90Tiles:
+    """Template parameters besides dtype / head dim. BQ is always 128 (two consumer warpgroups x 64 rows)."""
+    block_k: int
+    stages: int
+    overlap: bool = True   # intra-warpgroup overlap: softmax(S_next) while P V runs
+    pingpong: bool = True  # the two consumer warpgroups take turns issuing wgmmas
+    block_q: int = 128
+
+    def smem_bytes(self, head_dim: int) -> int:
+        q = self.block_q * head_dim * 2
+        kv = self.block_k * head_dim * 2
+        return 1024 + q + 2 * self.stages * kv + 8 * (1 + 3 * self.stages)
+
+
+# Proposed defaults (FA3's tile shapes at BQ = 128). Lighter alternatives for variants whose mods keep many
+# values live (captured-tensor loads per column / element): see LADDER.
+SM90_TILES = {
+    64: Sm90Tiles(block_k=128, stages=3),
+    128: Sm90Tiles(block_k=128, stages=2),
+    256: Sm90Tiles(block_k=80, stages=2),
+}
+# Configurations in order of preference when ptxas reports spills for the default (each step frees
+# registers in the consumer warpgroups); measured spill-free on the heavier fixtures below.
+LADDER = {
+    64: (SM90_TILES[64], Sm90Tiles(96, 3), Sm90Tiles(64, 4, overlap=False)),
+    128: (SM90_TILES[128], Sm90Tiles(112, 2), Sm90Tiles(96, 2), Sm90Tiles(64, 2, overlap=False)),
+    256: (SM90_TILES[256], Sm90Tiles(64, 2), Sm90Tiles(64, 2, overlap=False)),
+}
+
+_DTYPES = {torch.bfloat16: ("__nv_bfloat16", 1, "bfloat16"), torch.float16: ("__half", 0, "float16")}
+
+
+def _env():
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(build.TEMPLATE_DIR)),
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+
+
+def render_sm90(variant_inc: str, dtype, head_dim: int, tiles: Optional[Sm90Tiles] = None) -> dict:
+    """{filename: text} of one sm90 kernel library (kernel source, variant.inc, headers)."""
+    tiles = tiles or SM90_TILES[head_dim]
+    elem, code, name = _DTYPES[dtype]
+    cu = _env().get_template(TEMPLATE).render(
+        elem_type=elem, dtype_code=code, dtype_name=name, head_dim=head_dim, block_q=tiles.block_q,
+        block_k=tiles.block_k, stages=tiles.stages, overlap=tiles.overlap, pingpong=tiles.pingpong, arch_number=90,
+        variant_include=build.VARIANT_INCLUDE)
+    src = {build.KERNEL_SOURCE: cu, build.VARIANT_INCLUDE: variant_inc}
+    for h in SM90_HEADERS:
+        src[h] = (build.TEMPLATE_DIR / h).read_text()
+    return src
+
+
+def fixture_inc(name: str) -> str:
+    return (DATA / f"{name}.inc").read_text()
+
+
+def _have_nvcc() -> bool:
+    try:
+        build.find_nvcc()
+        return True
+    except BuildError:
+        return False
+
+
+def _sass_tools() -> Optional[str]:
+    """cuobjdump, with nvdisasm reachable (cuobjdump --dump-sass runs it): next to nvcc, on PATH, or from the
+    nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm wheels. None if either is missing."""
+    dirs = []
+    if _have_nvcc():
+        dirs.append(str(Path(build.find_nvcc()).parent))
+    dirs += os.environ.get("PATH", "").split(os.pathsep)
+    try:
+        import nvidia  # type: ignore
+
+        for root in nvidia.__path__:
+            dirs += sorted(glob.glob(os.path.join(root, "*", "bin")))
+    except ImportError:
+        pass
+    cuobjdump = next((os.path.join(d, "cuobjdump") for d in dirs if os.access(os.path.join(d, "cuobjdump"), os.X_OK)),
+                     None)
+    nvdisasm = next((d for d in dirs if os.access(os.path.join(d, "nvdisasm"), os.X_OK)), None)
+    if cuobjdump is None or nvdisasm is None:
+        return None
+    os.environ["PATH"] = os.environ.get("PATH", "") + os.pathsep + nvdisasm
+    return cuobjdump
+
+
+# --------------------------------------------------------------------------------------------------
+# pure Python: tiles and rendering
+
+
+@pytest.mark.parametrize("hd", (64, 128, 256))
+def test_tiles_fit_and_are_valid(hd):
+    for cfg in LADDER[hd]:
+        assert cfg.smem_bytes(hd) <= SMEM_LIMIT, (hd, cfg)
+        assert cfg.block_k % 16 == 0 and 64 <= cfg.block_k <= 192 and cfg.stages >= 2
+        assert (cfg.block_k * 128) % 1024 == 0  # 1024-aligned swizzle atoms in every tile
+    print(f"\nhd{hd}: " + ", ".join(f"BK={c.block_k} stages={c.stages} overlap={c.overlap}: {c.smem_bytes(hd)} B"
+                                    for c in LADDER[hd]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("hd", (64, 128, 256))
+def test_render(hd, dtype):
+    src = render_sm90(fixture_inc("causal"), dtype, hd)
+    cu = src[build.KERNEL_SOURCE]
+    cfg = SM90_TILES[hd]
+    assert f"constexpr int D = {hd};" in cu and "constexpr int BQ = 128;" in cu
+    assert f"constexpr int BK = {cfg.block_k};" in cu and f"constexpr int STAGES = {cfg.stages};" in cu
+    assert "constexpr bool PINGPONG = true;" in cu and "constexpr bool OVERLAP = true;" in cu
+    assert ("using Elem = __nv_bfloat16;" if dtype == torch.bfloat16 else "using Elem = __half;") in cu
+    assert '#include "variant.inc"' in cu and "{{" not in cu and "{%" not in cu
+    for h in SM90_HEADERS:
+        assert f'#include "{h}"' in cu
+    off = render_sm90(fixture_inc("causal"), dtype, hd, replace(cfg, overlap=False, pingpong=False))
+    assert "constexpr bool PINGPONG = false;" in off[build.KERNEL_SOURCE]
+    assert "constexpr bool OVERLAP = false;" in off[build.KERNEL_SOURCE]
+
+
+def test_render_needs_every_parameter():
+    import jinja2
+
+    with pytest.raises(jinja2.UndefinedError):
+        _env().get_template(TEMPLATE).render(head_dim=128)
+
+
+# --------------------------------------------------------------------------------------------------
+# real compiles for sm_90a: one ninja, -j2
+
+# (fixture, dtype, head dim, tiles or None for the default); alibi_doc / sm90_alibi_document are the
+# captured-tensor variants (summaries + classifier), sm90_* are real codegen output (ag_tanh fast paths).
+COMPILE_SET = [
+    ("full", torch.bfloat16, 128, None),
+    ("causal", torch.bfloat16, 128, None),
+    ("softcap", torch.bfloat16, 128, None),
+    ("sm90_softcap_causal", torch.bfloat16, 128, None),
+    ("causal", torch.bfloat16, 64, None),
+    ("causal", torch.bfloat16, 256, None),
+    ("causal", torch.float16, 128, None),
+    ("alibi_doc", torch.bfloat16, 128, LADDER[128][1]),
+    ("sm90_alibi_document", torch.float16, 256, LADDER[256][1]),
+    ("sliding", torch.bfloat16, 128, replace(SM90_TILES[128], overlap=False, pingpong=False)),
+]
+
+
+def _key(name, dtype, hd, tiles):
+    t = tiles or SM90_TILES[hd]
+    return (f"{name}_{str(dtype).replace('torch.', '')}_{hd}_bk{t.block_k}s{t.stages}"
+            f"{'' if t.overlap else '_noov'}{'' if t.pingpong else '_nopp'}")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    if not _have_nvcc():
+        pytest.skip("needs nvcc")
+    root = tmp_path_factory.mktemp("attngen_sm90")
+    sources = {}
+    for name, dtype, hd, tiles in COMPILE_SET:
+        src = render_sm90(fixture_inc(name), dtype, hd, tiles)
+        sub = _key(name, dtype, hd, tiles)
+        sources[f"{sub}/{build.KERNEL_SOURCE}"] = src.pop(build.KERNEL_SOURCE)
+        sources[f"{sub}/{build.VARIANT_INCLUDE}"] = src.pop(build.VARIANT_INCLUDE)
+        sources.update(src)
+    build.write_build_ninja(root, sources, "sm_90a", ["-Xptxas", "-v"])
+    output = build.run_ninja(root, jobs=2)
+    return root, output
+
+
+def _ptxas_report(output: str) -> dict:
+    """{object directory: [registers, spill store bytes, spill load bytes, stack bytes]} from ninja output."""
+    report, cur = {}, None
+    for line in output.splitlines():
+        m = re.search(r"NVCC (\S+)/" + re.escape(build.KERNEL_SOURCE[:-3]) + r"\.o", line)
+        if m:
+            cur = m.group(1)
+            report.setdefault(cur, [None, 0, 0, 0])
+            continue
+        if cur is None:
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            report[cur][1:] = [int(m.group(2)), int(m.group(3)), int(m.group(1))]
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            report[cur][0] = int(m.group(1))
+    return report
+
+
+@pytest.mark.nvcc
+def test_ptxas_registers_and_no_spills(compiled):
+    root, output = compiled
+    report = _ptxas_report(output)
+    expected = {_key(*c) for c in COMPILE_SET}
+    assert set(report) == expected, f"missing ptxas reports: {expected - set(report)}"
+    print("\nptxas (sm_90a; 'registers' is the entry cap of __launch_bounds__(384, 1): setmaxnreg then gives the "
+          "consumers 240 and the producer 24):")
+    for key, (regs, st, ld, stack) in sorted(report.items()):
+        print(f"  {key:48s} {regs} registers, {stack} B stack, {st} B spill stores, {ld} B spill loads")
+    for key, (regs, st, ld, stack) in report.items():
+        assert regs == 168, f"{key}: expected the 168-register entry cap of 384 threads, got {regs}"
+        assert st == 0 and ld == 0 and stack == 0, f"{key}: spills ({st} B stores, {ld} B loads, {stack} B stack)"
+
+
+@pytest.mark.nvcc
+def test_no_wgmma_serialization_or_setmaxnreg_warnings(compiled):
+    _, output = compiled
+    # ptxas warns when it has to serialize the wgmma pipeline (a register of an in-flight wgmma touched)
+    # or ignores setmaxnreg (no register cap at entry).
+    assert "serialized" not in output, output
+    assert "setmaxnreg" not in output.lower(), output
+    assert "warning" not in output.lower(), output
+
+
+@pytest.mark.nvcc
+def test_sass(compiled):
+    cuobjdump = _sass_tools()
+    if cuobjdump is None:
+        pytest.skip("needs cuobjdump and nvdisasm (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    root, _ = compiled
+    for name, dtype, hd, tiles in COMPILE_SET:
+        t = tiles or SM90_TILES[hd]
+        obj = root / _key(name, dtype, hd, tiles) / "attngen_fwd.o"
+        sass = subprocess.run([cuobjdump, "--dump-sass", str(obj)], capture_output=True, text=True, check=True).stdout
+        ty = r"\.BF16" if dtype == torch.bfloat16 else ""  # fp16 inputs print no type suffix
+        qk = re.findall(rf"HGMMA\.64x{t.block_k}x16\.F32{ty} R\d+, gdesc", sass)
+        pv = re.findall(rf"HGMMA\.64x{hd}x16\.F32{ty} R\d+, R\d+, gdesc\[UR\d+\]\.tnspB", sass)
+        assert qk, f"{obj}: no S = Q K^T HGMMA (SS, 64x{t.block_k}) in the SASS"
+        assert pv, f"{obj}: no O += P V HGMMA (RS, transposed V, 64x{hd}) in the SASS"
+        assert len(qk) % (hd // 16) == 0 and len(pv) % (t.block_k // 16) == 0
+        assert "UTMALDG.4D" in sass and "USETMAXREG.DEALLOC.CTAPOOL 0x18" in sass
+        assert "USETMAXREG.TRY_ALLOC.CTAPOOL" in sass and "0xf0" in sass
+        assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass  # mbarrier waits
+        if t.overlap:
+            assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass, "the overlapped loop waits for S(next) only"
+        local = [l for l in sass.splitlines() if re.search(r"\b(LDL|STL)\b", l)]
+        assert not local, f"{obj}: local memory in the SASS:\n" + "\n".join(local[:10])
+        assert not re.search(r"\bHMMA\b", sass), "mma.sync in the sm90 kernel: wgmma path not taken"
+
+
+# --------------------------------------------------------------------------------------------------
+# host side of the C ABI (no GPU needed to load a library)
+
+
+@pytest.mark.nvcc
+def test_kernel_info_and_abi(compiled):
+    root, _ = compiled
+    for name, dtype, hd, tiles in COMPILE_SET:
+        t = tiles or SM90_TILES[hd]
+        path = root / _key(name, dtype, hd, tiles) / build.LIBRARY_NAME
+        lib = runtime.load_library(path)
+        assert (lib.head_dim, lib.dtype, lib.block_q, lib.block_k) == (hd, dtype, 128, t.block_k)
+        assert lib.num_threads == 384 and lib.arch == 90 and lib.smem_bytes == t.smem_bytes(hd)
+        assert lib.error_string(0) == "no error"
+        assert "sm80" in lib.error_string(ERR_TMA_LAYOUT) and "TMA" in lib.error_string(ERR_TMA_LAYOUT)
+        assert "cuTensorMapEncodeTiled" in lib.error_string(ERR_NO_TMA_ENCODER)
+
+
+def _packed_args(q=16, k=16, v=16, o=16, B=1, Hq=2, Hkv=1, Lq=8, Lk=8, D=128, strides=None):
+    st = strides or [Hq * Lq * D, Lq * D, D] * 4
+    return runtime._PACK.pack(q, k, v, o, 0, *st, B, Hq, Hkv, Lq, Lk, D, 0.1, 0, *([0] * 48))
+
+
+@pytest.mark.nvcc
+def test_attngen_fwd_argument_checks_without_gpu(compiled):
+    root, _ = compiled
+    lib = runtime.load_library(root / _key("causal", torch.bfloat16, 128, None) / build.LIBRARY_NAME)
+    assert lib.launch(_packed_args(B=0), 0) == 0                         # nothing to do: no CUDA call at all
+    assert lib.launch(_packed_args(D=64), 0) == 1                        # cudaErrorInvalidValue
+    assert lib.launch(_packed_args(Hq=3, Hkv=2), 0) == 1
+    assert lib.launch(_packed_args(q=24), 0) == 716                      # cudaErrorMisalignedAddress
+    assert lib.launch(_packed_args(strides=[2 * 8 * 128, 8 * 128, 132] + [2 * 8 * 128, 8 * 128, 128] * 3), 0) == 716
+    if ctypes.util.find_library("cuda") is None and not torch.cuda.is_available():
+        # no driver: the tensor-map encoder cannot be had, so the call asks for the sm80 fallback
+        assert lib.launch(_packed_args(), 0) == ERR_NO_TMA_ENCODER
+
+
+@pytest.mark.nvcc
+def test_library_exports_only_the_abi(compiled):
+    if shutil.which("nm") is None or shutil.which("readelf") is None:
+        pytest.skip("needs binutils")
+    root, _ = compiled
+    path = root / _key("causal", torch.bfloat16, 128, None) / build.LIBRARY_NAME
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True,
+                          check=True).stdout.split()
+    assert {s for s in syms if s.startswith("attngen")} == {"attngen_fwd", "attngen_abi_version",
+                                                           "attngen_kernel_info", "attngen_error_string"}
+    assert not any("tma_encode" in s or s.startswith("cuda") for s in syms)
+    dyn = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True, check=True).stdout
+    needed = re.findall(r"\(NEEDED\).*\[(.+?)\]", dyn)
+    assert not any(n.startswith(("libcuda.so", "libcudart.so")) for n in needed), needed
+
+
+# --------------------------------------------------------------------------------------------------
+# GPU: the sm80 kernel's correctness suite against sm90 libraries (H100 / H200 only)
+
+
+def _is_sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+# skipif (not a skip in the body): evaluated before the module's build fixtures would compile anything
+needs_sm90 = pytest.mark.skipif(not _is_sm90(), reason="needs an sm_90 GPU (H100 / H200)")
+GPU_VARIANTS = ("full", "causal", "softcap", "sliding", "alibi_doc", "bias2d_pad")
+GPU_DTYPES = (torch.bfloat16, torch.float16)
+GPU_HEAD_DIMS = (64, 128, 256)
+# Non-default template paths, each checked on a few cases: (name suffix, tiles per head dim)
+GPU_ALT = {
+    "noov": {hd: replace(SM90_TILES[hd], overlap=False) for hd in GPU_HEAD_DIMS},
+    "nopp": {hd: replace(SM90_TILES[hd], pingpong=False) for hd in GPU_HEAD_DIMS},
+    "plain": {hd: replace(SM90_TILES[hd], overlap=False, pingpong=False) for hd in GPU_HEAD_DIMS},
+    "ladder1": {hd: LADDER[hd][1] for hd in GPU_HEAD_DIMS},
+    "ladder_last": {hd: LADDER[hd][-1] for hd in GPU_HEAD_DIMS},
+}
+
+
+def test_gpu_suite_helpers_are_importable():
+    """The GPU part reuses the sm80 suite's checked call; fail here (on CPU CI) if it moved."""
+    import test_kernel_gpu as g
+
+    assert callable(g.run_case) and callable(g.attention) and callable(g.make_captured)
+
+
+@pytest.fixture(scope="module")
+def sm90_build(tmp_path_factory):
+    root = Path(os.environ.get("ATTNGEN_TEST_BUILD_DIR_SM90") or tmp_path_factory.mktemp("attngen_sm90_gpu"))
+    sources = {}
+    wanted = [(n, d, hd, None) for n in GPU_VARIANTS for d in GPU_DTYPES for hd in GPU_HEAD_DIMS]
+    wanted += [(n, torch.bfloat16, hd, alt[hd]) for alt in GPU_ALT.values() for n in ("causal", "alibi_doc")
+               for hd in GPU_HEAD_DIMS]
+    for name, dtype, hd, tiles in wanted:
+        src = render_sm90(fixture_inc(name), dtype, hd, tiles)
+        sub = _key(name, dtype, hd, tiles)
+        sources[f"{sub}/{build.KERNEL_SOURCE}"] = src.pop(build.KERNEL_SOURCE)
+        sources[f"{sub}/{build.VARIANT_INCLUDE}"] = src.pop(build.VARIANT_INCLUDE)
+        sources.update(src)
+    build.write_build_ninja(root, sources, "sm_90a")
+    build.run_ninja(root, jobs=os.cpu_count())
+    cache = {}
+
+    def get(name, dtype, hd, tiles=None):
+        key = _key(name, dtype, hd, tiles)
+        if key not in cache:
+            cache[key] = runtime.load_library(root / key / build.LIBRARY_NAME)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def ref():
+    import test_kernel_gpu  # the sm80 suite's run_case and float64 references
+
+    return test_kernel_gpu
+
+
+@pytest.fixture(scope="module")
+def libs(sm90_build):
+    return lambda name, dtype, hd: sm90_build(name, dtype, hd)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("hd", GPU_HEAD_DIMS)
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", GPU_VARIANTS)
+def test_gpu_variant(libs, ref, name, dtype, hd):
+    q_offset = 100 if name in ("alibi_doc", "bias2d_pad", "causal") else 0
+    ref.run_case(libs, name, dtype, hd, Lq=77, Lk=300, q_offset=q_offset)
+    ref.run_case(libs, name, dtype, hd, B=1, Hq=2, Hkv=1, Lq=600, Lk=1000, q_offset=q_offset, seed=1)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("Lq,Lk", [(1, 1), (1, 77), (77, 1), (77, 77), (128, 128), (129, 64), (1000, 1000),
+                                   (130, 1000), (1000, 130), (256, 81), (300, 2000)])
+@pytest.mark.parametrize("hd", GPU_HEAD_DIMS)
+@pytest.mark.parametrize("name", ["full", "causal"])
+def test_gpu_lengths(libs, ref, name, hd, Lq, Lk):
+    ref.run_case(libs, name, torch.bfloat16, hd, B=1, Hq=2, Hkv=1, Lq=Lq, Lk=Lk, q_offset=max(Lk - Lq, 0))
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("hd", GPU_HEAD_DIMS)
+def test_gpu_gqa_mqa_and_strides(libs, ref, dtype, hd):
+    ref.run_case(libs, "causal", dtype, hd, B=3, Hq=8, Hkv=1, Lq=150, Lk=150, layout="blhd")  # MQA, (B,L,H,D)
+    ref.run_case(libs, "softcap", dtype, hd, B=2, Hq=6, Hkv=3, Lq=65, Lk=333, layout="blhd")  # GQA
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("hd", GPU_HEAD_DIMS)
+@pytest.mark.parametrize("q_offset", [-300, -50, 7, 500])
+def test_gpu_q_offset(libs, ref, hd, q_offset):
+    ref.run_case(libs, "causal", torch.bfloat16, hd, Lq=200, Lk=400, q_offset=q_offset)
+    ref.run_case(libs, "sliding", torch.float16, hd, Lq=200, Lk=900, q_offset=q_offset)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("hd", GPU_HEAD_DIMS)
+@pytest.mark.parametrize("name", ["alibi_doc", "bias2d_pad"])
+def test_gpu_fully_masked_rows(libs, ref, name, hd):
+    q_offset = 170 if name == "alibi_doc" else 0
+    ref.run_case(libs, name, torch.bfloat16, hd, Lq=90, Lk=170, q_offset=q_offset, all_masked=True)
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("hd", GPU_HEAD_DIMS)
+def test_gpu_documents_long_and_no_lse(libs, ref, hd):
+    ref.run_case(libs, "alibi_doc", torch.bfloat16, hd, B=1, Hq=2, Hkv=2, Lq=1000, Lk=1500, q_offset=500, seed=3)
+    ref.run_case(libs, "alibi_doc", torch.float16, hd, B=1, Hq=2, Hkv=1, Lq=700, Lk=700, q_offset=0, seed=4)
+    ref.run_case(libs, "full", torch.float16, hd, Lq=100, Lk=100, return_lse=False, scale=0.3)
+    ref.run_case(libs, "softcap", torch.bfloat16, hd, Lq=100, Lk=100, scale=1.0)
+    ref.run_case(libs, "full", torch.bfloat16, hd, Lq=100, Lk=100, scale=-0.2)  # negative scale
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("alt", sorted(GPU_ALT))
+@pytest.mark.parametrize("hd", GPU_HEAD_DIMS)
+def test_gpu_template_paths(sm90_build, ref, alt, hd):
+    tiles = GPU_ALT[alt][hd]
+    libs_alt = lambda name, dtype, h: sm90_build(name, dtype, h, tiles)  # noqa: E731
+    ref.run_case(libs_alt, "causal", torch.bfloat16, hd, B=2, Hq=4, Hkv=2, Lq=333, Lk=700, q_offset=367)
+    ref.run_case(libs_alt, "causal", torch.bfloat16, hd, B=1, Hq=2, Hkv=1, Lq=1, Lk=1)
+    ref.run_case(libs_alt, "alibi_doc", torch.bfloat16, hd, B=1, Hq=2, Hkv=1, Lq=700, Lk=900, q_offset=100, seed=5)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_empty_kv_and_side_stream(libs):
+    lib = libs("full", torch.bfloat16, 64)
+    q = torch.randn(1, 2, 5, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 2, 0, 64, device="cuda", dtype=torch.bfloat16)
+    out, lse = runtime.forward(lib, q, k, k, return_lse=True)
+    torch.cuda.synchronize()
+    assert (out == 0).all() and torch.isneginf(lse).all()
+    lib = libs("causal", torch.bfloat16, 128)
+    x = torch.randn(2, 4, 300, 128, device="cuda", dtype=torch.bfloat16)
+    a = runtime.forward(lib, x, x, x)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        b = runtime.forward(lib, x, x, x)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@needs_sm90
+def test_gpu_tma_fallback_code(libs, ref):
+    """A layout TMA may refuse (k/v expanded over the batch: stride 0) either runs correctly or returns the
+    documented fallback code, never garbage."""
+    lib = libs("causal", torch.bfloat16, 128)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, 100, 128, generator=g).to(torch.bfloat16).cuda()
+    k = torch.randn(1, 2, 150, 128, generator=g).to(torch.bfloat16).cuda().expand(3, -1, -1, -1)
+    v = torch.randn(1, 2, 150, 128, generator=g).to(torch.bfloat16).cuda().expand(3, -1, -1, -1)
+    try:
+        out = runtime.forward(lib, q, k, v, q_offset=50)
+    except runtime.KernelLaunchError as e:
+        assert f"error {ERR_TMA_LAYOUT}" in str(e) and "sm80" in str(e), str(e)
+        return
+    torch.cuda.synchronize()
+    o_ref, _ = ref.attention("causal", q, k.contiguous(), v.contiguous(), scale=1 / math.sqrt(128), q_offset=50,
+                             captured=[], dtype=torch.float64)
+    assert (out.double() - o_ref).abs().max().item() < 2e-2
