@@ -106,8 +106,37 @@ def _nvcc_version_of(nvcc: str) -> Tuple[int, int]:
 
 
 def nvcc_version(nvcc: Optional[str] = None) -> Tuple[int, int]:
-    """(major, minor) of nvcc, e.g. (13, 0)."""
-    return _nvcc_version_of(nvcc or find_nvcc())
+    """(major, minor) of nvcc, e.g. (13, 0). Part of every cache key, so it is needed on warm loads
+    too: remembered on disk per (real path, mtime, size) of the binary, so a fresh process loading
+    a cached kernel does not spawn nvcc (tens of ms)."""
+    return _nvcc_version_memo(nvcc or find_nvcc())
+
+
+@lru_cache(maxsize=None)
+def _nvcc_version_memo(nvcc: str) -> Tuple[int, int]:
+    import json
+
+    from .cache import default_cache
+
+    real = os.path.realpath(nvcc)
+    st = os.stat(real)
+    tag = f"{real}|{st.st_mtime_ns}|{st.st_size}"
+    try:
+        memo = default_cache().root / "nvcc-versions.json"
+        data = json.loads(memo.read_text()) if memo.exists() else {}
+    except (OSError, ValueError, AttributeError):
+        memo, data = None, {}
+    v = data.get(tag)
+    if isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v):
+        return v[0], v[1]
+    v = _nvcc_version_of(nvcc)
+    if memo is not None:
+        data[tag] = list(v)
+        try:
+            write_if_different(memo, json.dumps(data, sort_keys=True))
+        except OSError:
+            pass  # a read-only cache only costs the subprocess next time
+    return v
 
 
 # --------------------------------------------------------------------------------------------------

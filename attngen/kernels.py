@@ -43,9 +43,9 @@ def _template_hash() -> str:
     return _TEMPLATE_HASH
 
 
-# The SM90 (TMA + wgmma) template is opt-in (backend='sm90') until its GPU test suite has passed on
-# the device; 'auto' then picks it on sm_90a. See benchmarks/results/ for the rounds.
-SM90_BY_DEFAULT = False
+# 'auto' picks the SM90 (TMA + wgmma) template on sm_90a: it passed the whole GPU API suite on the H200
+# (benchmarks/results/2026-11-29-h200-sm90/). backend='sm80' keeps the portable kernel.
+SM90_BY_DEFAULT = True
 
 
 def choose_kernel(arch: str, kernel: str = "auto") -> str:

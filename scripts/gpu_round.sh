@@ -25,13 +25,20 @@ for step in "${steps[@]}"; do
       t0=$(date +%s)
       python -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tee "$RES/gpu_tests.log" | tail -n 40
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      # the public-API suite again on the portable kernel ('auto' picks sm90 on Hopper)
+      ATTNGEN_TEST_BACKEND=sm80 python -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_api.py 2>&1 \
+        | tee "$RES/gpu_tests_sm80.log" | tail -n 5
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       echo "gpu tests: $(( $(date +%s) - t0 )) s" ;;&
     bench|all)
       python benchmarks/bench_forward.py --out "$RES" 2>&1 | tee "$RES/bench.log" | tail -n 40 ;;&
     sweep)
       python benchmarks/bench_forward.py --no-anchors --no-compile-figures --sweep --out "$RES" 2>&1 | tee "$RES/sweep.log" | tail -n 40 ;;
     sanitize)
-      python scripts/sanitize_case.py "$RES" 2>&1 | tail -n 40 ;;
+      python scripts/sanitize_case.py --build
+      for tool in memcheck racecheck; do
+        timeout 120 compute-sanitizer --tool $tool python scripts/sanitize_case.py 2>&1 | tee "$RES/$tool.log" | tail -n 6
+      done ;;
     tests|bench|all) ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac
