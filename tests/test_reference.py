@@ -362,7 +362,7 @@ def _qkv():
         (lambda q, k, v: (q, k[..., :8], v), ["head_dim", "16", "8"]),
         (lambda q, k, v: (q, k.double(), v), ["one dtype", "torch.float64", ".to(torch.float32)"]),
         (lambda q, k, v: (q.long(), k.long(), v.long()), ["floating point", "torch.int64"]),
-        (lambda q, k, v: (q.numpy(), k, v), ["torch.Tensor", "ndarray"]),
+        (lambda q, k, v: (q.tolist(), k, v), ["torch.Tensor", "list"]),
     ],
 )
 def test_bad_inputs_raise_with_fix(mutate, words):
