@@ -1,0 +1,45 @@
+"""Resource/SASS report of the built SM90 kernels (no GPU needed): registers, spills, shared memory,
+HGMMA / LDL / STL counts. Needs cuobjdump (CUDA toolkit, or `pip install nvidia-cuda-cuobjdump`).
+Usage: python scripts/sass_report.py [--cuobjdump PATH] > report.md"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import torch
+
+import attngen
+from attngen.kernels import build_kernel
+
+p = argparse.ArgumentParser()
+p.add_argument("--cuobjdump", default=shutil.which("cuobjdump"))
+p.add_argument("--kernel", default="sm90")
+args = p.parse_args()
+if not args.cuobjdump:
+    sys.exit("cuobjdump not found: install the CUDA toolkit or `pip install nvidia-cuda-cuobjdump`, or pass --cuobjdump")
+
+docs = torch.randint(0, 8, (8192,)).sort().values
+cases = [
+    ("full", attngen.compile(), (64, 128, 256)),
+    ("causal", attngen.compile(causal=True), (64, 128, 256)),
+    ("sliding_window(1024)", attngen.compile(window=1024), (128,)),
+    ("softcap(30)", attngen.compile(softcap=30.0), (128,)),
+    ("softcap(30)+causal", attngen.compile(softcap=30.0, causal=True), (128,)),
+    ("alibi(16)+causal", attngen.compile(score_mod=attngen.alibi(16), causal=True), (128,)),
+    ("document", attngen.compile(mask_mod=attngen.document(docs)), (128,)),
+    ("prefix_lm(2048)", attngen.compile(mask_mod=attngen.prefix_lm(2048)), (128,)),
+]
+print(f"| variant | head dim | kernel | registers | spill stores/loads (bytes) | smem (static) | HGMMA | LDL | STL |")
+print("|---|---|---|---|---|---|---|---|---|")
+for name, attn, dims in cases:
+    for d in dims:
+        lib = build_kernel(attn, torch.bfloat16, d, "sm_90a", args.kernel)
+        res = subprocess.run([args.cuobjdump, "--dump-resource-usage", str(lib)], capture_output=True, text=True).stdout
+        sass = subprocess.run([args.cuobjdump, "--dump-sass", str(lib)], capture_output=True, text=True).stdout
+        m = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", res, re.S)
+        reg, shared, local = (m.groups() if m else ("?", "?", "?"))
+        n_hgmma, n_ldl, n_stl = (len(re.findall(pat, sass)) for pat in (r"HGMMA", r"\bLDL", r"\bSTL"))
+        print(f"| {name} | {d} | {args.kernel} | {reg} | local {local} | {shared} | {n_hgmma} | {n_ldl} | {n_stl} |",
+              flush=True)
