@@ -251,9 +251,23 @@ class Sm90Tiles:
     pingpong: bool = True  # alternate softmax and GEMMs between the two consumer warpgroups
     block_q: int = 128
 
+    def smem_bytes(self, head_dim: int) -> int:
+        """Dynamic shared memory: 1 KiB alignment slack, the Q tile, the K/V ring, mbarriers."""
+        q = self.block_q * head_dim * 2
+        kv = self.block_k * head_dim * 2
+        return 1024 + q + 2 * self.stages * kv + 8 * (1 + 3 * self.stages)
+
 
 # Defaults per head dim (BK=128 at d64/d128 as FA3; d256 is bounded by the 227 KiB of shared memory).
 SM90_TILES = {64: Sm90Tiles(128, 3), 128: Sm90Tiles(128, 2), 256: Sm90Tiles(80, 2)}
+# Lighter configurations, in order of preference, for variants whose mods keep many values live
+# (ptxas is not monotonic here: a smaller BK can spill more); each was measured spill-free on the
+# heavier fixtures (tests/test_build_sm90.py).
+SM90_LADDER = {
+    64: (SM90_TILES[64], Sm90Tiles(96, 3), Sm90Tiles(64, 4, overlap=False)),
+    128: (SM90_TILES[128], Sm90Tiles(112, 2), Sm90Tiles(96, 2), Sm90Tiles(64, 2, overlap=False)),
+    256: (SM90_TILES[256], Sm90Tiles(64, 2), Sm90Tiles(64, 2, overlap=False)),
+}
 SM90_HEADERS = KERNEL_HEADERS + ("sm90_mbarrier.cuh", "sm90_tma.cuh", "sm90_wgmma.cuh")
 # attngen_fwd's own return codes when a TMA tensor map cannot be made: run the sm80 kernel instead
 SM90_FALLBACK_CODES = (9001, 9002)
@@ -305,8 +319,16 @@ def _render_sm90(variant_inc: str, dtype, head_dim: int, arch: str, tiles) -> di
     )
     sources = {KERNEL_SOURCE: kernel, VARIANT_INCLUDE: variant_inc}
     for name in SM90_HEADERS:
-        sources[name] = (TEMPLATE_DIR / name).read_text()
+        sources[name] = _header_text(name)
     return sources
+
+
+def _header_text(name: str) -> str:
+    """A device header: plain file, or rendered from `<name>.j2` (headers whose bodies are mechanical
+    expansions, e.g. the wgmma operand lists, are written as Jinja loops)."""
+    if (TEMPLATE_DIR / (name + ".j2")).exists():
+        return _jinja_env().get_template(name + ".j2").render()
+    return (TEMPLATE_DIR / name).read_text()
 
 
 def template_hash() -> str:

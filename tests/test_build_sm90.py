@@ -34,65 +34,19 @@ from attngen.errors import BuildError
 
 DATA = Path(__file__).parent / "data"
 TEMPLATE = "fwd_sm90.cu.j2"
-SM90_HEADERS = ("attngen_common.cuh", "sm80_mma.cuh", "sm80_copy.cuh", "sm90_mbarrier.cuh", "sm90_tma.cuh",
-                "sm90_wgmma.cuh")
+SM90_HEADERS = build.SM90_HEADERS
 SMEM_LIMIT = 232448  # opt-in shared memory per block on sm90
 ERR_TMA_LAYOUT = 9001
 ERR_NO_TMA_ENCODER = 9002
 
 
-@dataclass(frozen=True)
-class Sm90Tiles:
-    """Template parameters besides dtype / head dim. BQ is always 128 (two consumer warpgroups x 64 rows)."""
-    block_k: int
-    stages: int
-    overlap: bool = True   # intra-warpgroup overlap: softmax(S_next) while P V runs
-    pingpong: bool = True  # the two consumer warpgroups take turns issuing wgmmas
-    block_q: int = 128
-
-    def smem_bytes(self, head_dim: int) -> int:
-        q = self.block_q * head_dim * 2
-        kv = self.block_k * head_dim * 2
-        return 1024 + q + 2 * self.stages * kv + 8 * (1 + 3 * self.stages)
-
-
-# Proposed defaults (FA3's tile shapes at BQ = 128). Lighter alternatives for variants whose mods keep many
-# values live (captured-tensor loads per column / element): see LADDER.
-SM90_TILES = {
-    64: Sm90Tiles(block_k=128, stages=3),
-    128: Sm90Tiles(block_k=128, stages=2),
-    256: Sm90Tiles(block_k=80, stages=2),
-}
-# Configurations in order of preference when ptxas reports spills for the default (each step frees
-# registers in the consumer warpgroups); measured spill-free on the heavier fixtures below.
-LADDER = {
-    64: (SM90_TILES[64], Sm90Tiles(96, 3), Sm90Tiles(64, 4, overlap=False)),
-    128: (SM90_TILES[128], Sm90Tiles(112, 2), Sm90Tiles(96, 2), Sm90Tiles(64, 2, overlap=False)),
-    256: (SM90_TILES[256], Sm90Tiles(64, 2), Sm90Tiles(64, 2, overlap=False)),
-}
-
-_DTYPES = {torch.bfloat16: ("__nv_bfloat16", 1, "bfloat16"), torch.float16: ("__half", 0, "float16")}
-
-
-def _env():
-    import jinja2
-
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(build.TEMPLATE_DIR)),
-                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
-
+Sm90Tiles = build.Sm90Tiles
+SM90_TILES = build.SM90_TILES
+LADDER = build.SM90_LADDER
 
 def render_sm90(variant_inc: str, dtype, head_dim: int, tiles: Optional[Sm90Tiles] = None) -> dict:
     """{filename: text} of one sm90 kernel library (kernel source, variant.inc, headers)."""
-    tiles = tiles or SM90_TILES[head_dim]
-    elem, code, name = _DTYPES[dtype]
-    cu = _env().get_template(TEMPLATE).render(
-        elem_type=elem, dtype_code=code, dtype_name=name, head_dim=head_dim, block_q=tiles.block_q,
-        block_k=tiles.block_k, stages=tiles.stages, overlap=tiles.overlap, pingpong=tiles.pingpong, arch_number=90,
-        variant_include=build.VARIANT_INCLUDE)
-    src = {build.KERNEL_SOURCE: cu, build.VARIANT_INCLUDE: variant_inc}
-    for h in SM90_HEADERS:
-        src[h] = (build.TEMPLATE_DIR / h).read_text()
-    return src
+    return build.render_sources(variant_inc, dtype, head_dim, "sm_90a", tiles=tiles, kernel="sm90")
 
 
 def fixture_inc(name: str) -> str:
@@ -166,7 +120,7 @@ def test_render_needs_every_parameter():
     import jinja2
 
     with pytest.raises(jinja2.UndefinedError):
-        _env().get_template(TEMPLATE).render(head_dim=128)
+        build._jinja_env().get_template(TEMPLATE).render(head_dim=128)
 
 
 # --------------------------------------------------------------------------------------------------
