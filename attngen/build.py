@@ -91,6 +91,15 @@ def find_nvcc() -> str:
     raise BuildError(f"nvcc not found ({searched}). {_NVCC_HELP}.")
 
 
+def nvcc_available() -> bool:
+    """Whether find_nvcc() would find a compiler (kernels can be built here)."""
+    try:
+        find_nvcc()
+        return True
+    except BuildError:
+        return False
+
+
 @lru_cache(maxsize=None)
 def _nvcc_version_of(nvcc: str) -> Tuple[int, int]:
     try:

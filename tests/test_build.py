@@ -24,12 +24,7 @@ FIXTURES = ("full", "causal", "softcap", "sliding", "alibi_doc", "bias2d_pad")
 _REAL_PIP_CANDIDATES = build._pip_nvcc_candidates
 
 
-def _have_nvcc() -> bool:
-    try:
-        build.find_nvcc()
-        return True
-    except BuildError:
-        return False
+_have_nvcc = build.nvcc_available
 
 
 needs_nvcc = [pytest.mark.nvcc, pytest.mark.skipif(not _have_nvcc(), reason="needs nvcc")]

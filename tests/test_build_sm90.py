@@ -53,12 +53,7 @@ def fixture_inc(name: str) -> str:
     return (DATA / f"{name}.inc").read_text()
 
 
-def _have_nvcc() -> bool:
-    try:
-        build.find_nvcc()
-        return True
-    except BuildError:
-        return False
+_have_nvcc = build.nvcc_available
 
 
 def _sass_tools() -> Optional[str]:

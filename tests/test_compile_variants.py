@@ -9,13 +9,8 @@ import torch
 import attngen
 from attngen import build
 from attngen.codegen import render_variant_inc
-from attngen.errors import BuildError
 
-try:
-    build.find_nvcc()
-    HAVE_NVCC = True
-except BuildError:
-    HAVE_NVCC = False
+HAVE_NVCC = build.nvcc_available()
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.skipif(not HAVE_NVCC, reason="needs nvcc")]
 
