@@ -7,6 +7,7 @@ on disk per signature.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Optional, Tuple, Union
 
 import torch
@@ -17,21 +18,29 @@ from .mods import ScoreMod, Variant, as_mask_mod, as_score_mod, as_variant, comp
 from .predicates import derive
 from .trace import trace
 
-_ANALYSIS: dict = {}
+_ANALYSIS: "OrderedDict[tuple, tuple]" = OrderedDict()
+_ANALYSIS_SIZE = 64  # bounded: entries hold the mods (and their captured tensors) alive
 _LOCK = threading.Lock()
 
 
 def analyze(variant) -> Tuple[TracedVariant, BlockPredicates]:
-    """Trace and derive once per variant object (memoised)."""
+    """Trace and derive once per variant (memoised on compiled objects, and in a small LRU keyed by
+    the mod objects, which the entry keeps alive so their ids cannot be reused while cached)."""
+    if isinstance(variant, CompiledAttention) and hasattr(variant, "predicates"):
+        return variant.traced, variant.predicates
     v = as_variant(variant)
     key = (id(v.score_mod), id(v.mask_mod))
-    hit = _ANALYSIS.get(key)
-    if hit is not None and hit[0] is v.score_mod and hit[1] is v.mask_mod:
-        return hit[2], hit[3]
+    with _LOCK:
+        hit = _ANALYSIS.get(key)
+        if hit is not None and hit[0] is v.score_mod and hit[1] is v.mask_mod:
+            _ANALYSIS.move_to_end(key)
+            return hit[2], hit[3]
     traced = trace(v)
     preds = derive(traced)
     with _LOCK:
         _ANALYSIS[key] = (v.score_mod, v.mask_mod, traced, preds)
+        while len(_ANALYSIS) > _ANALYSIS_SIZE:
+            _ANALYSIS.popitem(last=False)
     return traced, preds
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Optional
 
 import torch
 
@@ -31,7 +31,6 @@ from .codegen import render_variant_inc
 from .errors import InputError
 from .runtime import KernelLaunchError, forward, load_library
 
-_LIBS: Dict[tuple, object] = {}
 _LOCK = threading.Lock()
 _TEMPLATE_HASH: Optional[str] = None
 
@@ -121,17 +120,20 @@ def build_kernel(attn, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128,
 
 
 def _library(attn, dtype, head_dim, device_index: int, kernel: Optional[str] = None):
+    """The loaded library of one signature, memoised on the compiled object itself (a dict lookup per
+    call; no global table keyed by object ids, which Python reuses)."""
     kernel = kernel or (attn.backend if attn.backend in ("sm80", "sm90") else "auto")
-    key = (id(attn), dtype, head_dim, device_index, kernel)
-    lib = _LIBS.get(key)
+    key = (dtype, head_dim, device_index, kernel)
+    libs = attn._kernels
+    lib = libs.get(key)
     if lib is not None:
         return lib
     with _LOCK:
-        lib = _LIBS.get(key)
+        lib = libs.get(key)
         if lib is None:
             path = build_kernel(attn, dtype, head_dim, current_arch(device_index), kernel)
             lib = load_library(path)
-            _LIBS[key] = lib
+            libs[key] = lib
     return lib
 
 
