@@ -7,6 +7,7 @@ their & | ~ combinations (and sorted document ids) the derived map equals the br
 """
 import random
 import time
+import zlib
 
 import pytest
 import torch
@@ -57,13 +58,15 @@ EXACT = [
     ("prefix_or_window", attngen.prefix_lm(64) & ~attngen.block_diagonal(100) | attngen.sliding_window(300)),
     ("not_causal", ~attngen.causal()),
     ("causal_and_doc", attngen.causal() & attngen.document(_DOCS)),
-    ("window_and_not_chunk", attngen.local(64, 64) & ~attngen.chunked(128)),
     ("min", attngen.MaskMod(_custom_min, "min")),
     ("abs", attngen.MaskMod(_custom_abs, "abs")),
     ("max", attngen.MaskMod(_custom_max, "max")),
     ("prefix_and_dilated", attngen.prefix_lm(100) | attngen.dilated(200, 4)),
 ]
 SOUND_ONLY = [
+    # a conjunction mixing a difference form (|q - kv| <= 64) with a floor form (q//128 != kv//128):
+    # each form is decided exactly, their conjunction is over-approximated (see docs/architecture.md)
+    ("window_and_not_chunk", attngen.local(64, 64) & ~attngen.chunked(128)),
     ("document_unsorted", attngen.document(_DOCS_UNSORTED)),
     ("mod_two_vars", attngen.MaskMod(_custom_mod, "mod2")),
 ]
@@ -129,7 +132,7 @@ def _check_q_ranges(variant, q_len, kv_len, BQ, BK, q_offset, want, b, h):
 
 @pytest.mark.parametrize("name,variant", EXACT, ids=[n for n, _ in EXACT])
 def test_block_map_exact_and_sound(name, variant):
-    rng = random.Random(hash(name) % 1000)
+    rng = random.Random(zlib.crc32(name.encode()))  # stable across processes
     for shape in _shapes(rng, 12):
         _check(variant, *shape, exact=True)
 
