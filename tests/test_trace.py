@@ -139,3 +139,12 @@ def test_error_math_in_helper():
 def test_error_mask_returns_number():
     with pytest.raises(attngen.UnsupportedOperation, match="non-boolean"):
         _mask(lambda b, h, q, k: q - k)
+
+
+def test_compiled_call_checks_q_offset():
+    attn = attngen.compile(causal=True)
+    q = torch.randn(1, 1, 4, 8)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(attngen.InputError, match="q_offset"):
+            attn(q, q, q, q_offset=bad)
+    assert attn(q, q, q, q_offset=3).shape == q.shape
