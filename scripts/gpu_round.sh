@@ -33,7 +33,8 @@ for step in "${steps[@]}"; do
     bench|all)
       python benchmarks/bench_forward.py --out "$RES" 2>&1 | tee "$RES/bench.log" | tail -n 40 ;;&
     sweep)
-      python benchmarks/bench_forward.py --no-anchors --no-compile-figures --sweep --out "$RES" 2>&1 | tee "$RES/sweep.log" | tail -n 40 ;;
+      python benchmarks/bench_forward.py --no-anchors --no-compile-figures --sweep --out "$RES" 2>&1 | tee "$RES/sweep.log" | tail -n 40
+      python benchmarks/plot_sweep.py "$(ls -t "$RES"/forward-*.json | head -1)" --out "$RES" ;;
     sanitize)
       python scripts/sanitize_case.py --build
       for tool in memcheck racecheck; do
