@@ -410,28 +410,88 @@ def _vars(e):
     return {v for v in (S.Q, S.KV) if e.has(v)}
 
 
-def _monotone_single(atom):
-    """If ``atom`` is ``a*var + r >= 0`` in one variable with r free of q/kv, return (var, lo, hi)
-    bounds on var (one of them None) describing where it holds."""
-    if not isinstance(atom, sympy.Ge):
+def _chunk_of(t, var):
+    """(C, c) when ``t`` is floor((var + c) / C) with integers C > 0, c; else None."""
+    if not isinstance(t, sympy.floor):
         return None
-    e = atom.lhs
+    arg = sympy.expand(t.args[0])
+    if not arg.is_polynomial(var) or arg.free_symbols - {var}:
+        return None
+    p = sympy.Poly(arg, var)
+    if p.degree() != 1:
+        return None
+    a = p.coeffs()[0]
+    b = sympy.expand(arg - a * var)
+    if not (a.is_Rational and a > 0 and (1 / a).is_Integer):
+        return None
+    C = 1 / a
+    c = b * C
+    return (C, c) if c.is_Integer else None
+
+
+def _monotone_form(e):
+    """Split ``e`` into (var, a, g, r): e == a*g + r with g = var or g = floor((var + c)/C) (both
+    non-decreasing in var), a an integer, r free of q/kv. None when e is not of that shape."""
     vs = _vars(e)
     if len(vs) != 1:
         return None
     (var,) = vs
-    if not e.is_polynomial(var):
+    parts, r = _split_terms(e)
+    terms = parts[var]
+    if len(terms) != 1 or r.has(S.Q) or r.has(S.KV) or not r.is_integer:
         return None
-    p = sympy.Poly(e, var)
-    if p.degree() != 1 or not p.coeffs()[0].is_number:
+    a, g = terms[0].as_coeff_Mul()
+    if not a.is_Integer or a == 0:
         return None
-    a = p.coeffs()[0]
-    r = sympy.expand(e - a * var)
-    if r.has(S.Q) or r.has(S.KV) or not (r.is_integer and a.is_integer):
+    if g == var or _chunk_of(g, var) is not None:
+        return var, a, g, r
+    return None
+
+
+def _monotone_single(atom):
+    """If ``atom`` is ``a*g(var) + r >= 0`` with g = var or floor((var + c)/C) and r free of q/kv,
+    return (var, lo, hi): the bound on var (one of them None) describing where it holds."""
+    if not isinstance(atom, sympy.Ge):
         return None
-    if a > 0:  # var >= ceil(-r / a)
-        return var, sympy.ceiling(-r / a), None
-    return var, None, sympy.floor(r / (-a))
+    mf = _monotone_form(atom.lhs)
+    if mf is None:
+        return None
+    var, a, g, r = mf
+    # a*g + r >= 0  <=>  g >= ceil(-r/a) (a > 0)  or  g <= floor(r/-a) (a < 0)
+    glo = sympy.ceiling(-r / a) if a > 0 else None
+    ghi = sympy.floor(r / (-a)) if a < 0 else None
+    if g == var:
+        return var, glo, ghi
+    C, c = _chunk_of(g, var)
+    # floor((var + c)/C) >= m  <=>  var >= C*m - c ;  floor((var + c)/C) <= m  <=>  var <= C*m + C - 1 - c
+    return var, (None if glo is None else C * glo - c), (None if ghi is None else C * ghi + C - 1 - c)
+
+
+def _monotone_equalities_as_bounds(f):
+    """One-variable monotone Eq/Ne atoms as conjunctions/disjunctions of >= atoms, so the box cuts
+    below can decide them exactly (e == 0 <=> e >= 0 & -e >= 0; e != 0 <=> e - 1 >= 0 | -e - 1 >= 0)."""
+    rep = {}
+    for atom in f.atoms(sympy.Eq, sympy.Ne):
+        e = atom.lhs
+        if not e.is_integer or _monotone_form(e) is None:
+            continue
+        if isinstance(atom, sympy.Eq):
+            rep[atom] = And(_atom(e, "ge"), _atom(-e, "ge"))
+        else:
+            rep[atom] = Or(_atom(e - 1, "ge"), _atom(-e - 1, "ge"))
+    return f.xreplace(rep) if rep else f
+
+
+def _q_chunk_term(f):
+    """A floor((q + c)/C) term of ``f`` (in a two-variable atom), or None."""
+    for atom in sorted(f.atoms(Rel), key=sympy.default_sort_key):
+        e = atom.lhs
+        if not (e.has(S.Q) and e.has(S.KV)):
+            continue
+        for t in sorted(e.atoms(sympy.floor), key=sympy.default_sort_key):
+            if _chunk_of(t, S.Q) is not None:
+                return t
+    return None
 
 
 def _substitute_atom(f, atom, value):
@@ -525,12 +585,13 @@ _MAX_SPLITS = 4
 _MAX_DNF_TERMS = 64
 
 
-def tile_any(f, box: Box, summ=None, splits: int = 0):
+def tile_any(f, box: Box, summ=None, splits: int = 0, chunk_cuts: int = 0):
     """Over-approximation of 'f holds somewhere in box' as a sympy boolean."""
     if f is true:
         return box.nonempty()
     if f is false:
         return false
+    f = _monotone_equalities_as_bounds(f)
     # (2) cut the box along a monotone one-variable atom
     if splits < _MAX_SPLITS:
         for atom in sorted(f.atoms(sympy.Ge), key=sympy.default_sort_key):
@@ -546,14 +607,37 @@ def tile_any(f, box: Box, summ=None, splits: int = 0):
                 b_true = box.with_range(var, vlo, sympy.Min(vhi, hi))
                 b_false = box.with_range(var, sympy.Max(vlo, hi + 1), vhi)
             return Or(
-                And(b_true.nonempty(), tile_any(_substitute_atom(f, atom, true), b_true, summ, splits + 1)),
-                And(b_false.nonempty(), tile_any(_substitute_atom(f, atom, false), b_false, summ, splits + 1)),
+                And(b_true.nonempty(), tile_any(_substitute_atom(f, atom, true), b_true, summ, splits + 1, chunk_cuts)),
+                And(b_false.nonempty(), tile_any(_substitute_atom(f, atom, false), b_false, summ, splits + 1, chunk_cuts)),
             )
+    # (2b) a q//C term shared with kv in one atom (q//C != kv//C next to |q - kv| <= w): cut the rows at
+    # chunk boundaries so q//C is one constant on each piece; the atoms then become one-variable in kv and
+    # the cuts above decide them. Two pieces make this exact whenever a block spans at most two chunks
+    # (BQ <= C); wider pieces keep the (sound) per-form decision.
+    term = _q_chunk_term(f) if chunk_cuts < 1 and _has_other_two_var_form(f) else None
+    if term is not None:
+        C, c = _chunk_of(term, S.Q)
+        w = sympy.floor((box.qa + c) / C)
+        end1 = C * (w + 1) - c - 1  # last row of the first chunk
+        b1 = box.with_range(S.Q, box.qa, sympy.Min(box.qb, end1))
+        b2 = box.with_range(S.Q, end1 + 1, box.qb)
+        one_chunk = sympy.Le(box.qb, end1 + C)
+        sub = lambda k: tile_any(f.xreplace({term: w + k}), b1 if k == 0 else b2, summ, splits, chunk_cuts + 1)  # noqa: E731
+        return Or(
+            And(b1.nonempty(), sub(0)),
+            And(b2.nonempty(), Or(And(one_chunk, sub(1)),
+                                  And(Not(one_chunk), tile_any(f, b2, summ, splits, chunk_cuts + 1)))),
+        )
     # (3) disjunctive normal form; each conjunction decided per form
     terms = _dnf_terms(f)
     if terms is None:
         return _structural_any(f, box, summ)
     return And(box.nonempty(), Or(*[_conj_any(t, box, summ) for t in terms]))
+
+
+def _has_other_two_var_form(f) -> bool:
+    """Whether some two-variable atom of f has no floor term (a form that the floor forms interact with)."""
+    return any(a.lhs.has(S.Q) and a.lhs.has(S.KV) and not a.lhs.has(sympy.floor) for a in f.atoms(Rel))
 
 
 def _dnf_terms(f):

@@ -62,11 +62,15 @@ EXACT = [
     ("abs", attngen.MaskMod(_custom_abs, "abs")),
     ("max", attngen.MaskMod(_custom_max, "max")),
     ("prefix_and_dilated", attngen.prefix_lm(100) | attngen.dilated(200, 4)),
+    # difference and floor forms in one conjunction (chunk >= block: exact by cutting rows at chunk edges)
+    ("window_and_not_chunk", attngen.local(64, 64) & ~attngen.chunked(128)),
+    ("window_and_not_block_diagonal", attngen.sliding_window(300) & ~attngen.block_diagonal(130)),
+    ("chunk_or_window", attngen.chunked(130) | attngen.local(30, 10)),
 ]
 SOUND_ONLY = [
-    # a conjunction mixing a difference form (|q - kv| <= 64) with a floor form (q//128 != kv//128):
-    # each form is decided exactly, their conjunction is over-approximated (see docs/architecture.md)
-    ("window_and_not_chunk", attngen.local(64, 64) & ~attngen.chunked(128)),
+    # difference form mixed with a floor form whose chunk (40) is narrower than most blocks: blocks that
+    # span three or more chunks fall back to the per-form decision (see docs/architecture.md)
+    ("window_and_not_narrow_chunk", attngen.local(20, 20) & ~attngen.chunked(40)),
     ("document_unsorted", attngen.document(_DOCS_UNSORTED)),
     ("mod_two_vars", attngen.MaskMod(_custom_mod, "mod2")),
 ]
