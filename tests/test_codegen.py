@@ -119,6 +119,22 @@ def variants(tensors):
     return V
 
 
+def derived_variants():
+    """Library variants through the real tracer and predicate derivation (no captured tensors), so the
+    printed tile functions the kernels run are checked against the same expressions block_map evaluates."""
+    import attngen
+    from attngen.frontend import analyze
+
+    mods = {
+        "d_chunked": attngen.chunked(64),
+        "d_window_not_chunk": attngen.local(40, 24) & ~attngen.chunked(64),
+        "d_prefix_or_window_not_bd": (attngen.prefix_lm(20) | attngen.sliding_window(48)) & ~attngen.block_diagonal(70),
+        "d_dilated": attngen.dilated(90, 3),
+        "d_abs_min": attngen.MaskMod(lambda b, h, q, k: (abs(q - k) <= 30) & (torch.minimum(q, k) >= 10), "abs_min"),
+    }
+    return {k: analyze(m) for k, m in mods.items()}
+
+
 def body(text: str, fname: str) -> str:
     m = re.search(r"\b" + fname + r"\([^)]*\)[^{]*\{\n(.*?)\n\}", text, re.S)
     assert m, f"{fname} not found in\n{text}"
@@ -318,7 +334,7 @@ def test_variant_inc_host_semantics_match_python(tmp_path):
     seed = int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
     tensors = make_tensors(seed)
-    V = variants(tensors)
+    V = {**variants(tensors), **derived_variants()}
     rendered = {k: render_variant_inc(t, p) for k, (t, p) in V.items()}
     (tmp_path / "attngen_common.cuh").write_text(COMMON_STUB)
     for k, text in rendered.items():
