@@ -158,6 +158,13 @@ class Variant:
     score_mod: Optional[ScoreMod] = None
     mask_mod: Optional[MaskMod] = None
 
+    def __post_init__(self):
+        # plain functions are accepted and wrapped (named, math.* shimmed)
+        if self.score_mod is not None and not isinstance(self.score_mod, ScoreMod):
+            object.__setattr__(self, "score_mod", as_score_mod(self.score_mod))
+        if self.mask_mod is not None and not isinstance(self.mask_mod, MaskMod):
+            object.__setattr__(self, "mask_mod", as_mask_mod(self.mask_mod))
+
     @property
     def name(self) -> str:
         parts = [m.name for m in (self.score_mod, self.mask_mod) if m is not None]
@@ -179,12 +186,5 @@ def as_variant(obj) -> Variant:
         return Variant(score_mod=obj)
     raise TypeError(
         f"expected a variant (attngen.Variant, attngen.compile(...), a MaskMod or a ScoreMod), got {type(obj).__name__}; "
-        "wrap plain functions with attngen.Variant(score_mod=fn, mask_mod=fn)"
-    )
-
-
-def make_variant(score_mod=None, mask_mod=None) -> Variant:
-    return Variant(
-        score_mod=as_score_mod(score_mod) if score_mod is not None else None,
-        mask_mod=as_mask_mod(mask_mod) if mask_mod is not None else None,
+        "wrap plain functions with attngen.Variant(score_mod=fn, mask_mod=fn) or attngen.compile(score_mod=fn, mask_mod=fn)"
     )

@@ -7,7 +7,7 @@ import torch
 
 import attngen
 from attngen import symbols as S
-from attngen.mods import make_variant
+from attngen import make_variant
 from attngen.trace import trace
 
 
