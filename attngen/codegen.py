@@ -26,7 +26,7 @@ from typing import Dict, Iterable, List, Sequence, Tuple
 import sympy
 
 from .errors import BuildError
-from .ir import BlockPredicates, TracedVariant
+from .ir import MAX_CAPTURED, MAX_SUMMARIES, BlockPredicates, TracedVariant
 from .printer import (
     BOOL,
     C_TYPES,
@@ -269,10 +269,11 @@ class _Emitter:
         names = [n for n, _ in self.captured] + [n for n, _ in self.summaries]
         if len(set(names)) != len(names):
             raise BuildError(f"captured tensors and summaries must have distinct names, got {names}")
-        if len(self.captured) > 8 or len(self.summaries) > 8:
+        if len(self.captured) > MAX_CAPTURED or len(self.summaries) > MAX_SUMMARIES:
             raise BuildError(
-                f"a variant may capture at most 8 tensors and use at most 8 summaries (ATTNGEN_MAX_CAPTURED/"
-                f"ATTNGEN_MAX_SUMMARIES), got {len(self.captured)} and {len(self.summaries)}; merge tensors"
+                f"a variant may capture at most {MAX_CAPTURED} tensors and use at most {MAX_SUMMARIES} runtime "
+                f"summaries (ATTNGEN_MAX_CAPTURED/ATTNGEN_MAX_SUMMARIES), got {len(self.captured)} and "
+                f"{len(self.summaries)}; index fewer captured tensors by q_idx/kv_idx (or merge them into one)"
             )
         self.fast_tanh, self.fast_exp2 = fast_tanh, fast_exp2
         self.used: set = set()

@@ -12,6 +12,10 @@ import torch
 
 from .mods import Variant
 
+# Slots of CapturedArgs in the C ABI (ATTNGEN_MAX_CAPTURED / ATTNGEN_MAX_SUMMARIES in attngen_common.cuh)
+MAX_CAPTURED = 8
+MAX_SUMMARIES = 8
+
 
 @dataclass(frozen=True)
 class CapturedTensor:

@@ -29,7 +29,7 @@ from sympy.logic.boolalg import And, BooleanAtom, BooleanFunction, Not, Or
 
 from . import symbols as S
 from .errors import InputError
-from .ir import BlockPredicates, CapturedTensor, Summary, TracedVariant
+from .ir import MAX_SUMMARIES, BlockPredicates, CapturedTensor, Summary, TracedVariant
 
 Rel = sympy.core.relational.Relational
 true, false = sympy.true, sympy.false
@@ -166,7 +166,10 @@ def tile_box() -> Box:
 class _Summaries:
     """Runtime per-block min/max arrays of captured tensors, created on demand while deriving."""
 
-    def __init__(self, captured: Sequence[CapturedTensor]):
+    def __init__(self, captured: Sequence[CapturedTensor], ranges: int = 2):
+        # ranges: 2 = block ranges and full ranges from equal-value searches, 1 = block ranges only,
+        # 0 = neither (fewer runtime arrays when a variant would need more than the ABI's slots)
+        self.ranges = ranges
         self.by_name = {c.name: c for c in captured}
         self.list: List[Summary] = []
         self._index: Dict[str, sympy.Expr] = {}
@@ -208,6 +211,8 @@ class _Summaries:
         max / suffix min of per-block extremes (binary search, O(N/B log)): sound for any tensor,
         exact when the tensor is sorted (document ids). Returns element bounds or None."""
         other = S.Q if var == S.KV else S.KV
+        if self.ranges < (2 if full else 1):
+            return None
         if not (isinstance(g, S.ILoad) and isinstance(-hrest, S.ILoad)):
             return None
         lv, lo_ = g, -hrest
@@ -807,6 +812,8 @@ def _full_blocks(lo, hi, blk, length, n_blocks):
 
 
 def derive(traced: TracedVariant) -> BlockPredicates:
+    """Block predicates of a traced variant. Runtime range summaries are dropped (sound, less skipping)
+    when a variant would need more per-block arrays than the kernel ABI has slots."""
     mask = traced.mask
     nqb = sympy.ceiling(S.QLEN / S.BQ)
     nkb = sympy.ceiling(S.KVLEN / S.BK)
@@ -816,9 +823,19 @@ def derive(traced: TracedVariant) -> BlockPredicates:
             q_lo=sympy.Integer(0), q_hi=nqb, q_full_lo=sympy.Integer(0), q_full_hi=nqb,
             tile_any=true, tile_all=true, needs_classifier=False, summaries=(),
         )
-    summ = _Summaries(traced.captured)
-    pos = nnf(mask)
-    neg = nnf(mask, negate=True)
+    for ranges in (2, 1, 0):
+        preds = _derive(traced, ranges)
+        if len(preds.summaries) <= MAX_SUMMARIES:
+            break
+    return preds  # still too many summaries: codegen says so, block_map works regardless
+
+
+def _derive(traced: TracedVariant, ranges: int) -> BlockPredicates:
+    nqb = sympy.ceiling(S.QLEN / S.BQ)
+    nkb = sympy.ceiling(S.KVLEN / S.BK)
+    summ = _Summaries(traced.captured, ranges)
+    pos = nnf(traced.mask)
+    neg = nnf(traced.mask, negate=True)
     box = tile_box()
     any_ = tile_any(pos, box, summ)
     all_ = Not(tile_any(neg, box, summ))

@@ -22,8 +22,7 @@ import torch
 from .errors import AttngenError, BuildError, InputError
 
 ABI_VERSION = 1
-MAX_CAPTURED = 8
-MAX_SUMMARIES = 8
+from .ir import MAX_CAPTURED, MAX_SUMMARIES  # noqa: E402  (the C ABI's slot counts)
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 _MAX_GRID_YZ = 65535

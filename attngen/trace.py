@@ -477,7 +477,11 @@ def _index_captured(t, index):
     if t.requires_grad:
         raise unsupported("a captured tensor that requires grad", "gradients to captured tensors are not supported yet: pass tensor.detach()")
     c = _tracer().capture(t)
-    return _wrap(S.load(c.name, *exprs, integer=c.integer))
+    value = S.load(c.name, *exprs, integer=c.integer)
+    if t.dtype == torch.bool:
+        # an element of a bool tensor is a condition (key padding: valid[kv_idx]), read as 0/1
+        return _wrap(sympy.Ne(value, 0))
+    return _wrap(value)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -26,6 +26,9 @@ DOCS = torch.randint(0, 5, (2100,), generator=_GEN).sort().values.to(DEV)
 DOCS_B = torch.randint(0, 4, (2, 2100), generator=_GEN).sort(dim=1).values.to(DEV)
 SLOPES = torch.exp2(-torch.arange(1, 9, dtype=torch.float32)).to(DEV)
 BIAS = (torch.randn(8, 4200, generator=_GEN) * 0.5).to(DEV, torch.bfloat16)
+VALID = (torch.rand(2100, generator=_GEN) > 0.3).to(DEV)
+DOCS_2 = torch.randint(0, 9, (2100,), generator=_GEN).sort().values.to(DEV)
+PAD = attngen.MaskMod(lambda b, h, q, k: VALID[k], "valid")
 
 
 def _bias_mod(s, b, h, q, k):
@@ -55,6 +58,8 @@ VARIANTS = {
     "prefix_or_window_not_chunk": attngen.compile(mask_mod=(attngen.prefix_lm(64) | attngen.sliding_window(128)) & ~attngen.chunked(500), backend=BACKEND),
     "bias_table": attngen.compile(score_mod=_bias_mod, causal=True, backend=BACKEND),
     "masked_rows": attngen.compile(mask_mod=_rowsink, backend=BACKEND),
+    "key_padding_document": attngen.compile(mask_mod=attngen.document(DOCS) & PAD, causal=True, backend=BACKEND),
+    "two_documents": attngen.compile(mask_mod=attngen.document(DOCS) & attngen.document(DOCS_2), backend=BACKEND),
 }
 # (variant, dtype, head dim) signatures exercised below; built in parallel up front
 MAIN = [(n, torch.bfloat16, 128) for n in VARIANTS]

@@ -21,6 +21,9 @@ torch.manual_seed(0)
 _DOCS = torch.randint(0, 7, (3000,)).sort().values
 _DOCS_UNSORTED = torch.randint(0, 40, (3000,))
 _DOCS_B = torch.randint(0, 5, (2, 3000)).sort(dim=1).values
+_DOCS_2 = torch.randint(0, 11, (3000,)).sort().values
+_VALID = torch.rand(3000) > 0.2  # key padding
+_PAD = attngen.MaskMod(lambda b, h, q, k: _VALID[k], "valid")
 
 
 def _custom_min(b, h, q, k):
@@ -73,6 +76,10 @@ SOUND_ONLY = [
     ("window_and_not_narrow_chunk", attngen.local(20, 20) & ~attngen.chunked(40)),
     ("document_unsorted", attngen.document(_DOCS_UNSORTED)),
     ("mod_two_vars", attngen.MaskMod(_custom_mod, "mod2")),
+    ("key_padding", _PAD),
+    ("document_and_padding_causal", attngen.document(_DOCS) & _PAD & attngen.causal()),
+    # 16 runtime arrays wanted, 8 slots in the kernel ABI: range searches are dropped, still sound
+    ("two_documents", attngen.document(_DOCS) & attngen.document(_DOCS_2)),
 ]
 
 
@@ -187,3 +194,20 @@ def test_block_map_at_one_million_tokens_is_fast(variant):
         t = m.reshape(128, 8192, 128).permute(1, 0, 2).reshape(8192, -1)
         want = torch.where(t.all(-1), FULL, torch.where(t.any(-1), PARTIAL, EMPTY)).to(torch.int8)
         assert torch.equal(bm[i], want)
+
+
+def test_runtime_summaries_fit_the_kernel_abi():
+    from attngen.ir import MAX_SUMMARIES
+
+    for v in (attngen.document(_DOCS) & attngen.document(_DOCS_2), attngen.document(_DOCS) & _PAD):
+        _, preds = analyze(v)
+        assert len(preds.summaries) <= MAX_SUMMARIES
+    _, one = analyze(attngen.document(_DOCS))
+    assert len(one.summaries) == 8  # min/max per q and kv block + block range + full range searches
+
+
+def test_key_padding_tiles_are_exact_at_the_block_level():
+    valid = torch.ones(1024, dtype=torch.bool)
+    valid[300:700] = False
+    bm = attngen.block_map(attngen.MaskMod(lambda b, h, q, k: valid[k], "valid"), 256, 1024, (64, 128))
+    assert bm[:, 3].eq(EMPTY).all() and bm[:, 0].eq(FULL).all() and bm[:, 2].eq(PARTIAL).all()

@@ -148,3 +148,9 @@ def test_compiled_call_checks_q_offset():
         with pytest.raises(attngen.InputError, match="q_offset"):
             attn(q, q, q, q_offset=bad)
     assert attn(q, q, q, q_offset=3).shape == q.shape
+
+
+def test_bool_tensor_element_is_a_condition():
+    valid = torch.tensor([True, False, True])
+    t = _mask(lambda b, h, q, k: valid[k] & (q >= k))
+    assert t.mask.has(S.ILoad) and t.captured[0].dtype == torch.bool
