@@ -6,7 +6,6 @@ on disk per signature.
 """
 from __future__ import annotations
 
-import operator
 import threading
 from collections import OrderedDict
 from typing import Optional, Tuple, Union
@@ -17,6 +16,7 @@ from .errors import InputError
 from .ir import BlockPredicates, TracedVariant
 from .mods import ScoreMod, Variant, as_mask_mod, as_score_mod, as_variant, compose
 from .predicates import derive
+from .reference import _check_offset
 from .trace import trace
 
 _ANALYSIS: "OrderedDict[tuple, tuple]" = OrderedDict()
@@ -77,18 +77,6 @@ def make_variant(score_mod=None, mask_mod=None, *, causal: bool = False, window=
     return Variant(score_mod=score, mask_mod=_mask_from_options(mask_mod, causal, window))
 
 
-def _check_q_offset(q_offset) -> int:
-    try:
-        if isinstance(q_offset, bool):
-            raise TypeError
-        off = operator.index(q_offset)  # ints, numpy ints, 0-d integer tensors
-    except TypeError:
-        off = None
-    if off is None or off < 0:
-        raise InputError(f"q_offset must be an int >= 0 (absolute position of query row 0), got {q_offset!r}")
-    return off
-
-
 class CompiledAttention:
     """A compiled variant. Call it like ``attn(q, k, v)`` with (B, H, L, D) tensors.
 
@@ -117,7 +105,7 @@ class CompiledAttention:
         if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
             raise InputError("q, k, v must be torch tensors of shape (B, H, L, D)")
         if q_offset.__class__ is not int or q_offset < 0:
-            q_offset = _check_q_offset(q_offset)
+            q_offset = _check_offset(q_offset)
         if self.backend == "reference" or not q.is_cuda:
             from . import reference
 

@@ -527,7 +527,7 @@ def _conj_any(atoms: Sequence, box: Box, summ) -> sympy.Basic:
         m_terms = [t for t in sympy.Add.make_args(e) if isinstance(t, sympy.Mod)]
         if isinstance(a, (sympy.Eq, sympy.Ne)) and len(m_terms) == 1 and m_terms[0].args[1].is_Integer:
             mt = m_terms[0]
-            r = sympy.expand(mt - e) if isinstance(a, sympy.Eq) else sympy.expand(mt - e)
+            r = sympy.expand(mt - e)  # the residue: Mod(x, m) ⋈ r
             if not r.has(S.Q) and not r.has(S.KV):
                 form, sign, const = _form_of(mt.args[0])
                 groups.setdefault(form, []).append(("mod" if isinstance(a, sympy.Eq) else "nmod", sign, const, mt.args[1], r))
@@ -755,7 +755,7 @@ def hull(f, var, other, obox: Box, dom: Tuple, summ, kernel=False):
     dlo, dhi = dom
     empty = (dhi + 1, dlo - 1)
     if f is true:
-        return dom if (kernel or True) else empty
+        return dom
     if f is false:
         return empty
     if isinstance(f, And):

@@ -143,8 +143,7 @@ def _boolean(e, op: str):
 
 
 def _floordiv(a, b):
-    if _is_int(a) and _is_int(b):
-        return sympy.floor(a / b)
+    # floor of the true quotient is Python's // for ints and floats alike
     return sympy.floor(a / b)
 
 
@@ -444,10 +443,10 @@ def _apply(name, fn, args, kwargs):
         return _wrap(_div(_num(_lift(args[0]), "/"), _num(_lift(args[1]), "/"), kwargs.get("rounding_mode")))
     if name in ("min", "max") and (len(args) != 2 or kwargs):
         raise unsupported(f"torch.{name} with a dim or one argument", f"use torch.{name}imum(a, b)")
-    extra = set(kwargs) - {"out"} if name != "where" else set(kwargs)
     if kwargs.get("out") is not None:
         raise unsupported(f"torch.{name}(..., out=...)", "mods must be pure: drop out=")
-    if extra - {"out"}:
+    extra = set(kwargs) - {"out"}
+    if extra:
         raise unsupported(f"torch.{name} with keyword arguments {sorted(extra)}", "pass plain positional arguments")
     lifted = [_lift(a) for a in args]
     if name not in ("where", "logical_and", "logical_or", "logical_not", "eq", "ne"):

@@ -143,18 +143,25 @@ def _key(name, dtype, hd, tiles):
             f"{'' if t.overlap else '_noov'}{'' if t.pingpong else '_nopp'}")
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    if not _have_nvcc():
-        pytest.skip("needs nvcc")
-    root = tmp_path_factory.mktemp("attngen_sm90")
+def _sources(configs) -> dict:
+    """One build.ninja for many libraries: each (fixture, dtype, head dim, tiles) in its own subdirectory,
+    the shared headers at the top."""
     sources = {}
-    for name, dtype, hd, tiles in COMPILE_SET:
+    for name, dtype, hd, tiles in configs:
         src = render_sm90(fixture_inc(name), dtype, hd, tiles)
         sub = _key(name, dtype, hd, tiles)
         sources[f"{sub}/{build.KERNEL_SOURCE}"] = src.pop(build.KERNEL_SOURCE)
         sources[f"{sub}/{build.VARIANT_INCLUDE}"] = src.pop(build.VARIANT_INCLUDE)
         sources.update(src)
+    return sources
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    if not _have_nvcc():
+        pytest.skip("needs nvcc")
+    root = tmp_path_factory.mktemp("attngen_sm90")
+    sources = _sources(COMPILE_SET)
     build.write_build_ninja(root, sources, "sm_90a", ["-Xptxas", "-v"])
     output = build.run_ninja(root, jobs=2)
     return root, output
@@ -317,16 +324,10 @@ def test_gpu_suite_helpers_are_importable():
 @pytest.fixture(scope="module")
 def sm90_build(tmp_path_factory):
     root = Path(os.environ.get("ATTNGEN_TEST_BUILD_DIR_SM90") or tmp_path_factory.mktemp("attngen_sm90_gpu"))
-    sources = {}
     wanted = [(n, d, hd, None) for n in GPU_VARIANTS for d in GPU_DTYPES for hd in GPU_HEAD_DIMS]
     wanted += [(n, torch.bfloat16, hd, alt[hd]) for alt in GPU_ALT.values() for n in ("causal", "alibi_doc")
                for hd in GPU_HEAD_DIMS]
-    for name, dtype, hd, tiles in wanted:
-        src = render_sm90(fixture_inc(name), dtype, hd, tiles)
-        sub = _key(name, dtype, hd, tiles)
-        sources[f"{sub}/{build.KERNEL_SOURCE}"] = src.pop(build.KERNEL_SOURCE)
-        sources[f"{sub}/{build.VARIANT_INCLUDE}"] = src.pop(build.VARIANT_INCLUDE)
-        sources.update(src)
+    sources = _sources(wanted)
     build.write_build_ninja(root, sources, "sm_90a")
     build.run_ninja(root, jobs=os.cpu_count())
     cache = {}
