@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device round on the H200: environment facts, parallel kernel builds + GPU tests, benchmark.
-# Usage (on the device, from the repo root): scripts/gpu_round.sh [tests|bench|sweep|sanitize|all]...
+# Usage (on the device, from the repo root): scripts/gpu_round.sh [tests|bench|sweep|sanitize|profile|all]...
 # Logs and results go to $OUT (the device tool brings that folder back) or benchmarks/results/latest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +39,19 @@ for step in "${steps[@]}"; do
       python scripts/sanitize_case.py --build
       for tool in memcheck racecheck; do
         timeout 120 compute-sanitizer --tool $tool python scripts/sanitize_case.py 2>&1 | tee "$RES/$tool.log" | tail -n 6
+      done ;;
+    profile)
+      # Nsight Compute on one warm launch per variant: stall reasons, pipe utilisation, hot SASS lines.
+      for var in ${PROFILE_VARIANTS:-full causal softcap}; do
+        python scripts/profile_case.py "$var" --build
+        timeout 150 ncu --clock-control none -k regex:attngen_fwd --launch-skip 1 --launch-count 1 \
+          --set full --import-source no -f -o "$RES/ncu-$var" python scripts/profile_case.py "$var" \
+          > "$RES/ncu-$var.log" 2>&1
+        ncu --import "$RES/ncu-$var.ncu-rep" --page details > "$RES/ncu-$var-details.txt" 2>&1
+        ncu --import "$RES/ncu-$var.ncu-rep" --page source --csv --print-source sass \
+          > "$RES/ncu-$var-sass.csv" 2>&1
+        grep -E "Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Registers Per" "$RES/ncu-$var-details.txt" | head -8
+        rm -f "$RES/ncu-$var.ncu-rep"
       done ;;
     tests|bench|all) ;;
     *) echo "unknown step $step"; rc=2 ;;

@@ -1,0 +1,30 @@
+"""One anchor-shaped launch for Nsight Compute: B=2, H=16, S=8192, D=128, bf16 (or --S/--D), after a
+warm-up launch, so `ncu --launch-skip 1 --launch-count 1 -k regex:attngen_fwd` profiles a warm kernel.
+`--build` only fills the kernel cache (run it outside ncu). Usage: profile_case.py VARIANT [--build]"""
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from bench_forward import make_variant  # noqa: E402
+
+import attngen  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("variant")
+p.add_argument("--build", action="store_true")
+p.add_argument("--backend", default="auto")
+p.add_argument("--S", type=int, default=8192)
+p.add_argument("--D", type=int, default=128)
+args = p.parse_args()
+B, H = 2, 16
+score_mod, mask_mod = make_variant(args.variant, args.S, H, "cuda")
+attn = attngen.compile(score_mod=score_mod, mask_mod=mask_mod, backend=args.backend)
+q, k, v = (torch.randn(B, H, args.S, args.D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+attn(q, k, v)  # builds (or loads) the kernel; with --build that is all
+if not args.build:
+    attn(q, k, v)
+torch.cuda.synchronize()
+print("profiled", attn.name)
