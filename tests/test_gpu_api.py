@@ -104,7 +104,8 @@ def _ref64(q, k, v, variant, scale, q_offset=0):
     return out, lse
 
 
-def _run_case(name, dtype=torch.bfloat16, D=128, B=2, Hq=8, Hkv=8, Lq=777, Lk=777, q_offset=0, layout="bhld"):
+def _run_case(name, dtype=torch.bfloat16, D=128, B=2, Hq=8, Hkv=8, Lq=777, Lk=777, q_offset=0, layout="bhld",
+              scale=None):
     attn = VARIANTS[name]
     g = torch.Generator(device=DEV).manual_seed(hash((name, str(dtype), D, Lq, Lk, Hkv, q_offset)) % (2 ** 31))
     if layout == "blhd":  # (B, L, H, D) storage viewed as (B, H, L, D): non-contiguous strides
@@ -114,8 +115,9 @@ def _run_case(name, dtype=torch.bfloat16, D=128, B=2, Hq=8, Hkv=8, Lq=777, Lk=77
     else:
         q, k, v = (torch.randn(B, H, L, D, device=DEV, dtype=dtype, generator=g)
                    for H, L in ((Hq, Lq), (Hkv, Lk), (Hkv, Lk)))
-    scale = D ** -0.5
-    out, lse = attn(q, k, v, return_lse=True, q_offset=q_offset)
+    given = scale
+    scale = D ** -0.5 if scale is None else scale
+    out, lse = attn(q, k, v, return_lse=True, q_offset=q_offset, scale=given)
     torch.cuda.synchronize()
     ref, ref_lse = _ref64(q, k, v, attn.variant, scale, q_offset)
     eager = _eager(q, k, v, attn.variant, scale, q_offset)
@@ -156,6 +158,14 @@ def test_odd_lengths_and_offsets(name, Lq, Lk, q_offset):
     if name == "document" and q_offset + Lq > DOCS.numel():
         pytest.skip("doc ids shorter than the positions")
     _run_case(name, Lq=Lq, Lk=Lk, q_offset=q_offset)
+
+
+@pytest.mark.parametrize("scale", [0.3, -0.08, 0.0])
+@pytest.mark.parametrize("name", ["full", "causal", "softcap"])
+def test_explicit_scale(name, scale):
+    """Scales other than 1/sqrt(D), negative and zero included (the SM90 kernel folds the scale into
+    the exponent for variants without score_mod; the API rewrites scale <= 0 exactly)."""
+    _run_case(name, scale=scale, Lq=300, Lk=500)
 
 
 @pytest.mark.parametrize("name", ["causal", "bias_table"])

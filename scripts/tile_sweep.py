@@ -1,0 +1,98 @@
+"""SM90 tile experiments: build one variant at several (BK, stages, overlap, pingpong) settings and time
+each side by side (B=2, H=16, S=8192, D=128 bf16 by default), checked against SDPA / the default
+library. Needs nvcc; timing needs a GPU (--build-only reports registers/spills without one).
+Usage: tile_sweep.py [--variants full,causal,softcap] [--tiles 128x2,144x2,160x2,176x2] [--build-only]"""
+import argparse
+import concurrent.futures as cf
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import torch  # noqa: E402
+
+import attngen  # noqa: E402
+from attngen import build  # noqa: E402
+from attngen.codegen import render_variant_inc  # noqa: E402
+from bench_forward import make_variant, sdpa_time  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--variants", default="full,causal,softcap")
+p.add_argument("--tiles", default="128x2,144x2,160x2,176x2")
+p.add_argument("--S", type=int, default=8192)
+p.add_argument("--D", type=int, default=128)
+p.add_argument("--build-only", action="store_true")
+args = p.parse_args()
+
+
+def parse_tiles(spec):
+    # 128x2, 128x2-nopp (no pingpong), 128x2-noov (no intra-warpgroup overlap)
+    bk, rest = spec.split("x")
+    st, *flags = rest.split("-")
+    return build.Sm90Tiles(int(bk), int(st), overlap="noov" not in flags, pingpong="nopp" not in flags)
+
+
+B, H, S, D = 2, 16, args.S, args.D
+work = Path(tempfile.mkdtemp(prefix="tile_sweep_"))
+jobs = []
+for var in args.variants.split(","):
+    score_mod, mask_mod = make_variant(var, S, H, "cuda" if torch.cuda.is_available() else "cpu")
+    attn = attngen.compile(score_mod=score_mod, mask_mod=mask_mod)
+    inc = render_variant_inc(attn.traced, attn.predicates)
+    for spec in args.tiles.split(","):
+        d = work / f"{var}-{spec}"
+        d.mkdir()
+        srcs = build.render_sources(inc, torch.bfloat16, D, "sm_90a", tiles=parse_tiles(spec), kernel="sm90")
+        build.write_build_ninja(d, srcs, "sm_90a", flags=["-Xptxas", "-v"])
+        jobs.append((var, spec, attn, d))
+
+
+def run(job):
+    var, spec, attn, d = job
+    try:
+        out = build.run_ninja(d)
+    except Exception as e:  # noqa: BLE001 (a config that does not compile is a result too)
+        return job, f"build failed: {str(e).splitlines()[-1][:200]}"
+    regs = re.findall(r"Used (\d+) registers", out)
+    spill = re.findall(r"(\d+) bytes spill stores", out)
+    return job, f"regs {regs[-1] if regs else '?'} spill {spill[-1] if spill else '?'}"
+
+
+with cf.ThreadPoolExecutor(8) as ex:
+    built = list(ex.map(run, jobs))
+for (var, spec, _, _), info in built:
+    print(f"{var:10s} {spec:14s} {info}", flush=True)
+if args.build_only:
+    sys.exit(0)
+
+from triton.testing import do_bench  # noqa: E402
+
+from attngen.runtime import forward, load_library  # noqa: E402
+
+g = torch.Generator(device="cuda").manual_seed(0)
+q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+dens = {}
+print(f"\n| variant | tiles | ms | TFLOP/s | max err vs default |")
+print("|---|---|---|---|---|")
+for (var, spec, attn, d), info in built:
+    if info.startswith("build failed"):
+        continue
+    if var not in dens:
+        dens[var] = attngen.reference.mask_density(attn.variant, B, H, S, S, device="cuda") if attn.traced.has_mask else 1.0
+        ref = attn(q, k, v)
+    lib = load_library(d / build.LIBRARY_NAME)
+    fn = lambda: forward(lib, q, k, v)  # noqa: E731
+    out = fn()
+    err = (out.float() - ref.float()).abs().max().item()
+    ms = do_bench(fn, warmup=50, rep=200, quantiles=[0.5])
+    ms = ms[0] if isinstance(ms, (list, tuple)) else ms
+    tf = 4 * B * H * S * S * D * dens[var] / ms / 1e9
+    print(f"| {var} | {spec} | {ms:.3f} | {tf:.1f} | {err:.2e} |", flush=True)
+for var in ("full", "causal"):
+    if var in dens:
+        ms, be = sdpa_time(q, k, v, causal=var == "causal")
+        print(f"| {var} | SDPA ({be}) | {ms:.3f} | {4 * B * H * S * S * D * dens[var] / ms / 1e9:.1f} | |", flush=True)
