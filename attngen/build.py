@@ -258,13 +258,14 @@ class Sm90Tiles:
     stages: int
     overlap: bool = True  # issue the next Q.K^T before this tile's softmax (intra-warpgroup overlap)
     pingpong: bool = True  # alternate softmax and GEMMs between the two consumer warpgroups
+    softmax_block: bool = False  # keep the overlapped softmax in its own basic block (see the template)
     block_q: int = 128
 
     def smem_bytes(self, head_dim: int) -> int:
         """Dynamic shared memory: 1 KiB alignment slack, the Q tile, the K/V ring, mbarriers."""
         q = self.block_q * head_dim * 2
         kv = self.block_k * head_dim * 2
-        return 1024 + q + 2 * self.stages * kv + 8 * (1 + 3 * self.stages)
+        return 1024 + q + 2 * self.stages * kv + 8 * (1 + 4 * self.stages)
 
 
 # Defaults per head dim (BK=128 at d64/d128 as FA3; d256 is bounded by the 227 KiB of shared memory).
@@ -324,7 +325,7 @@ def _render_sm90(variant_inc: str, dtype, head_dim: int, arch: str, tiles) -> di
     kernel = _jinja_env().get_template("fwd_sm90.cu.j2").render(
         elem_type=elem_type, dtype_code=dtype_code, dtype_name=dtype_name, head_dim=head_dim,
         block_q=tiles.block_q, block_k=tiles.block_k, stages=tiles.stages, overlap=tiles.overlap,
-        pingpong=tiles.pingpong, arch_number=90, variant_include=VARIANT_INCLUDE,
+        pingpong=tiles.pingpong, softmax_block=tiles.softmax_block, arch_number=90, variant_include=VARIANT_INCLUDE,
     )
     sources = {KERNEL_SOURCE: kernel, VARIANT_INCLUDE: variant_inc}
     for name in SM90_HEADERS:

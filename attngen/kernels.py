@@ -163,15 +163,6 @@ def run_forward(attn, q, k, v, *, scale=None, return_lse=False, q_offset=0, kern
     if q.dim() != 4:
         raise InputError(f"q must have shape (B, H, L, D), got {tuple(q.shape)}")
     head_dim = q.shape[-1]
-    if scale is not None:
-        scale = float(scale)
-        if not math.isfinite(scale):
-            raise InputError(f"scale must be a finite number, got {scale}; pass None for 1/sqrt(head_dim)")
-        if scale <= 0.0 and not attn.traced.has_score_mod:
-            # The SM90 kernel takes the row max over raw q.k (scale folded into the exponent), which
-            # needs scale > 0. Both rewrites are exact: softmax(s * qk) = softmax(|s| * (-q)k), and
-            # scale 0 makes every score 0, as q = 0 with scale 1 does.
-            q, scale = (-q, -scale) if scale < 0.0 else (torch.zeros_like(q), 1.0)
     dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
     lib = _library(attn, q.dtype, head_dim, dev, kernel)
     try:

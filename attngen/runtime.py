@@ -301,6 +301,10 @@ def _check_lse_out(lse: torch.Tensor, shape: tuple, device: torch.device) -> Non
         raise InputError(f"lse_out must be a contiguous {shape} float32 tensor on {device}, got {got}")
 
 
+# attngen_fwd's return code for "no score_mod and scale <= 0" (fwd_sm90.cu.j2); forward() rewrites the call.
+ERROR_SCALE_NOT_POSITIVE = 9003
+
+
 def forward(
     lib: KernelLibrary,
     q: torch.Tensor,
@@ -354,6 +358,8 @@ def forward(
     Hkv, Lk = ksh[1], ksh[2]
     if scale is None:
         scale = 1.0 / math.sqrt(D)
+    elif not math.isfinite(scale):
+        raise InputError(f"scale must be a finite number, got {scale}; pass None for 1/sqrt(head_dim)")
     if q_offset.__class__ is not int:
         q_offset = int(q_offset)
     if not (-(2**31) <= q_offset and q_offset + Lq < 2**31 and Lq < 2**31 and Lk < 2**31):
@@ -390,6 +396,13 @@ def forward(
         # The library's (static) CUDA runtime launches into the thread's current context: make it q's.
         with torch.cuda.device(dev):
             rc = lib.launch(packed, _raw_stream(dev))
+    if rc == ERROR_SCALE_NOT_POSITIVE:
+        # The SM90 kernel of a variant without score_mod takes the row max over raw q.k (the scale is
+        # folded into the exponent), which needs scale > 0. Both rewrites are exact: softmax(s * qk)
+        # = softmax(|s| * (-q)k), and scale 0 makes every score 0, as q = 0 with scale 1 does.
+        q2, scale2 = (-q, -scale) if scale < 0 else (torch.zeros_like(q), 1.0)
+        return forward(lib, q2, k, v, scale=scale2, q_offset=q_offset, return_lse=return_lse, captured=captured,
+                       summaries=summaries, out=out, lse_out=lse)
     if rc != 0:
         raise KernelLaunchError(
             f"launching the attention kernel ({lib.path}) failed: CUDA error {rc} ({lib.error_string(rc)}); "

@@ -30,10 +30,11 @@ args = p.parse_args()
 
 
 def parse_tiles(spec):
-    # 128x2, 128x2-nopp (no pingpong), 128x2-noov (no intra-warpgroup overlap)
+    # 128x2, 128x2-nopp (no pingpong), 128x2-noov (no intra-warpgroup overlap), 128x2-sb (softmax block)
     bk, rest = spec.split("x")
     st, *flags = rest.split("-")
-    return build.Sm90Tiles(int(bk), int(st), overlap="noov" not in flags, pingpong="nopp" not in flags)
+    return build.Sm90Tiles(int(bk), int(st), overlap="noov" not in flags, pingpong="nopp" not in flags,
+                           softmax_block="sb" in flags)
 
 
 B, H, S, D = 2, 16, args.S, args.D
