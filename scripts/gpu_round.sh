@@ -34,7 +34,11 @@ for step in "${steps[@]}"; do
       python benchmarks/bench_forward.py --out "$RES" 2>&1 | tee "$RES/bench.log" | tail -n 40 ;;&
     sweep)
       python benchmarks/bench_forward.py --no-anchors --no-compile-figures --sweep --out "$RES" 2>&1 | tee "$RES/sweep.log" | tail -n 40
-      python benchmarks/plot_sweep.py "$(ls -t "$RES"/forward-*.json | head -1)" --out "$RES" ;;
+      if python -c "import matplotlib" 2>/dev/null; then
+        python benchmarks/plot_sweep.py "$(ls -t "$RES"/forward-*.json | head -1)" --out "$RES"
+      else
+        echo "no matplotlib here: plot with benchmarks/plot_sweep.py on another machine"
+      fi ;;
     sanitize)
       python scripts/sanitize_case.py --build
       for tool in memcheck racecheck; do

@@ -30,11 +30,11 @@ args = p.parse_args()
 
 
 def parse_tiles(spec):
-    # 128x2, 128x2-nopp (no pingpong), 128x2-noov (no intra-warpgroup overlap), 128x2-sb (softmax block)
+    # 128x2, 128x2-nopp (no pingpong), 128x2-noov (no intra-warpgroup overlap), 128x2-grid (one CTA per tile)
     bk, rest = spec.split("x")
     st, *flags = rest.split("-")
     return build.Sm90Tiles(int(bk), int(st), overlap="noov" not in flags, pingpong="nopp" not in flags,
-                           softmax_block="sb" in flags)
+                           persistent="grid" not in flags)
 
 
 B, H, S, D = 2, 16, args.S, args.D
@@ -86,7 +86,10 @@ for (var, spec, attn, d), info in built:
         dens[var] = attngen.reference.mask_density(attn.variant, B, H, S, S, device="cuda") if attn.traced.has_mask else 1.0
         ref = attn(q, k, v)
     lib = load_library(d / build.LIBRARY_NAME)
-    fn = lambda: forward(lib, q, k, v)  # noqa: E731
+    captured = [c.tensor for c in attn.traced.captured]
+    tensors = {c.name: t for c, t in zip(attn.traced.captured, captured)}
+    summaries = [sm.compute(tensors, lib.block_q, lib.block_k, S, S, 0) for sm in attn.predicates.summaries]
+    fn = lambda: forward(lib, q, k, v, captured=captured, summaries=summaries)  # noqa: E731
     out = fn()
     err = (out.float() - ref.float()).abs().max().item()
     ms = do_bench(fn, warmup=50, rep=200, quantiles=[0.5])
