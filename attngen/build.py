@@ -258,7 +258,9 @@ class Sm90Tiles:
     stages: int
     overlap: bool = True  # issue the next Q.K^T before this tile's softmax (intra-warpgroup overlap)
     pingpong: bool = True  # alternate softmax and GEMMs between the two consumer warpgroups
-    persistent: bool = True  # grid = number of SMs, each CTA walks work tiles (else one CTA per tile)
+    # grid = number of SMs, each CTA walks work tiles in snake order; off (one CTA per tile) measured
+    # faster on the H200 anchors (benchmarks/results/2026-11-29-h200-sm90-r2/tiles.log)
+    persistent: bool = False
     block_q: int = 128
 
     def smem_bytes(self, head_dim: int) -> int:

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 import attngen  # noqa: E402
 from attngen import build  # noqa: E402
 from attngen.codegen import render_variant_inc  # noqa: E402
-from bench_forward import make_variant, sdpa_time  # noqa: E402
+from bench_forward import heat_gpu, make_variant, sdpa_time  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--variants", default="full,causal,softcap")
@@ -30,11 +30,11 @@ args = p.parse_args()
 
 
 def parse_tiles(spec):
-    # 128x2, 128x2-nopp (no pingpong), 128x2-noov (no intra-warpgroup overlap), 128x2-grid (one CTA per tile)
+    # 128x2, 128x2-nopp (no pingpong), 128x2-noov (no intra-warpgroup overlap), 128x2-pers (persistent)
     bk, rest = spec.split("x")
     st, *flags = rest.split("-")
     return build.Sm90Tiles(int(bk), int(st), overlap="noov" not in flags, pingpong="nopp" not in flags,
-                           persistent="grid" not in flags)
+                           persistent="pers" in flags)
 
 
 B, H, S, D = 2, 16, args.S, args.D
@@ -77,6 +77,7 @@ from attngen.runtime import forward, load_library  # noqa: E402
 g = torch.Generator(device="cuda").manual_seed(0)
 q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
 dens = {}
+heat_gpu("cuda")
 print(f"\n| variant | tiles | ms | TFLOP/s | max err vs default |")
 print("|---|---|---|---|---|")
 for (var, spec, attn, d), info in built:

@@ -102,13 +102,13 @@ def test_render(hd, dtype):
     assert f"constexpr int D = {hd};" in cu and "constexpr int BQ = 128;" in cu
     assert f"constexpr int BK = {cfg.block_k};" in cu and f"constexpr int STAGES = {cfg.stages};" in cu
     assert "constexpr bool PINGPONG = true;" in cu and "constexpr bool OVERLAP = true;" in cu
-    assert "constexpr bool PERSISTENT = true;" in cu
+    assert "constexpr bool PERSISTENT = false;" in cu
     assert ("using Elem = __nv_bfloat16;" if dtype == torch.bfloat16 else "using Elem = __half;") in cu
     assert '#include "variant.inc"' in cu and "{{" not in cu and "{%" not in cu
     for h in SM90_HEADERS:
         assert f'#include "{h}"' in cu
-    off = render_sm90(fixture_inc("causal"), dtype, hd, replace(cfg, overlap=False, pingpong=False, persistent=False))
-    assert "constexpr bool PERSISTENT = false;" in off[build.KERNEL_SOURCE]
+    off = render_sm90(fixture_inc("causal"), dtype, hd, replace(cfg, overlap=False, pingpong=False, persistent=True))
+    assert "constexpr bool PERSISTENT = true;" in off[build.KERNEL_SOURCE]
     assert "constexpr bool PINGPONG = false;" in off[build.KERNEL_SOURCE]
     assert "constexpr bool OVERLAP = false;" in off[build.KERNEL_SOURCE]
 
@@ -142,7 +142,7 @@ COMPILE_SET = [
 def _key(name, dtype, hd, tiles):
     t = tiles or SM90_TILES[hd]
     return (f"{name}_{str(dtype).replace('torch.', '')}_{hd}_bk{t.block_k}s{t.stages}"
-            f"{'' if t.overlap else '_noov'}{'' if t.pingpong else '_nopp'}{'' if t.persistent else '_grid'}")
+            f"{'' if t.overlap else '_noov'}{'' if t.pingpong else '_nopp'}{'_pers' if t.persistent else ''}")
 
 
 def _sources(configs) -> dict:
@@ -311,7 +311,7 @@ GPU_ALT = {
     "noov": {hd: replace(SM90_TILES[hd], overlap=False) for hd in GPU_HEAD_DIMS},
     "nopp": {hd: replace(SM90_TILES[hd], pingpong=False) for hd in GPU_HEAD_DIMS},
     "plain": {hd: replace(SM90_TILES[hd], overlap=False, pingpong=False) for hd in GPU_HEAD_DIMS},
-    "grid": {hd: replace(SM90_TILES[hd], persistent=False) for hd in GPU_HEAD_DIMS},
+    "persistent": {hd: replace(SM90_TILES[hd], persistent=True) for hd in GPU_HEAD_DIMS},
     "ladder1": {hd: LADDER[hd][1] for hd in GPU_HEAD_DIMS},
     "ladder_last": {hd: LADDER[hd][-1] for hd in GPU_HEAD_DIMS},
 }
