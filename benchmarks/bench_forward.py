@@ -321,6 +321,7 @@ def run_sweep(args, dtype, device):
 
     from attngen import variants as V
 
+    heat_gpu(device)
     rows = []
     compiled = {}
     for D in SWEEP_D:
