@@ -46,6 +46,7 @@ lines = ["| mask | S | D | attngen TFLOP/s | SDPA TFLOP/s | attngen/SDPA |", "|-
 for r in sorted(rows, key=lambda r: (r["variant"], r["D"], r["S"])):
     a, s = r.get("attngen_tflops"), r.get("sdpa_tflops")
     ratio = f"{a / s:.2f}x" if a and s else "n/a"
-    lines.append(f"| {r['variant']} | {r['S']} | {r['D']} | {a or 'n/a'} | {s or 'n/a'} | {ratio} |")
+    lines.append(f"| {r['variant']} | {r['S']} | {r['D']} | {f'{a:.1f}' if a else 'n/a'} | {f'{s:.1f}' if s else 'n/a'} "
+                 f"| {ratio} |")
 (out / "sweep.md").write_text(f"# Forward sweep ({meta.get('device', '')}, {meta.get('date', '')})\n\n" + "\n".join(lines) + "\n")
 print(f"wrote {out / 'sweep.png'} and {out / 'sweep.md'}")

@@ -37,7 +37,12 @@ for name, attn, dims in cases:
     for d in dims:
         lib = build_kernel(attn, torch.bfloat16, d, "sm_90a", args.kernel)
         res = subprocess.run([args.cuobjdump, "--dump-resource-usage", str(lib)], capture_output=True, text=True).stdout
-        sass = subprocess.run([args.cuobjdump, "--dump-sass", str(lib)], capture_output=True, text=True).stdout
+        # cuobjdump --dump-sass runs nvdisasm, found on PATH: put the cuobjdump directory there too
+        env = dict(os.environ, PATH=os.path.dirname(args.cuobjdump) + os.pathsep + os.environ.get("PATH", ""))
+        done = subprocess.run([args.cuobjdump, "--dump-sass", str(lib)], capture_output=True, text=True, env=env)
+        sass = done.stdout
+        if "Function :" not in sass:
+            sys.exit(f"cuobjdump --dump-sass gave no SASS for {lib} (is nvdisasm on PATH?): {done.stderr[-500:]}")
         m = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", res, re.S)
         reg, shared, local = (m.groups() if m else ("?", "?", "?"))
         n_hgmma, n_ldl, n_stl = (len(re.findall(pat, sass)) for pat in (r"HGMMA", r"\bLDL", r"\bSTL"))
