@@ -18,6 +18,7 @@ from . import __version__
 from .build import (
     LIBRARY_NAME,
     SM90_FALLBACK_CODES,
+    SM90_TILES,
     SUPPORTED_HEAD_DIMS,
     current_arch,
     find_nvcc,
@@ -25,6 +26,7 @@ from .build import (
     render_sources,
     run_ninja,
     template_hash,
+    tile_config,
     write_build_ninja,
 )
 from .cache import default_cache
@@ -70,6 +72,8 @@ def signature_fields(attn, dtype: torch.dtype, head_dim: int, arch: str, kernel:
         "head_dim": head_dim,
         "arch": arch,
         "kernel": kernel,
+        # tile settings live in build.py, not in the templates: they change the binary too
+        "tiles": repr(SM90_TILES[head_dim] if kernel == "sm90" else tile_config(head_dim, arch)),
         "fast_math": attn.fast_math,
         "templates": _template_hash(),
         "attngen": __version__,

@@ -384,3 +384,23 @@ def test_load_library_rejects_other_files(tmp_path):
     p.write_text("nope")
     with pytest.raises(BuildError, match="rebuilt"):
         runtime.load_library(p)
+
+
+def test_signature_covers_tile_settings(monkeypatch):
+    """Tile sizes are set in build.py, outside the hashed templates: they must still change the cache key."""
+    from dataclasses import replace
+
+    import torch
+
+    import attngen
+    from attngen import kernels
+    from attngen.cache import cache_key
+
+    attn = attngen.compile(causal=True)
+    fields = kernels.signature_fields(attn, torch.bfloat16, 128, "sm_90a", "sm90")
+    tiles = dict(kernels.SM90_TILES)
+    tiles[128] = replace(tiles[128], persistent=not tiles[128].persistent)
+    monkeypatch.setattr(kernels, "SM90_TILES", tiles)
+    assert cache_key(kernels.signature_fields(attn, torch.bfloat16, 128, "sm_90a", "sm90")) != cache_key(fields)
+    sm80 = kernels.signature_fields(attn, torch.bfloat16, 128, "sm_80", "sm80")
+    assert "block_k" in sm80["tiles"] and sm80["tiles"] != fields["tiles"]
