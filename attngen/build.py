@@ -261,6 +261,9 @@ class Sm90Tiles:
     # grid = number of SMs, each CTA walks work tiles in snake order; off (one CTA per tile) measured
     # faster on the H200 anchors (benchmarks/results/2026-11-29-h200-sm90-r2/tiles.log)
     persistent: bool = False
+    # > 0: keep a row's running max while it grows by at most this (log2 units) and skip rescaling O
+    # (FA4's conditional rescale); not yet measured on the device, so off
+    rescale_threshold: float = 0.0
     block_q: int = 128
 
     def smem_bytes(self, head_dim: int) -> int:
@@ -328,7 +331,8 @@ def _render_sm90(variant_inc: str, dtype, head_dim: int, arch: str, tiles) -> di
     kernel = _jinja_env().get_template("fwd_sm90.cu.j2").render(
         elem_type=elem_type, dtype_code=dtype_code, dtype_name=dtype_name, head_dim=head_dim,
         block_q=tiles.block_q, block_k=tiles.block_k, stages=tiles.stages, overlap=tiles.overlap,
-        pingpong=tiles.pingpong, persistent=tiles.persistent, arch_number=90, variant_include=VARIANT_INCLUDE,
+        pingpong=tiles.pingpong, persistent=tiles.persistent, rescale_threshold=float(tiles.rescale_threshold),
+        arch_number=90, variant_include=VARIANT_INCLUDE,
     )
     sources = {KERNEL_SOURCE: kernel, VARIANT_INCLUDE: variant_inc}
     for name in SM90_HEADERS:

@@ -142,7 +142,8 @@ COMPILE_SET = [
 def _key(name, dtype, hd, tiles):
     t = tiles or SM90_TILES[hd]
     return (f"{name}_{str(dtype).replace('torch.', '')}_{hd}_bk{t.block_k}s{t.stages}"
-            f"{'' if t.overlap else '_noov'}{'' if t.pingpong else '_nopp'}{'_pers' if t.persistent else ''}")
+            f"{'' if t.overlap else '_noov'}{'' if t.pingpong else '_nopp'}{'_pers' if t.persistent else ''}"
+            f"{f'_rt{t.rescale_threshold:g}' if t.rescale_threshold else ''}")
 
 
 def _sources(configs) -> dict:
@@ -312,6 +313,7 @@ GPU_ALT = {
     "nopp": {hd: replace(SM90_TILES[hd], pingpong=False) for hd in GPU_HEAD_DIMS},
     "plain": {hd: replace(SM90_TILES[hd], overlap=False, pingpong=False) for hd in GPU_HEAD_DIMS},
     "persistent": {hd: replace(SM90_TILES[hd], persistent=True) for hd in GPU_HEAD_DIMS},
+    "rescale8": {hd: replace(SM90_TILES[hd], rescale_threshold=8.0) for hd in GPU_HEAD_DIMS},
     "ladder1": {hd: LADDER[hd][1] for hd in GPU_HEAD_DIMS},
     "ladder_last": {hd: LADDER[hd][-1] for hd in GPU_HEAD_DIMS},
 }
@@ -425,6 +427,9 @@ def test_gpu_template_paths(sm90_build, ref, alt, hd):
     ref.run_case(libs_alt, "causal", torch.bfloat16, hd, B=2, Hq=4, Hkv=2, Lq=333, Lk=700, q_offset=367)
     ref.run_case(libs_alt, "causal", torch.bfloat16, hd, B=1, Hq=2, Hkv=1, Lq=1, Lk=1)
     ref.run_case(libs_alt, "alibi_doc", torch.bfloat16, hd, B=1, Hq=2, Hkv=1, Lq=700, Lk=900, q_offset=100, seed=5)
+    if tiles.persistent:
+        # more work tiles (2 x 12 x 9 = 216) than an H100/H200 has SMs: CTAs walk several tiles, in snake rounds
+        ref.run_case(libs_alt, "causal", torch.bfloat16, hd, B=2, Hq=12, Hkv=4, Lq=1100, Lk=1300, q_offset=200)
 
 
 @pytest.mark.gpu
