@@ -6,7 +6,7 @@ a dict lookup plus the ctypes launch.
 """
 from __future__ import annotations
 
-import math
+import re
 import threading
 import time
 from pathlib import Path
@@ -18,6 +18,7 @@ from . import __version__
 from .build import (
     LIBRARY_NAME,
     SM90_FALLBACK_CODES,
+    SM90_LADDER,
     SM90_TILES,
     SUPPORTED_HEAD_DIMS,
     current_arch,
@@ -72,8 +73,9 @@ def signature_fields(attn, dtype: torch.dtype, head_dim: int, arch: str, kernel:
         "head_dim": head_dim,
         "arch": arch,
         "kernel": kernel,
-        # tile settings live in build.py, not in the templates: they change the binary too
-        "tiles": repr(SM90_TILES[head_dim] if kernel == "sm90" else tile_config(head_dim, arch)),
+        # tile settings live in build.py, not in the templates: they change the binary too (with
+        # SM90_SPILL_LADDER the whole ladder, since the build takes its first rung that does not spill)
+        "tiles": repr(_sm90_tile_choices(head_dim) if kernel == "sm90" else tile_config(head_dim, arch)),
         "fast_math": attn.fast_math,
         "templates": _template_hash(),
         "attngen": __version__,
@@ -104,14 +106,18 @@ def build_kernel(attn, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128,
     def build(tmpdir: Path) -> dict:
         t0 = time.perf_counter()
         inc = render_variant_inc(attn.traced, attn.predicates, fast_tanh=attn.fast_math, fast_exp2=attn.fast_math)
-        sources = render_sources(inc, dtype, head_dim, arch, kernel=kind)
-        write_build_ninja(tmpdir, sources, arch)
-        run_ninja(tmpdir)
+        info = {}
+        if kind == "sm90" and SM90_SPILL_LADDER:
+            tiles, spill = build_sm90_ladder(tmpdir, inc, dtype, head_dim, arch)
+            info = {"tiles": repr(tiles), "spill_bytes": spill}
+        else:
+            write_build_ninja(tmpdir, render_sources(inc, dtype, head_dim, arch, kernel=kind), arch)
+            run_ninja(tmpdir)
         for p in tmpdir.glob("*.o"):
             p.unlink()
         for p in tmpdir.glob("*.o.d"):
             p.unlink()
-        return {"compiler": find_nvcc(), "build_seconds": round(time.perf_counter() - t0, 3)}
+        return {"compiler": find_nvcc(), "build_seconds": round(time.perf_counter() - t0, 3), **info}
 
     meta = {
         "fields": fields,
@@ -122,6 +128,42 @@ def build_kernel(attn, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128,
         },
     }
     return default_cache().get_or_build(key, name, build, meta=meta, artifact=LIBRARY_NAME)
+
+
+# Build SM90 kernels with the first SM90_LADDER rung that does not spill, instead of SM90_TILES always.
+# Off until a device round has run the GPU suite with it: several test variants (bias table, key padding,
+# two documents, ...) then get rungs the suite has only run on other variants.
+SM90_SPILL_LADDER = False
+
+
+def _sm90_tile_choices(head_dim: int):
+    return SM90_LADDER[head_dim] if SM90_SPILL_LADDER else SM90_TILES[head_dim]
+
+
+def ptxas_spill_bytes(output: str) -> Optional[int]:
+    """Spill store + load bytes in `-Xptxas -v` output (one kernel per library); None without a report."""
+    found = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", output)
+    return sum(int(a) + int(b) for a, b in found) if found else None
+
+
+def build_sm90_ladder(build_dir: Path, variant_inc: str, dtype, head_dim: int, arch: str):
+    """Build the SM90 library in build_dir with the first rung of SM90_LADDER[head_dim] that ptxas
+    compiles without spilling (mods that keep many values live push the default tiles over the register
+    budget); when every rung spills, the one that spills least. Returns (tiles, spill bytes)."""
+    spills = []
+    for tiles in SM90_LADDER[head_dim]:
+        write_build_ninja(build_dir, render_sources(variant_inc, dtype, head_dim, arch, tiles=tiles, kernel="sm90"),
+                          arch, ["-Xptxas", "-v"])
+        spill = ptxas_spill_bytes(run_ninja(build_dir)) or 0
+        if spill == 0:
+            return tiles, 0
+        spills.append((spill, tiles))
+    spill, tiles = min(spills, key=lambda x: x[0])
+    if tiles != SM90_LADDER[head_dim][-1]:  # the directory holds the last rung's build
+        write_build_ninja(build_dir, render_sources(variant_inc, dtype, head_dim, arch, tiles=tiles, kernel="sm90"),
+                          arch, ["-Xptxas", "-v"])
+        run_ninja(build_dir)
+    return tiles, spill
 
 
 def _library(attn, dtype, head_dim, device_index: int, kernel: Optional[str] = None):

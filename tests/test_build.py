@@ -401,6 +401,9 @@ def test_signature_covers_tile_settings(monkeypatch):
     tiles = dict(kernels.SM90_TILES)
     tiles[128] = replace(tiles[128], persistent=not tiles[128].persistent)
     monkeypatch.setattr(kernels, "SM90_TILES", tiles)
-    assert cache_key(kernels.signature_fields(attn, torch.bfloat16, 128, "sm_90a", "sm90")) != cache_key(fields)
+    changed = kernels.signature_fields(attn, torch.bfloat16, 128, "sm_90a", "sm90")
+    assert cache_key(changed) != cache_key(fields)
+    monkeypatch.setattr(kernels, "SM90_SPILL_LADDER", not kernels.SM90_SPILL_LADDER)  # ladder on/off: other keys
+    assert cache_key(kernels.signature_fields(attn, torch.bfloat16, 128, "sm_90a", "sm90")) != cache_key(changed)
     sm80 = kernels.signature_fields(attn, torch.bfloat16, 128, "sm_80", "sm80")
     assert "block_k" in sm80["tiles"] and sm80["tiles"] != fields["tiles"]

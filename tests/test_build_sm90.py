@@ -315,6 +315,7 @@ GPU_ALT = {
     "persistent": {hd: replace(SM90_TILES[hd], persistent=True) for hd in GPU_HEAD_DIMS},
     "rescale8": {hd: replace(SM90_TILES[hd], rescale_threshold=8.0) for hd in GPU_HEAD_DIMS},
     "ladder1": {hd: LADDER[hd][1] for hd in GPU_HEAD_DIMS},
+    "ladder_mid": {hd: LADDER[hd][len(LADDER[hd]) // 2] for hd in GPU_HEAD_DIMS},  # hd128: (96, 2)
     "ladder_last": {hd: LADDER[hd][-1] for hd in GPU_HEAD_DIMS},
 }
 
@@ -472,3 +473,18 @@ def test_gpu_tma_fallback_code(libs, ref):
     o_ref, _ = ref.attention("causal", q, k.contiguous(), v.contiguous(), scale=1 / math.sqrt(128), q_offset=50,
                              captured=[], dtype=torch.float64)
     assert (out.double() - o_ref).abs().max().item() < 2e-2
+
+
+@pytest.mark.nvcc
+def test_build_takes_first_ladder_rung_without_spills(tmp_path):
+    """The default tiles of a heavy fixture (alibi + document, fp16, hd256) spill; the build moves down
+    SM90_LADDER to a rung that does not, and a light variant keeps the default tiles."""
+    if not _have_nvcc():
+        pytest.skip("needs nvcc")
+    from attngen.kernels import build_sm90_ladder
+
+    tiles, spill = build_sm90_ladder(tmp_path / "heavy", fixture_inc("sm90_alibi_document"), torch.float16, 256, "sm_90a")
+    assert (tiles, spill) == (LADDER[256][1], 0)
+    assert (tmp_path / "heavy" / build.LIBRARY_NAME).exists()
+    tiles, spill = build_sm90_ladder(tmp_path / "light", fixture_inc("causal"), torch.bfloat16, 128, "sm_90a")
+    assert (tiles, spill) == (SM90_TILES[128], 0)
