@@ -264,6 +264,11 @@ class Sm90Tiles:
     # > 0: keep a row's running max while it grows by at most this (log2 units) and skip rescaling O
     # (FA4's conditional rescale); not yet measured on the device, so off
     rescale_threshold: float = 0.0
+    # of every 8 exponentials of a row, how many run as an FMA-pipe polynomial instead of on MUFU
+    # (for MUFU-bound mods such as softcap's tanh); not yet measured on the device, so 0
+    poly_exp2: int = 0
+    # score_mod variants: log2(e) folded into the exponent's FFMA; not yet measured, so off
+    fold_log2e: bool = False
     block_q: int = 128
 
     def smem_bytes(self, head_dim: int) -> int:
@@ -284,7 +289,8 @@ SM90_LADDER = {
     # (64, 2) with overlap spills 4 B on the alibi + document fixture since the persistent tile loop
     256: (SM90_TILES[256], Sm90Tiles(64, 2, overlap=False)),
 }
-SM90_HEADERS = ("attngen_common.cuh", "sm80_mma.cuh", "sm90_mbarrier.cuh", "sm90_tma.cuh", "sm90_wgmma.cuh")
+SM90_HEADERS = ("attngen_common.cuh", "sm80_mma.cuh", "fast_math.cuh", "sm90_mbarrier.cuh", "sm90_tma.cuh",
+                "sm90_wgmma.cuh")
 # attngen_fwd's own return codes when a TMA tensor map cannot be made: run the sm80 kernel instead
 SM90_FALLBACK_CODES = (9001, 9002)
 
@@ -332,7 +338,7 @@ def _render_sm90(variant_inc: str, dtype, head_dim: int, arch: str, tiles) -> di
         elem_type=elem_type, dtype_code=dtype_code, dtype_name=dtype_name, head_dim=head_dim,
         block_q=tiles.block_q, block_k=tiles.block_k, stages=tiles.stages, overlap=tiles.overlap,
         pingpong=tiles.pingpong, persistent=tiles.persistent, rescale_threshold=float(tiles.rescale_threshold),
-        arch_number=90, variant_include=VARIANT_INCLUDE,
+        poly_exp2=tiles.poly_exp2, fold_log2e=tiles.fold_log2e, arch_number=90, variant_include=VARIANT_INCLUDE,
     )
     sources = {KERNEL_SOURCE: kernel, VARIANT_INCLUDE: variant_inc}
     for name in SM90_HEADERS:

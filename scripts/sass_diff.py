@@ -60,12 +60,15 @@ for name, attn, dims in cases:
     for hd in dims:
         new = build.render_sources(inc, torch.bfloat16, hd, "sm_90a", kernel="sm90")
         current = build.TEMPLATE_DIR
+        headers = build.SM90_HEADERS
         build.TEMPLATE_DIR = old_templates  # the revision's templates, rendered by today's build.py
+        build.SM90_HEADERS = tuple(h for h in headers  # headers the revision did not have yet are not used by it
+                                   if (old_templates / h).exists() or (old_templates / (h + ".j2")).exists())
         build._jinja_env.cache_clear()      # (the Jinja environment is memoised with its loader's folder)
         try:
             old = build.render_sources(inc, torch.bfloat16, hd, "sm_90a", kernel="sm90")
         finally:
-            build.TEMPLATE_DIR = current
+            build.TEMPLATE_DIR, build.SM90_HEADERS = current, headers
             build._jinja_env.cache_clear()
         for h in old_templates.glob("*.cuh"):  # headers the revision's kernel may include beyond today's list
             old.setdefault(h.name, h.read_text())

@@ -31,12 +31,15 @@ args = p.parse_args()
 
 def parse_tiles(spec):
     # 128x2, 128x2-nopp (no pingpong), 128x2-noov (no intra-warpgroup overlap), 128x2-pers (persistent),
-    # 128x2-rt8 (conditional rescale, threshold 8)
+    # 128x2-rt8 (conditional rescale, threshold 8), 128x2-pe3 (3 of 8 exponentials as polynomials),
+    # 128x2-fl (log2 e folded into the exponent for score_mod variants)
     bk, rest = spec.split("x")
     st, *flags = rest.split("-")
     return build.Sm90Tiles(int(bk), int(st), overlap="noov" not in flags, pingpong="nopp" not in flags,
                            persistent="pers" in flags,
-                           rescale_threshold=next((float(f[2:]) for f in flags if f.startswith("rt")), 0.0))
+                           rescale_threshold=next((float(f[2:]) for f in flags if f.startswith("rt")), 0.0),
+                           poly_exp2=next((int(f[2:]) for f in flags if f.startswith("pe")), 0),
+                           fold_log2e="fl" in flags)
 
 
 B, H, S, D = 2, 16, args.S, args.D
