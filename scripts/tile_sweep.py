@@ -1,7 +1,8 @@
 """SM90 tile experiments: build one variant at several (BK, stages, overlap, pingpong) settings and time
 each side by side (B=2, H=16, S=8192, D=128 bf16 by default), checked against SDPA / the default
 library. Needs nvcc; timing needs a GPU (--build-only reports registers/spills without one).
-Usage: tile_sweep.py [--variants full,causal,softcap] [--tiles 128x2,144x2,160x2,176x2] [--build-only]"""
+Usage: tile_sweep.py [--variants full,causal,softcap] [--tiles 128x2,128x2-rt8,...] [--build-only]
+(tile spec flags: see parse_tiles)."""
 import argparse
 import concurrent.futures as cf
 import re
@@ -18,6 +19,7 @@ import torch  # noqa: E402
 import attngen  # noqa: E402
 from attngen import build  # noqa: E402
 from attngen.codegen import render_variant_inc  # noqa: E402
+from attngen.kernels import ptxas_spill_bytes  # noqa: E402
 from bench_forward import heat_gpu, make_variant, sdpa_time  # noqa: E402
 
 p = argparse.ArgumentParser()
@@ -64,8 +66,7 @@ def run(job):
     except Exception as e:  # noqa: BLE001 (a config that does not compile is a result too)
         return job, f"build failed: {str(e).splitlines()[-1][:200]}"
     regs = re.findall(r"Used (\d+) registers", out)
-    spill = re.findall(r"(\d+) bytes spill stores", out)
-    return job, f"regs {regs[-1] if regs else '?'} spill {spill[-1] if spill else '?'}"
+    return job, f"regs {regs[-1] if regs else '?'} spill {ptxas_spill_bytes(out)}"
 
 
 with cf.ThreadPoolExecutor(8) as ex:
