@@ -150,19 +150,20 @@ def build_sm90_ladder(build_dir: Path, variant_inc: str, dtype, head_dim: int, a
     """Build the SM90 library in build_dir with the first rung of SM90_LADDER[head_dim] that ptxas
     compiles without spilling (mods that keep many values live push the default tiles over the register
     budget); when every rung spills, the one that spills least. Returns (tiles, spill bytes)."""
+    def build_with(tiles) -> int:
+        sources = render_sources(variant_inc, dtype, head_dim, arch, tiles=tiles, kernel="sm90")
+        write_build_ninja(build_dir, sources, arch, ["-Xptxas", "-v"])
+        return ptxas_spill_bytes(run_ninja(build_dir)) or 0
+
     spills = []
     for tiles in SM90_LADDER[head_dim]:
-        write_build_ninja(build_dir, render_sources(variant_inc, dtype, head_dim, arch, tiles=tiles, kernel="sm90"),
-                          arch, ["-Xptxas", "-v"])
-        spill = ptxas_spill_bytes(run_ninja(build_dir)) or 0
+        spill = build_with(tiles)
         if spill == 0:
             return tiles, 0
         spills.append((spill, tiles))
     spill, tiles = min(spills, key=lambda x: x[0])
     if tiles != SM90_LADDER[head_dim][-1]:  # the directory holds the last rung's build
-        write_build_ninja(build_dir, render_sources(variant_inc, dtype, head_dim, arch, tiles=tiles, kernel="sm90"),
-                          arch, ["-Xptxas", "-v"])
-        run_ninja(build_dir)
+        build_with(tiles)
     return tiles, spill
 
 

@@ -56,7 +56,9 @@ for step in "${steps[@]}"; do
           > "$RES/ncu-$var-sass.csv" 2>&1
         grep -E "Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Registers Per" "$RES/ncu-$var-details.txt" | head -8
         rm -f "$RES/ncu-$var.ncu-rep"
-      done ;;
+      done
+      # the device tool returns at most 8 files: one archive for all the reports
+      tar czf "$RES/ncu.tgz" -C "$RES" $(cd "$RES" && ls ncu-*) && rm -f "$RES"/ncu-* ;;
     tests|bench|all) ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac

@@ -48,7 +48,9 @@ def sass(src: dict, d: Path) -> str:
                     build.KERNEL_SOURCE, "-o", "k.cubin"], cwd=d, check=True)
     out = subprocess.run([args.cuobjdump, "--dump-sass", "k.cubin"], cwd=d, capture_output=True, text=True,
                          env=env).stdout
-    lines = [ln.split("/* 0x")[0].rstrip() for ln in out.splitlines() if ln.strip().startswith("/*")]
+    # instruction lines ("/*0a40*/  HGMMA ... /* 0x... */"), not the encoding-only continuation lines
+    lines = [ln.split("/* 0x")[0].rstrip() for ln in out.splitlines()
+             if ln.strip().startswith("/*") and not ln.strip().startswith("/* 0x")]
     if not lines:
         sys.exit(f"no SASS from {d}")
     return "\n".join(lines)
