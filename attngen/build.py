@@ -262,12 +262,13 @@ class Sm90Tiles:
     # faster on the H200 anchors (benchmarks/results/2026-11-29-h200-sm90-r2/tiles.log)
     persistent: bool = False
     # > 0: keep a row's running max while it grows by at most this (log2 units) and skip rescaling O
-    # (FA4's conditional rescale); not yet measured on the device, so off
+    # (FA4's conditional rescale); the defaults below use 8
     rescale_threshold: float = 0.0
     # of every 8 exponentials of a row, how many run as an FMA-pipe polynomial instead of on MUFU
-    # (for MUFU-bound mods such as softcap's tanh); not yet measured on the device, so 0
+    # (for MUFU-bound mods such as softcap's tanh); measured slower on the H200 (2 of 8: full -7%,
+    # softcap -1%; 3 of 8 with fold_log2e: softcap -6%), so 0
     poly_exp2: int = 0
-    # score_mod variants: log2(e) folded into the exponent's FFMA; not yet measured, so off
+    # score_mod variants: log2(e) folded into the exponent's FFMA; measured only with poly_exp2, so off
     fold_log2e: bool = False
     block_q: int = 128
 
@@ -279,16 +280,34 @@ class Sm90Tiles:
 
 
 # Defaults per head dim (BK=128 at d64/d128 as FA3; d256 is bounded by the 227 KiB of shared memory).
-SM90_TILES = {64: Sm90Tiles(128, 3), 128: Sm90Tiles(128, 2), 256: Sm90Tiles(80, 2)}
+# rescale_threshold 8 (FA4's conditional rescale): 2-4% faster on the masked and score_mod anchors of the
+# H200, neutral on full (benchmarks/results/2026-11-29-h200-sm90-r3/tiles.log).
+_RT = 8.0
+SM90_TILES = {64: Sm90Tiles(128, 3, rescale_threshold=_RT), 128: Sm90Tiles(128, 2, rescale_threshold=_RT),
+              256: Sm90Tiles(80, 2, rescale_threshold=_RT)}
+# Variants without a mask: wider K/V tiles (FA3's choice for hd128 without causal/local), fewer and longer
+# loop iterations; full +3.5% at hd128, +2.8% at hd64 (same tiles.log). With a mask, 128 lines K/V tiles up with the
+# 128-row q-blocks: the sliding window lost 7% at 176. Used through the spill ladder (softcap spills at 176).
+SM90_WIDE = {64: Sm90Tiles(176, 3, rescale_threshold=_RT), 128: Sm90Tiles(176, 2, rescale_threshold=_RT)}
 # Lighter configurations, in order of preference, for variants whose mods keep many values live
 # (ptxas is not monotonic here: a smaller BK can spill more); each was measured spill-free on the
 # heavier fixtures (tests/test_build_sm90.py).
 SM90_LADDER = {
-    64: (SM90_TILES[64], Sm90Tiles(96, 3), Sm90Tiles(64, 4, overlap=False)),
-    128: (SM90_TILES[128], Sm90Tiles(112, 2), Sm90Tiles(96, 2), Sm90Tiles(64, 2, overlap=False)),
+    64: (SM90_TILES[64], Sm90Tiles(96, 3, rescale_threshold=_RT), Sm90Tiles(64, 4, overlap=False, rescale_threshold=_RT)),
+    128: (SM90_TILES[128], Sm90Tiles(112, 2, rescale_threshold=_RT), Sm90Tiles(96, 2, rescale_threshold=_RT),
+          Sm90Tiles(64, 2, overlap=False, rescale_threshold=_RT)),
     # (64, 2) with overlap spills 4 B on the alibi + document fixture since the persistent tile loop
-    256: (SM90_TILES[256], Sm90Tiles(64, 2, overlap=False)),
+    256: (SM90_TILES[256], Sm90Tiles(64, 2, overlap=False, rescale_threshold=_RT)),
 }
+
+
+def sm90_ladder(head_dim: int, has_mask: bool) -> tuple:
+    """The tile settings a variant's SM90 build tries, best first (kernels.build_sm90_ladder takes the
+    first that ptxas compiles without spills)."""
+    wide = None if has_mask else SM90_WIDE.get(head_dim)
+    return ((wide,) if wide is not None else ()) + SM90_LADDER[head_dim]
+
+
 SM90_HEADERS = ("attngen_common.cuh", "sm80_mma.cuh", "fast_math.cuh", "sm90_mbarrier.cuh", "sm90_tma.cuh",
                 "sm90_wgmma.cuh")
 # attngen_fwd's own return codes when a TMA tensor map cannot be made: run the sm80 kernel instead

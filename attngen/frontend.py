@@ -12,11 +12,13 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from .build import SM90_FALLBACK_CODES
 from .errors import InputError
 from .ir import BlockPredicates, TracedVariant
 from .mods import ScoreMod, Variant, as_mask_mod, as_score_mod, as_variant, compose
 from .predicates import derive
 from .reference import _check_offset
+from .runtime import KernelLaunchError, forward
 from .trace import trace
 
 _ANALYSIS: "OrderedDict[tuple, tuple]" = OrderedDict()
@@ -92,6 +94,9 @@ class CompiledAttention:
         self.fast_math = fast_math
         self.traced, self.predicates = analyze(variant)
         self._kernels = {}
+        # (dtype, head dim, device index) -> the library this object launches by default, filled by
+        # kernels._library for variants that read no captured tensors: the call's hot path
+        self._ready = {}
 
     @property
     def name(self) -> str:
@@ -102,6 +107,18 @@ class CompiledAttention:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optional[float] = None,
                  return_lse: bool = False, q_offset: int = 0):
+        # Hot path: a library already loaded for this dtype, head dim and device; forward() checks the
+        # rest. Anything unusual (not a tensor, CPU tensors, a first call) takes the full path below.
+        try:
+            lib = self._ready.get((q.dtype, q.shape[-1], q.get_device()))
+        except (AttributeError, IndexError, TypeError):
+            lib = None
+        if lib is not None and q_offset.__class__ is int and q_offset >= 0:
+            try:
+                return forward(lib, q, k, v, scale=scale, q_offset=q_offset, return_lse=return_lse)
+            except KernelLaunchError as e:
+                if e.code not in SM90_FALLBACK_CODES:
+                    raise  # else the full path retries on the portable kernel
         if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
             raise InputError("q, k, v must be torch tensors of shape (B, H, L, D)")
         if q_offset.__class__ is not int or q_offset < 0:

@@ -26,6 +26,7 @@ from .build import (
     nvcc_version,
     render_sources,
     run_ninja,
+    sm90_ladder,
     template_hash,
     tile_config,
     write_build_ninja,
@@ -75,7 +76,8 @@ def signature_fields(attn, dtype: torch.dtype, head_dim: int, arch: str, kernel:
         "kernel": kernel,
         # tile settings live in build.py, not in the templates: they change the binary too (with
         # SM90_SPILL_LADDER the whole ladder, since the build takes its first rung that does not spill)
-        "tiles": repr(_sm90_tile_choices(head_dim) if kernel == "sm90" else tile_config(head_dim, arch)),
+        "tiles": repr(_sm90_tile_choices(head_dim, traced.has_mask) if kernel == "sm90"
+                      else tile_config(head_dim, arch)),
         "fast_math": attn.fast_math,
         "templates": _template_hash(),
         "attngen": __version__,
@@ -108,7 +110,8 @@ def build_kernel(attn, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128,
         inc = render_variant_inc(attn.traced, attn.predicates, fast_tanh=attn.fast_math, fast_exp2=attn.fast_math)
         info = {}
         if kind == "sm90" and SM90_SPILL_LADDER:
-            tiles, spill = build_sm90_ladder(tmpdir, inc, dtype, head_dim, arch)
+            tiles, spill = build_sm90_ladder(tmpdir, inc, dtype, head_dim, arch,
+                                             ladder=sm90_ladder(head_dim, attn.traced.has_mask))
             info = {"tiles": repr(tiles), "spill_bytes": spill}
         else:
             write_build_ninja(tmpdir, render_sources(inc, dtype, head_dim, arch, kernel=kind), arch)
@@ -130,14 +133,14 @@ def build_kernel(attn, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128,
     return default_cache().get_or_build(key, name, build, meta=meta, artifact=LIBRARY_NAME)
 
 
-# Build SM90 kernels with the first SM90_LADDER rung that does not spill, instead of SM90_TILES always.
-# Off until a device round has run the GPU suite with it: several test variants (bias table, key padding,
-# two documents, ...) then get rungs the suite has only run on other variants.
-SM90_SPILL_LADDER = False
+# Build SM90 kernels with the first SM90_LADDER rung that does not spill, instead of SM90_TILES always:
+# variants whose mods keep many values live (a bias table, key padding over documents, two document
+# masks) would otherwise spill registers to local memory in the main loop.
+SM90_SPILL_LADDER = True
 
 
-def _sm90_tile_choices(head_dim: int):
-    return SM90_LADDER[head_dim] if SM90_SPILL_LADDER else SM90_TILES[head_dim]
+def _sm90_tile_choices(head_dim: int, has_mask: bool):
+    return sm90_ladder(head_dim, has_mask) if SM90_SPILL_LADDER else SM90_TILES[head_dim]
 
 
 def ptxas_spill_bytes(output: str) -> Optional[int]:
@@ -146,23 +149,24 @@ def ptxas_spill_bytes(output: str) -> Optional[int]:
     return sum(int(a) + int(b) for a, b in found) if found else None
 
 
-def build_sm90_ladder(build_dir: Path, variant_inc: str, dtype, head_dim: int, arch: str):
-    """Build the SM90 library in build_dir with the first rung of SM90_LADDER[head_dim] that ptxas
-    compiles without spilling (mods that keep many values live push the default tiles over the register
-    budget); when every rung spills, the one that spills least. Returns (tiles, spill bytes)."""
+def build_sm90_ladder(build_dir: Path, variant_inc: str, dtype, head_dim: int, arch: str, ladder=None):
+    """Build the SM90 library in build_dir with the first rung of ``ladder`` (default SM90_LADDER[head_dim])
+    that ptxas compiles without spilling (mods that keep many values live push the default tiles over the
+    register budget); when every rung spills, the one that spills least. Returns (tiles, spill bytes)."""
+    ladder = tuple(ladder or SM90_LADDER[head_dim])
     def build_with(tiles) -> int:
         sources = render_sources(variant_inc, dtype, head_dim, arch, tiles=tiles, kernel="sm90")
         write_build_ninja(build_dir, sources, arch, ["-Xptxas", "-v"])
         return ptxas_spill_bytes(run_ninja(build_dir)) or 0
 
     spills = []
-    for tiles in SM90_LADDER[head_dim]:
+    for tiles in ladder:
         spill = build_with(tiles)
         if spill == 0:
             return tiles, 0
         spills.append((spill, tiles))
     spill, tiles = min(spills, key=lambda x: x[0])
-    if tiles != SM90_LADDER[head_dim][-1]:  # the directory holds the last rung's build
+    if tiles != ladder[-1]:  # the directory holds the last rung's build
         build_with(tiles)
     return tiles, spill
 
@@ -170,18 +174,23 @@ def build_sm90_ladder(build_dir: Path, variant_inc: str, dtype, head_dim: int, a
 def _library(attn, dtype, head_dim, device_index: int, kernel: Optional[str] = None):
     """The loaded library of one signature, memoised on the compiled object itself (a dict lookup per
     call; no global table keyed by object ids, which Python reuses)."""
+    default = kernel is None
     kernel = kernel or (attn.backend if attn.backend in ("sm80", "sm90") else "auto")
     key = (dtype, head_dim, device_index, kernel)
     libs = attn._kernels
     lib = libs.get(key)
-    if lib is not None:
-        return lib
-    with _LOCK:
-        lib = libs.get(key)
-        if lib is None:
-            path = build_kernel(attn, dtype, head_dim, current_arch(device_index), kernel)
-            lib = load_library(path)
-            libs[key] = lib
+    if lib is None:
+        with _LOCK:
+            lib = libs.get(key)
+            if lib is None:
+                path = build_kernel(attn, dtype, head_dim, current_arch(device_index), kernel)
+                lib = load_library(path)
+                libs[key] = lib
+    if default and not attn.traced.captured and not attn.predicates.summaries and attn.backend != "reference":
+        # CompiledAttention.__call__ launches it straight through runtime.forward from now on
+        ready = getattr(attn, "_ready", None)
+        if ready is not None:
+            ready[(dtype, head_dim, device_index)] = lib
     return lib
 
 

@@ -180,10 +180,10 @@ except AttributeError:  # pragma: no cover
     _current_device = torch.cuda.current_device
 
 
-def _raw_stream(device_index: int) -> int:
-    try:
-        return torch._C._cuda_getCurrentRawStream(device_index)
-    except AttributeError:  # older/newer torch without the private fast path
+try:
+    _raw_stream = torch._C._cuda_getCurrentRawStream  # the current stream's handle, without a Stream object
+except AttributeError:  # pragma: no cover  (a torch without the private fast path)
+    def _raw_stream(device_index: int) -> int:
         return torch.cuda.current_stream(device_index).cuda_stream
 
 
@@ -368,8 +368,10 @@ def forward(
 
     if out is None:
         out = q.new_empty((B, Hq, Lq, D))
+        os_ = (Hq * Lq * D, Lq * D, D)  # contiguous
     else:
         _check_out(out, (B, Hq, Lq, D), dt, q.device)
+        os_ = out.stride()
     lse = None
     if return_lse:
         if lse_out is None:
@@ -380,7 +382,6 @@ def forward(
     if B * Hq * Lq == 0:
         return (out, lse) if return_lse else out
 
-    os_ = out.stride()
     head = _PACK_HEAD.pack(
         qp, kp, vp, out.data_ptr(), lse.data_ptr() if lse is not None else 0,
         qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
@@ -391,11 +392,11 @@ def forward(
     else:
         packed = head + _ZERO_TAIL
     if dev == _current_device():
-        rc = lib.launch(packed, _raw_stream(dev))
+        rc = lib._fwd(packed, _raw_stream(dev))
     else:
         # The library's (static) CUDA runtime launches into the thread's current context: make it q's.
         with torch.cuda.device(dev):
-            rc = lib.launch(packed, _raw_stream(dev))
+            rc = lib._fwd(packed, _raw_stream(dev))
     if rc == ERROR_SCALE_NOT_POSITIVE:
         # The SM90 kernel of a variant without score_mod takes the row max over raw q.k (the scale is
         # folded into the exponent), which needs scale > 0. Both rewrites are exact: softmax(s * qk)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device round on the H200: environment facts, parallel kernel builds + GPU tests, benchmark.
-# Usage (on the device, from the repo root): scripts/gpu_round.sh [tests|bench|sweep|sanitize|profile|all]...
+# Usage (on the device, from the repo root): scripts/gpu_round.sh [tests|bench|sweep|sanitize|profile|probe|tiles|all]...
 # Logs and results go to $OUT (the device tool brings that folder back) or benchmarks/results/latest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +18,11 @@ steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(all)
   nvcc --version | tail -1
 } > "$RES/device.txt" 2>&1
 cat "$RES/device.txt"
+# SM clock, power, temperature and throttle reasons every half second, for the whole round
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+  --format=csv -lms 500 > "$RES/gpu_clocks.csv" 2>&1 &
+smi_pid=$!
+trap 'kill $smi_pid 2>/dev/null' EXIT
 rc=0
 for step in "${steps[@]}"; do
   case "$step" in
@@ -59,6 +64,19 @@ for step in "${steps[@]}"; do
       done
       # the device tool returns at most 8 files: one archive for all the reports
       tar czf "$RES/ncu.tgz" -C "$RES" $(cd "$RES" && ls ncu-*) && rm -f "$RES"/ncu-* ;;
+    probe)
+      # warm load and host time per call, split by layer: one run fills the cache, two are reported
+      export ATTNGEN_CACHE_DIR=/tmp/attngen-probe-cache
+      python scripts/load_probe.py > /dev/null 2>&1
+      for i in 1 2; do python scripts/load_probe.py; done 2>&1 | tee "$RES/load_probe.txt" ;;
+    tiles)
+      # A/B of tile settings, interleaved rounds, "variants:tiles[:head dim]" separated by ';', e.g.
+      # TILE_SWEEPS="full,causal:128x2,176x2;softcap:128x2,128x2-pe3-fl;full:128x3,128x3-rt8:64"
+      IFS=';' read -ra sweeps <<< "${TILE_SWEEPS:-full,causal,softcap:128x2,176x2}"
+      for sw in "${sweeps[@]}"; do
+        IFS=':' read -r sw_vars sw_tiles sw_d <<< "$sw"
+        python scripts/tile_sweep.py --variants "$sw_vars" --tiles "$sw_tiles" --D "${sw_d:-128}" 2>&1
+      done | tee "$RES/tiles.log" | grep -E "^\||Error|error" ;;
     tests|bench|all) ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac

@@ -18,6 +18,9 @@ cases = [
     (64, attngen.compile(softcap=30.0, causal=True, backend=args.backend), 200, 200, 0),
     (128, attngen.compile(mask_mod=attngen.document(docs), backend=args.backend), 130, 300, 20),
     (256, attngen.compile(window=100, backend=args.backend), 190, 257, 67),
+    # no mask: the wide K/V tiles (build.SM90_WIDE) at hd64 and hd128
+    (64, attngen.compile(backend=args.backend), 150, 400, 0),
+    (128, attngen.compile(backend=args.backend), 150, 400, 0),
 ]
 if args.build:
     from attngen.kernels import build_kernel

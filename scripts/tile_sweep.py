@@ -20,13 +20,14 @@ import attngen  # noqa: E402
 from attngen import build  # noqa: E402
 from attngen.codegen import render_variant_inc  # noqa: E402
 from attngen.kernels import ptxas_spill_bytes  # noqa: E402
-from bench_forward import heat_gpu, make_variant, sdpa_time  # noqa: E402
+from bench_forward import heat_gpu, make_sdpa, make_variant  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--variants", default="full,causal,softcap")
 p.add_argument("--tiles", default="128x2,144x2,160x2,176x2")
 p.add_argument("--S", type=int, default=8192)
 p.add_argument("--D", type=int, default=128)
+p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (the median is reported)")
 p.add_argument("--build-only", action="store_true")
 args = p.parse_args()
 
@@ -82,28 +83,38 @@ from attngen.runtime import forward, load_library  # noqa: E402
 
 g = torch.Generator(device="cuda").manual_seed(0)
 q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-dens = {}
-heat_gpu("cuda")
-print(f"\n| variant | tiles | ms | TFLOP/s | max err vs default |")
-print("|---|---|---|---|---|")
+print(f"\n| variant | tiles | ms (median of {args.rounds} interleaved rounds) | TFLOP/s | rounds ms | max err vs default |")
+print("|---|---|---|---|---|---|")
+by_var = {}
 for (var, spec, attn, d), info in built:
-    if info.startswith("build failed"):
-        continue
-    if var not in dens:
-        dens[var] = attngen.reference.mask_density(attn.variant, B, H, S, S, device="cuda") if attn.traced.has_mask else 1.0
-        ref = attn(q, k, v)
-    lib = load_library(d / build.LIBRARY_NAME)
-    captured = [c.tensor for c in attn.traced.captured]
-    tensors = {c.name: t for c, t in zip(attn.traced.captured, captured)}
-    summaries = [sm.compute(tensors, lib.block_q, lib.block_k, S, S, 0) for sm in attn.predicates.summaries]
-    fn = lambda: forward(lib, q, k, v, captured=captured, summaries=summaries)  # noqa: E731
-    out = fn()
-    err = (out.float() - ref.float()).abs().max().item()
-    ms = do_bench(fn, warmup=50, rep=200, quantiles=[0.5])
-    ms = ms[0] if isinstance(ms, (list, tuple)) else ms
-    tf = 4 * B * H * S * S * D * dens[var] / ms / 1e9
-    print(f"| {var} | {spec} | {ms:.3f} | {tf:.1f} | {err:.2e} |", flush=True)
-for var in ("full", "causal"):
-    if var in dens:
-        ms, be = sdpa_time(q, k, v, causal=var == "causal")
-        print(f"| {var} | SDPA ({be}) | {ms:.3f} | {4 * B * H * S * S * D * dens[var] / ms / 1e9:.1f} | |", flush=True)
+    if not info.startswith("build failed"):
+        by_var.setdefault(var, []).append((spec, attn, d))
+for var, configs in by_var.items():
+    attn = configs[0][1]
+    dens = attngen.reference.mask_density(attn.variant, B, H, S, S, device="cuda") if attn.traced.has_mask else 1.0
+    ref = attn(q, k, v)
+    fns, errs = {}, {}
+    for spec, attn, d in configs:
+        lib = load_library(d / build.LIBRARY_NAME)
+        captured = [c.tensor for c in attn.traced.captured]
+        tensors = {c.name: t for c, t in zip(attn.traced.captured, captured)}
+        summaries = [sm.compute(tensors, lib.block_q, lib.block_k, S, S, 0) for sm in attn.predicates.summaries]
+        fn = (lambda lib=lib, captured=captured, summaries=summaries:
+              forward(lib, q, k, v, captured=captured, summaries=summaries))
+        errs[spec] = (fn().float() - ref.float()).abs().max().item()
+        fns[spec] = fn
+    if var in ("full", "causal"):
+        sd = make_sdpa(var == "causal", "cudnn")
+        fns["SDPA (cudnn)"] = lambda sd=sd: sd(q, k, v)
+    # interleaved rounds: every configuration sees the same mix of GPU temperature and clocks
+    heat_gpu("cuda", 1.0)
+    times = {n: [] for n in fns}
+    for _ in range(args.rounds):
+        for n, fn in fns.items():
+            ms = do_bench(fn, warmup=50, rep=200, quantiles=[0.5])
+            times[n].append(ms[0] if isinstance(ms, (list, tuple)) else ms)
+    for n, ts in times.items():
+        ms = sorted(ts)[len(ts) // 2]
+        tf = 4 * B * H * S * S * D * dens / ms / 1e9
+        err = f"{errs[n]:.2e}" if n in errs else ""
+        print(f"| {var} | {n} | {ms:.3f} | {tf:.1f} | {' '.join(f'{t:.3f}' for t in ts)} | {err} |", flush=True)

@@ -398,9 +398,14 @@ def test_signature_covers_tile_settings(monkeypatch):
 
     attn = attngen.compile(causal=True)
     fields = kernels.signature_fields(attn, torch.bfloat16, 128, "sm_90a", "sm90")
+    from attngen import build
+
     tiles = dict(kernels.SM90_TILES)
     tiles[128] = replace(tiles[128], persistent=not tiles[128].persistent)
     monkeypatch.setattr(kernels, "SM90_TILES", tiles)
+    ladder = dict(build.SM90_LADDER)  # with SM90_SPILL_LADDER the key covers the whole ladder
+    ladder[128] = (tiles[128],) + ladder[128][1:]
+    monkeypatch.setattr(build, "SM90_LADDER", ladder)
     changed = kernels.signature_fields(attn, torch.bfloat16, 128, "sm_90a", "sm90")
     assert cache_key(changed) != cache_key(fields)
     monkeypatch.setattr(kernels, "SM90_SPILL_LADDER", not kernels.SM90_SPILL_LADDER)  # ladder on/off: other keys

@@ -199,3 +199,23 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(attngen.InputError, match="contiguous"):
         x = torch.randn(1, 2, 128, 64, device=DEV, dtype=torch.bfloat16).transpose(-1, -2)
         attn(x, x, x)
+
+
+def test_hot_path_matches_first_call_and_still_checks():
+    """After the first call, a variant without captured tensors launches straight through
+    runtime.forward (CompiledAttention._ready): same result, same input checks."""
+    attn = attngen.compile(causal=True, backend=BACKEND)
+    q, k, v = (torch.randn(1, 2, 300, 128, device=DEV, dtype=torch.bfloat16) for _ in range(3))
+    first = attn(q, k, v).clone()
+    assert (torch.bfloat16, 128, q.get_device()) in attn._ready
+    again = attn(q, k, v)
+    assert torch.equal(first, again)
+    ref = attngen.reference.attention(q.double(), k.double(), v.double(), attn.variant)
+    assert (again.double() - ref).abs().max() < 2e-2
+    with pytest.raises(attngen.InputError, match="batch sizes differ"):
+        attn(q, torch.cat([k, k]), torch.cat([v, v]))
+    with pytest.raises(attngen.InputError, match="q_offset"):
+        attn(q, k, v, q_offset=2 ** 31 - 100)
+    doc = attngen.compile(mask_mod=attngen.document(DOCS), backend=BACKEND)
+    doc(q, k, v)
+    assert not doc._ready  # captured tensors: the full path checks their device and block summaries each call
