@@ -281,12 +281,12 @@ class Sm90Tiles:
 
 # Defaults per head dim (BK=128 at d64/d128 as FA3; d256 is bounded by the 227 KiB of shared memory).
 # rescale_threshold 8 (FA4's conditional rescale): 2-4% faster on the masked and score_mod anchors of the
-# H200, neutral on full (benchmarks/results/2026-11-29-h200-sm90-r3/tiles.log).
+# H200, neutral on full (benchmarks/results/2026-11-29-h200-sm90-r3/tiles-hd128.log, tiles-hd64-hd256.log).
 _RT = 8.0
 SM90_TILES = {64: Sm90Tiles(128, 3, rescale_threshold=_RT), 128: Sm90Tiles(128, 2, rescale_threshold=_RT),
               256: Sm90Tiles(80, 2, rescale_threshold=_RT)}
 # Variants without a mask: wider K/V tiles (FA3's choice for hd128 without causal/local), fewer and longer
-# loop iterations; full +3.5% at hd128, +2.8% at hd64 (same tiles.log). With a mask, 128 lines K/V tiles up with the
+# loop iterations; full +3.5% at hd128, +2.8% at hd64 (same logs). With a mask, 128 lines K/V tiles up with the
 # 128-row q-blocks: the sliding window lost 7% at 176. Used through the spill ladder (softcap spills at 176).
 SM90_WIDE = {64: Sm90Tiles(176, 3, rescale_threshold=_RT), 128: Sm90Tiles(176, 2, rescale_threshold=_RT)}
 # Lighter configurations, in order of preference, for variants whose mods keep many values live

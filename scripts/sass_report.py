@@ -12,6 +12,7 @@ import torch
 
 import attngen
 from attngen.kernels import build_kernel
+from attngen.runtime import load_library
 
 p = argparse.ArgumentParser()
 p.add_argument("--cuobjdump", default=shutil.which("cuobjdump"))
@@ -21,6 +22,14 @@ if not args.cuobjdump:
     sys.exit("cuobjdump not found: install the CUDA toolkit or `pip install nvidia-cuda-cuobjdump`, or pass --cuobjdump")
 
 docs = torch.randint(0, 8, (8192,)).sort().values
+docs2 = torch.randint(0, 9, (8192,)).sort().values
+bias = torch.randn(8, 16384).to(torch.bfloat16)
+
+
+def bias_mod(s, b, h, q, k):
+    return s + bias[h, q - k + 8192]
+
+
 cases = [
     ("full", attngen.compile(), (64, 128, 256)),
     ("causal", attngen.compile(causal=True), (64, 128, 256)),
@@ -30,9 +39,13 @@ cases = [
     ("alibi(16)+causal", attngen.compile(score_mod=attngen.alibi(16), causal=True), (128,)),
     ("document", attngen.compile(mask_mod=attngen.document(docs)), (128,)),
     ("prefix_lm(2048)", attngen.compile(mask_mod=attngen.prefix_lm(2048)), (128,)),
+    # heavy mods of the GPU suite, which spill at the default tiles and move down the spill ladder
+    ("two documents", attngen.compile(mask_mod=attngen.document(docs) & attngen.document(docs2)), (128,)),
+    ("bias table + causal", attngen.compile(score_mod=bias_mod, causal=True), (128,)),
 ]
-print(f"| variant | head dim | kernel | registers | spill stores/loads (bytes) | smem (static) | HGMMA | LDL | STL |")
-print("|---|---|---|---|---|---|---|---|---|")
+print(f"| variant | head dim | kernel | tiles (BQ x BK) | registers | spill stores/loads (bytes) | smem (static) | HGMMA "
+      "| LDL | STL |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for name, attn, dims in cases:
     for d in dims:
         lib = build_kernel(attn, torch.bfloat16, d, "sm_90a", args.kernel)
@@ -46,5 +59,6 @@ for name, attn, dims in cases:
         m = re.search(r"REG:(\d+).*?SHARED:(\d+).*?LOCAL:(\d+)", res, re.S)
         reg, shared, local = (m.groups() if m else ("?", "?", "?"))
         n_hgmma, n_ldl, n_stl = (len(re.findall(pat, sass)) for pat in (r"HGMMA", r"\bLDL", r"\bSTL"))
-        print(f"| {name} | {d} | {args.kernel} | {reg} | local {local} | {shared} | {n_hgmma} | {n_ldl} | {n_stl} |",
-              flush=True)
+        info = load_library(lib)  # reads the kernel info block only: no GPU needed
+        print(f"| {name} | {d} | {args.kernel} | {info.block_q}x{info.block_k} | {reg} | local {local} | {shared} "
+              f"| {n_hgmma} | {n_ldl} | {n_stl} |", flush=True)
