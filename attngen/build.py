@@ -28,7 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence, Tuple, Union
@@ -303,9 +303,16 @@ SM90_LADDER = {
 
 def sm90_ladder(head_dim: int, has_mask: bool) -> tuple:
     """The tile settings a variant's SM90 build tries, best first (kernels.build_sm90_ladder takes the
-    first that ptxas compiles without spills)."""
-    wide = None if has_mask else SM90_WIDE.get(head_dim)
-    return ((wide,) if wide is not None else ()) + SM90_LADDER[head_dim]
+    first that ptxas compiles without spills).
+
+    Without a mask every work tile visits every kv tile: equal work per tile, which the persistent grid's
+    static snake rounds balance, and it saves a CTA launch + prologue per tile (hd128 full: +0.7% at
+    S = 8192, +8% at S = 1024 with B = H = 16). Under uneven masks the static rounds lose to the hardware's
+    dynamic CTA dispatch (causal -22%, prefix-LM -18%, document ids -7%; tiles-persistent.log)."""
+    if has_mask:
+        return SM90_LADDER[head_dim]
+    wide = SM90_WIDE.get(head_dim)
+    return tuple(replace(t, persistent=True) for t in ((wide,) if wide is not None else ()) + SM90_LADDER[head_dim])
 
 
 SM90_HEADERS = ("attngen_common.cuh", "sm80_mma.cuh", "fast_math.cuh", "sm90_mbarrier.cuh", "sm90_tma.cuh",

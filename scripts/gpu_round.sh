@@ -70,12 +70,13 @@ for step in "${steps[@]}"; do
       python scripts/load_probe.py > /dev/null 2>&1
       for i in 1 2; do python scripts/load_probe.py; done 2>&1 | tee "$RES/load_probe.txt" ;;
     tiles)
-      # A/B of tile settings, interleaved rounds, "variants:tiles[:head dim]" separated by ';', e.g.
+      # A/B of tile settings, interleaved rounds, "variants:tiles[:D[:S[:B[:H]]]]" separated by ';', e.g.
       # TILE_SWEEPS="full,causal:128x2,176x2;softcap:128x2,128x2-pe3-fl;full:128x3,128x3-rt8:64"
       IFS=';' read -ra sweeps <<< "${TILE_SWEEPS:-full,causal,softcap:128x2,176x2}"
       for sw in "${sweeps[@]}"; do
-        IFS=':' read -r sw_vars sw_tiles sw_d <<< "$sw"
-        python scripts/tile_sweep.py --variants "$sw_vars" --tiles "$sw_tiles" --D "${sw_d:-128}" 2>&1
+        IFS=':' read -r sw_vars sw_tiles sw_d sw_s sw_b sw_h <<< "$sw"
+        python scripts/tile_sweep.py --variants "$sw_vars" --tiles "$sw_tiles" --D "${sw_d:-128}" \
+          --S "${sw_s:-8192}" --B "${sw_b:-2}" --H "${sw_h:-16}" 2>&1
       done | tee "$RES/tiles.log" | grep -E "^\||Error|error" ;;
     tests|bench|all) ;;
     *) echo "unknown step $step"; rc=2 ;;

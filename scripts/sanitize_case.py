@@ -18,9 +18,10 @@ cases = [
     (64, attngen.compile(softcap=30.0, causal=True, backend=args.backend), 200, 200, 0),
     (128, attngen.compile(mask_mod=attngen.document(docs), backend=args.backend), 130, 300, 20),
     (256, attngen.compile(window=100, backend=args.backend), 190, 257, 67),
-    # no mask: the wide K/V tiles (build.SM90_WIDE) at hd64 and hd128
+    # no mask: the wide K/V tiles (build.SM90_WIDE) on the persistent grid at hd64 and hd128; the second
+    # has 4 heads x 36 q-blocks = 144 work tiles, more than the 132 SMs: some CTAs walk two tiles
     (64, attngen.compile(backend=args.backend), 150, 400, 0),
-    (128, attngen.compile(backend=args.backend), 150, 400, 0),
+    (128, attngen.compile(backend=args.backend), 4500, 300, 0, 4),
 ]
 if args.build:
     from attngen.kernels import build_kernel
@@ -29,10 +30,11 @@ if args.build:
         build_kernel(attn, torch.bfloat16, d, kernel=args.backend if args.backend != "auto" else "auto")
     sys.exit(0)
 bad = 0
-for d, attn, lq, lk, off in cases:
+for d, attn, lq, lk, off, *heads in cases:
+    H = heads[0] if heads else 2
     g = torch.Generator(device="cuda").manual_seed(d)
-    q = torch.randn(1, 2, lq, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    k, v = (torch.randn(1, 2, lk, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    q = torch.randn(1, H, lq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(1, H, lk, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
     out, lse = attn(q, k, v, return_lse=True, q_offset=off)
     torch.cuda.synchronize()
     ref = attngen.reference.attention(q.double(), k.double(), v.double(), attn.variant, q_offset=off)

@@ -27,6 +27,8 @@ p.add_argument("--variants", default="full,causal,softcap")
 p.add_argument("--tiles", default="128x2,144x2,160x2,176x2")
 p.add_argument("--S", type=int, default=8192)
 p.add_argument("--D", type=int, default=128)
+p.add_argument("--B", type=int, default=2)
+p.add_argument("--H", type=int, default=16)
 p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (the median is reported)")
 p.add_argument("--build-only", action="store_true")
 args = p.parse_args()
@@ -40,12 +42,12 @@ def parse_tiles(spec):
     st, *flags = rest.split("-")
     return build.Sm90Tiles(int(bk), int(st), overlap="noov" not in flags, pingpong="nopp" not in flags,
                            persistent="pers" in flags,
-                           rescale_threshold=next((float(f[2:]) for f in flags if f.startswith("rt")), 0.0),
-                           poly_exp2=next((int(f[2:]) for f in flags if f.startswith("pe")), 0),
+                           rescale_threshold=next((float(f[2:]) for f in flags if re.fullmatch(r"rt[\d.]+", f)), 0.0),
+                           poly_exp2=next((int(f[2:]) for f in flags if re.fullmatch(r"pe\d", f)), 0),
                            fold_log2e="fl" in flags)
 
 
-B, H, S, D = 2, 16, args.S, args.D
+B, H, S, D = args.B, args.H, args.S, args.D
 work = Path(tempfile.mkdtemp(prefix="tile_sweep_"))
 jobs = []
 for var in args.variants.split(","):

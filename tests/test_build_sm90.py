@@ -316,6 +316,7 @@ GPU_ALT = {
     "persistent": {hd: replace(SM90_TILES[hd], persistent=True) for hd in GPU_HEAD_DIMS},
     "rescale_always": {hd: replace(SM90_TILES[hd], rescale_threshold=0.0) for hd in GPU_HEAD_DIMS},
     "wide": {hd: build.SM90_WIDE.get(hd, SM90_TILES[hd]) for hd in GPU_HEAD_DIMS},  # hd128: (176, 2)
+    "wide_persistent": {hd: replace(build.SM90_WIDE.get(hd, SM90_TILES[hd]), persistent=True) for hd in GPU_HEAD_DIMS},
     "poly3_fold": {hd: replace(SM90_TILES[hd], poly_exp2=3, fold_log2e=True) for hd in GPU_HEAD_DIMS},
     "ladder1": {hd: LADDER[hd][1] for hd in GPU_HEAD_DIMS},
     "ladder_mid": {hd: LADDER[hd][len(LADDER[hd]) // 2] for hd in GPU_HEAD_DIMS},  # hd128: (96, 2)
@@ -483,15 +484,18 @@ def test_build_takes_first_ladder_rung_without_spills(tmp_path):
     assert (tmp_path / "heavy" / build.LIBRARY_NAME).exists()
     tiles, spill = build_sm90_ladder(tmp_path / "light", fixture_inc("causal"), torch.bfloat16, 128, "sm_90a")
     assert (tiles, spill) == (SM90_TILES[128], 0)
-    # without a mask the ladder starts at the wide tiles: full keeps them, softcap spills there and drops
+    # without a mask the ladder starts at the wide tiles, on the persistent grid: full keeps them,
+    # softcap spills there and drops to the default BK
     assert build.sm90_ladder(128, has_mask=True) == LADDER[128]
-    assert build.sm90_ladder(128, has_mask=False) == (build.SM90_WIDE[128],) + LADDER[128]
+    pers = lambda t: replace(t, persistent=True)  # noqa: E731
+    assert build.sm90_ladder(128, has_mask=False) == tuple(map(pers, (build.SM90_WIDE[128],) + LADDER[128]))
+    assert build.sm90_ladder(256, has_mask=False) == tuple(map(pers, LADDER[256]))
     tiles, spill = build_sm90_ladder(tmp_path / "full", fixture_inc("full"), torch.bfloat16, 128, "sm_90a",
                                      ladder=build.sm90_ladder(128, has_mask=False))
-    assert (tiles, spill) == (build.SM90_WIDE[128], 0)
+    assert (tiles, spill) == (pers(build.SM90_WIDE[128]), 0)
     tiles, spill = build_sm90_ladder(tmp_path / "softcap", fixture_inc("softcap"), torch.bfloat16, 128, "sm_90a",
                                      ladder=build.sm90_ladder(128, has_mask=False))
-    assert (tiles, spill) == (SM90_TILES[128], 0)
+    assert (tiles, spill) == (pers(SM90_TILES[128]), 0)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
