@@ -258,8 +258,8 @@ class Sm90Tiles:
     stages: int
     overlap: bool = True  # issue the next Q.K^T before this tile's softmax (intra-warpgroup overlap)
     pingpong: bool = True  # alternate softmax and GEMMs between the two consumer warpgroups
-    # grid = number of SMs, each CTA walks work tiles in snake order; off (one CTA per tile) measured
-    # faster on the H200 anchors (benchmarks/results/2026-11-29-h200-sm90-r2/tiles.log)
+    # grid = number of SMs, each CTA walks work tiles in snake rounds; sm90_ladder turns it on for plain
+    # attention only (a static deal loses to the hardware's CTA dispatch under uneven masks)
     persistent: bool = False
     # > 0: keep a row's running max while it grows by at most this (log2 units) and skip rescaling O
     # (FA4's conditional rescale); the defaults below use 8
@@ -301,18 +301,22 @@ SM90_LADDER = {
 }
 
 
-def sm90_ladder(head_dim: int, has_mask: bool) -> tuple:
+def sm90_ladder(head_dim: int, has_mask: bool, has_score_mod: bool) -> tuple:
     """The tile settings a variant's SM90 build tries, best first (kernels.build_sm90_ladder takes the
     first that ptxas compiles without spills).
 
-    Without a mask every work tile visits every kv tile: equal work per tile, which the persistent grid's
-    static snake rounds balance, and it saves a CTA launch + prologue per tile (hd128 full: +0.7% at
-    S = 8192, +8% at S = 1024 with B = H = 16). Under uneven masks the static rounds lose to the hardware's
-    dynamic CTA dispatch (causal -22%, prefix-LM -18%, document ids -7%; tiles-persistent.log)."""
+    Without a mask the ladder starts at the wide tiles (SM90_WIDE). Plain attention (no mask, no
+    score_mod) also runs on the persistent grid: every work tile visits every kv tile, equal work that
+    the static snake rounds balance, and a CTA launch + prologue per tile is saved (full at S = 1024: +8% at
+    hd128 side by side, 349 -> 406 TFLOP/s at hd64 between two sweeps; neutral at S = 8192). Under uneven
+    masks the static rounds lose to the hardware's dynamic CTA dispatch (causal -22%, prefix-LM -18%,
+    document ids -7%), and softcap measured 2.12x flex on it against 2.30x without
+    (benchmarks/results/2026-11-29-h200-sm90-r3/, tiles-persistent.log and README.md)."""
     if has_mask:
         return SM90_LADDER[head_dim]
     wide = SM90_WIDE.get(head_dim)
-    return tuple(replace(t, persistent=True) for t in ((wide,) if wide is not None else ()) + SM90_LADDER[head_dim])
+    ladder = ((wide,) if wide is not None else ()) + SM90_LADDER[head_dim]
+    return ladder if has_score_mod else tuple(replace(t, persistent=True) for t in ladder)
 
 
 SM90_HEADERS = ("attngen_common.cuh", "sm80_mma.cuh", "fast_math.cuh", "sm90_mbarrier.cuh", "sm90_tma.cuh",

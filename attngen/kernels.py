@@ -7,8 +7,10 @@ a dict lookup plus the ctypes launch.
 from __future__ import annotations
 
 import re
+import shutil
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
@@ -76,7 +78,7 @@ def signature_fields(attn, dtype: torch.dtype, head_dim: int, arch: str, kernel:
         "kernel": kernel,
         # tile settings live in build.py, not in the templates: they change the binary too (with
         # SM90_SPILL_LADDER the whole ladder, since the build takes its first rung that does not spill)
-        "tiles": repr(_sm90_tile_choices(head_dim, traced.has_mask) if kernel == "sm90"
+        "tiles": repr(_sm90_tile_choices(head_dim, traced.has_mask, traced.has_score_mod) if kernel == "sm90"
                       else tile_config(head_dim, arch)),
         "fast_math": attn.fast_math,
         "templates": _template_hash(),
@@ -111,7 +113,8 @@ def build_kernel(attn, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128,
         info = {}
         if kind == "sm90" and SM90_SPILL_LADDER:
             tiles, spill = build_sm90_ladder(tmpdir, inc, dtype, head_dim, arch,
-                                             ladder=sm90_ladder(head_dim, attn.traced.has_mask))
+                                             ladder=sm90_ladder(head_dim, attn.traced.has_mask,
+                                                                attn.traced.has_score_mod))
             info = {"tiles": repr(tiles), "spill_bytes": spill}
         else:
             write_build_ninja(tmpdir, render_sources(inc, dtype, head_dim, arch, kernel=kind), arch)
@@ -139,8 +142,8 @@ def build_kernel(attn, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128,
 SM90_SPILL_LADDER = True
 
 
-def _sm90_tile_choices(head_dim: int, has_mask: bool):
-    return sm90_ladder(head_dim, has_mask) if SM90_SPILL_LADDER else SM90_TILES[head_dim]
+def _sm90_tile_choices(head_dim: int, has_mask: bool, has_score_mod: bool):
+    return sm90_ladder(head_dim, has_mask, has_score_mod) if SM90_SPILL_LADDER else SM90_TILES[head_dim]
 
 
 def ptxas_spill_bytes(output: str) -> Optional[int]:
@@ -152,22 +155,35 @@ def ptxas_spill_bytes(output: str) -> Optional[int]:
 def build_sm90_ladder(build_dir: Path, variant_inc: str, dtype, head_dim: int, arch: str, ladder=None):
     """Build the SM90 library in build_dir with the first rung of ``ladder`` (default SM90_LADDER[head_dim])
     that ptxas compiles without spilling (mods that keep many values live push the default tiles over the
-    register budget); when every rung spills, the one that spills least. Returns (tiles, spill bytes)."""
-    ladder = tuple(ladder or SM90_LADDER[head_dim])
-    def build_with(tiles) -> int:
-        sources = render_sources(variant_inc, dtype, head_dim, arch, tiles=tiles, kernel="sm90")
-        write_build_ninja(build_dir, sources, arch, ["-Xptxas", "-v"])
-        return ptxas_spill_bytes(run_ninja(build_dir)) or 0
+    register budget); when every rung spills, the one that spills least. Returns (tiles, spill bytes).
 
-    spills = []
-    for tiles in ladder:
-        spill = build_with(tiles)
-        if spill == 0:
-            return tiles, 0
-        spills.append((spill, tiles))
-    spill, tiles = min(spills, key=lambda x: x[0])
-    if tiles != ladder[-1]:  # the directory holds the last rung's build
-        build_with(tiles)
+    The first rung is built alone (most variants stop there); when it spills, the other rungs build at
+    once, one nvcc each in its own subdirectory, so a heavy mod costs about two builds of wall time, not
+    one per rung, and the chosen rung's files replace the first rung's."""
+    ladder = tuple(ladder or SM90_LADDER[head_dim])
+    build_dir = Path(build_dir)
+
+    def build_in(d: Path, tiles) -> int:
+        sources = render_sources(variant_inc, dtype, head_dim, arch, tiles=tiles, kernel="sm90")
+        write_build_ninja(d, sources, arch, ["-Xptxas", "-v"])
+        return ptxas_spill_bytes(run_ninja(d)) or 0
+
+    spill = build_in(build_dir, ladder[0])
+    if spill == 0 or len(ladder) == 1:
+        return ladder[0], spill
+    dirs = [build_dir / f"rung{n}" for n in range(1, len(ladder))]
+    try:
+        with ThreadPoolExecutor(len(dirs)) as ex:
+            spills = list(ex.map(build_in, dirs, ladder[1:]))
+        results = [(spill, ladder[0], build_dir)] + list(zip(spills, ladder[1:], dirs))
+        spill, tiles, chosen = next((r for r in results if r[0] == 0), None) or min(results, key=lambda r: r[0])
+        if chosen != build_dir:
+            for f in chosen.iterdir():  # sources, build.ninja (relative paths), the library
+                if f.is_file() and not f.name.startswith("."):
+                    shutil.copy2(f, build_dir / f.name)
+    finally:
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
     return tiles, spill
 
 

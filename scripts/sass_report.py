@@ -11,6 +11,7 @@ import sys
 import torch
 
 import attngen
+from attngen import build
 from attngen.kernels import build_kernel
 from attngen.runtime import load_library
 
@@ -43,9 +44,9 @@ cases = [
     ("two documents", attngen.compile(mask_mod=attngen.document(docs) & attngen.document(docs2)), (128,)),
     ("bias table + causal", attngen.compile(score_mod=bias_mod, causal=True), (128,)),
 ]
-print(f"| variant | head dim | kernel | tiles (BQ x BK) | registers | spill stores/loads (bytes) | smem (static) | HGMMA "
-      "| LDL | STL |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print(f"| variant | head dim | kernel | tiles (BQ x BK) | grid | registers | spill stores/loads (bytes) | smem (static) "
+      "| HGMMA | LDL | STL |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for name, attn, dims in cases:
     for d in dims:
         lib = build_kernel(attn, torch.bfloat16, d, "sm_90a", args.kernel)
@@ -60,5 +61,7 @@ for name, attn, dims in cases:
         reg, shared, local = (m.groups() if m else ("?", "?", "?"))
         n_hgmma, n_ldl, n_stl = (len(re.findall(pat, sass)) for pat in (r"HGMMA", r"\bLDL", r"\bSTL"))
         info = load_library(lib)  # reads the kernel info block only: no GPU needed
-        print(f"| {name} | {d} | {args.kernel} | {info.block_q}x{info.block_k} | {reg} | local {local} | {shared} "
-              f"| {n_hgmma} | {n_ldl} | {n_stl} |", flush=True)
+        src = lib.parent / build.KERNEL_SOURCE  # its header comment states the tile settings it was rendered with
+        grid = "persistent" if src.exists() and "persistent True" in src.read_text()[:2000] else "CTA per tile"
+        print(f"| {name} | {d} | {args.kernel} | {info.block_q}x{info.block_k} | {grid} | {reg} | local {local} "
+              f"| {shared} | {n_hgmma} | {n_ldl} | {n_stl} |", flush=True)

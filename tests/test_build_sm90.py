@@ -481,21 +481,27 @@ def test_build_takes_first_ladder_rung_without_spills(tmp_path):
 
     tiles, spill = build_sm90_ladder(tmp_path / "heavy", fixture_inc("sm90_alibi_document"), torch.float16, 256, "sm_90a")
     assert (tiles, spill) == (LADDER[256][1], 0)
-    assert (tmp_path / "heavy" / build.LIBRARY_NAME).exists()
+    # the rungs after the first build side by side in subdirectories; the chosen one's library and
+    # sources end up in the build directory, and the subdirectories are gone
+    lib = runtime.load_library(tmp_path / "heavy" / build.LIBRARY_NAME)  # kernel info only: no GPU needed
+    assert (lib.block_k, lib.head_dim) == (LADDER[256][1].block_k, 256)
+    assert f"BK {LADDER[256][1].block_k}," in (tmp_path / "heavy" / build.KERNEL_SOURCE).read_text()
+    assert not list((tmp_path / "heavy").glob("rung*"))
     tiles, spill = build_sm90_ladder(tmp_path / "light", fixture_inc("causal"), torch.bfloat16, 128, "sm_90a")
     assert (tiles, spill) == (SM90_TILES[128], 0)
-    # without a mask the ladder starts at the wide tiles, on the persistent grid: full keeps them,
-    # softcap spills there and drops to the default BK
-    assert build.sm90_ladder(128, has_mask=True) == LADDER[128]
+    # without a mask the ladder starts at the wide tiles (plain attention on the persistent grid): full
+    # keeps them, softcap spills there and drops to the default BK
+    assert build.sm90_ladder(128, True, False) == build.sm90_ladder(128, True, True) == LADDER[128]
     pers = lambda t: replace(t, persistent=True)  # noqa: E731
-    assert build.sm90_ladder(128, has_mask=False) == tuple(map(pers, (build.SM90_WIDE[128],) + LADDER[128]))
-    assert build.sm90_ladder(256, has_mask=False) == tuple(map(pers, LADDER[256]))
+    assert build.sm90_ladder(128, False, True) == (build.SM90_WIDE[128],) + LADDER[128]
+    assert build.sm90_ladder(128, False, False) == tuple(map(pers, (build.SM90_WIDE[128],) + LADDER[128]))
+    assert build.sm90_ladder(256, False, False) == tuple(map(pers, LADDER[256]))
     tiles, spill = build_sm90_ladder(tmp_path / "full", fixture_inc("full"), torch.bfloat16, 128, "sm_90a",
-                                     ladder=build.sm90_ladder(128, has_mask=False))
+                                     ladder=build.sm90_ladder(128, False, False))
     assert (tiles, spill) == (pers(build.SM90_WIDE[128]), 0)
     tiles, spill = build_sm90_ladder(tmp_path / "softcap", fixture_inc("softcap"), torch.bfloat16, 128, "sm_90a",
-                                     ladder=build.sm90_ladder(128, has_mask=False))
-    assert (tiles, spill) == (pers(SM90_TILES[128]), 0)
+                                     ladder=build.sm90_ladder(128, False, True))
+    assert (tiles, spill) == (SM90_TILES[128], 0)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
