@@ -4,7 +4,8 @@
 Everything runs in ONE process (plus two short subprocesses for the warm/cold build figures):
 
   anchors   B=2, H=16, S=8192, D=128, bf16: full, causal, sliding_window(1024), softcap(30),
-            softcap(30)+causal, alibi(16)+causal, document(8 sorted random docs), prefix_lm(2048).
+            softcap(30)+causal, alibi(16)+causal, document (8 sorted random ids per position, as the anchor
+            probe), document_cuts (8 documents at random cut points), prefix_lm(2048).
             attngen's output is checked against flex's (max abs error printed) before timing.
   --sweep   S in 1k..32k x D in 64/128/256, full and causal, attngen vs SDPA. FlashAttention's
             convention keeps the work per point comparable: B = tokens // S, H = hidden // D
@@ -41,7 +42,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-ANCHORS = ["full", "causal", "sliding_window", "softcap", "softcap_causal", "alibi_causal", "document", "prefix_lm"]
+ANCHORS = ["full", "causal", "sliding_window", "softcap", "softcap_causal", "alibi_causal", "document", "document_cuts",
+           "prefix_lm"]
+# table labels where the variant's own name does not tell two anchors apart
+LABELS = {"document": "document(8 docs of ~S/8, anchor probe)", "document_cuts": "document(8 docs, random cuts)"}
 WARMUP_MS, REP_MS = 50, 200
 ROUNDS = 3  # interleaved timing rounds per anchor variant (attngen, flex, SDPA)
 CHECK_TOL = {"bfloat16": 2e-2, "float16": 5e-3}
@@ -68,8 +72,15 @@ def make_variant(key: str, S: int, H: int, device, seed: int = 0):
     if key == "alibi_causal":
         return V.alibi(H), V.causal()
     if key == "document":
+        # the anchor probe's definition (../shared/anchors/flex_cudnn_probe.py): an id in [0, 8) drawn per
+        # position, sorted: 8 documents of about S / 8 tokens each (density ~ 1/8)
         gen = torch.Generator().manual_seed(seed)
-        # 8 documents: 7 distinct random cut points, ids sorted by construction
+        doc_ids = torch.randint(0, 8, (S,), generator=gen).sort().values.to(torch.int32)
+        return None, V.document(doc_ids.to(device))
+    if key == "document_cuts":
+        gen = torch.Generator().manual_seed(seed)
+        # 8 documents of uneven lengths: 7 distinct random cut points, ids sorted by construction (this
+        # benchmark's "document" row until 2026-11-29; density 0.219 at S = 8192, seed 0)
         cuts = torch.randperm(S - 1, generator=gen)[:7].add(1).sort().values
         doc_ids = torch.searchsorted(cuts, torch.arange(S), right=True).to(torch.int32)
         return None, V.document(doc_ids.to(device))
@@ -241,7 +252,7 @@ def run_anchors(args, dtype, device):
         row = {"key": key, "B": B, "H": H, "S": S, "D": D, "dtype": str(dtype).replace("torch.", "")}
         try:
             score_mod, mask_mod = make_variant(key, S, H, device, seed=args.seed)
-            row["variant"] = variant_name(score_mod, mask_mod)
+            row["variant"] = LABELS.get(key) or variant_name(score_mod, mask_mod)
             row["density"] = density_of(score_mod, mask_mod, B, H, S, device)
         except Exception as e:  # noqa: BLE001
             row["error"] = err_line("variant setup", e)
