@@ -118,7 +118,12 @@ class CompiledAttention:
                 return forward(lib, q, k, v, scale=scale, q_offset=q_offset, return_lse=return_lse)
             except KernelLaunchError as e:
                 if e.code not in SM90_FALLBACK_CODES:
-                    raise  # else the full path retries on the portable kernel
+                    raise
+                # the layout cannot be described by a TMA tensor map: the portable kernel, as run_forward does
+                from .kernels import run_forward
+
+                return run_forward(self, q, k, v, scale=scale, return_lse=return_lse, q_offset=q_offset,
+                                   kernel="sm80")
         if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
             raise InputError("q, k, v must be torch tensors of shape (B, H, L, D)")
         if q_offset.__class__ is not int or q_offset < 0:

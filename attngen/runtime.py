@@ -391,6 +391,7 @@ def forward(
         packed = head + _PACK_TAIL.pack(*_captured_fields(q.device, captured, summaries))
     else:
         packed = head + _ZERO_TAIL
+    # lib._fwd is lib.launch without the method call: this is the per-call hot path
     if dev == _current_device():
         rc = lib._fwd(packed, _raw_stream(dev))
     else:

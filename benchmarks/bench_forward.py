@@ -202,16 +202,23 @@ def make_sdpa(causal: bool, backend: str):
     return run
 
 
-def sdpa_time(q, k, v, causal: bool):
-    """(ms, label): cuDNN first; if cuDNN refuses the problem, flash, labelled so in the table."""
+def sdpa_for(q, k, v, causal: bool):
+    """(fn, label) of an SDPA call that runs on these inputs: cuDNN first; if cuDNN refuses the problem,
+    flash, labelled so in the table. (None, None) if neither runs."""
     for backend in ("cudnn", "flash"):
         try:
             fn = make_sdpa(causal, backend)
             fn(q, k, v)
-            return bench_ms(lambda: fn(q, k, v)), backend
+            return fn, backend
         except Exception as e:  # noqa: BLE001
             err_line(f"SDPA[{backend}]", e)
     return None, None
+
+
+def sdpa_time(q, k, v, causal: bool):
+    """(ms, label) of sdpa_for's call."""
+    fn, backend = sdpa_for(q, k, v, causal)
+    return (bench_ms(lambda: fn(q, k, v)), backend) if fn is not None else (None, None)
 
 
 def _out(x):
@@ -288,15 +295,10 @@ def run_anchors(args, dtype, device):
         except Exception as e:  # noqa: BLE001
             row["attngen_error"] = err_line("attngen", e)
         if score_mod is None and key in ("full", "causal"):
-            for backend in ("cudnn", "flash"):
-                try:
-                    sd = make_sdpa(key == "causal", backend)
-                    sd(q, k, v)
-                    fns["sdpa"] = lambda sd=sd: sd(q, k, v)
-                    row["sdpa_backend"] = backend
-                    break
-                except Exception as e:  # noqa: BLE001
-                    err_line(f"SDPA[{backend}]", e)
+            sd, backend = sdpa_for(q, k, v, key == "causal")
+            if sd is not None:
+                fns["sdpa"] = lambda sd=sd: sd(q, k, v)
+                row["sdpa_backend"] = backend
         heat_gpu(device, 1.0)
         times = {n: [] for n in fns}
         for _ in range(ROUNDS):

@@ -66,9 +66,10 @@ for step in "${steps[@]}"; do
       tar czf "$RES/ncu.tgz" -C "$RES" $(cd "$RES" && ls ncu-*) && rm -f "$RES"/ncu-* ;;
     probe)
       # warm load and host time per call, split by layer: one run fills the cache, two are reported
-      export ATTNGEN_CACHE_DIR=/tmp/attngen-probe-cache
-      python scripts/load_probe.py > /dev/null 2>&1
-      for i in 1 2; do python scripts/load_probe.py; done 2>&1 | tee "$RES/load_probe.txt" ;;
+      probe_cache=/tmp/attngen-probe-cache  # its own cache, for this step only
+      ATTNGEN_CACHE_DIR=$probe_cache python scripts/load_probe.py > /dev/null 2>&1
+      for i in 1 2; do ATTNGEN_CACHE_DIR=$probe_cache python scripts/load_probe.py; done 2>&1 \
+        | tee "$RES/load_probe.txt" ;;
     tiles)
       # A/B of tile settings, interleaved rounds, "variants:tiles[:D[:S[:B[:H]]]]" separated by ';', e.g.
       # TILE_SWEEPS="full,causal:128x2,176x2;softcap:128x2,128x2-pe3-fl;full:128x3,128x3-rt8:64"
