@@ -258,8 +258,8 @@ class Sm90Tiles:
     stages: int
     overlap: bool = True  # issue the next Q.K^T before this tile's softmax (intra-warpgroup overlap)
     pingpong: bool = True  # alternate softmax and GEMMs between the two consumer warpgroups
-    # grid = number of SMs, each CTA walks work tiles in snake rounds; sm90_ladder turns it on for plain
-    # attention only (a static deal loses to the hardware's CTA dispatch under uneven masks)
+    # grid = number of SMs, each CTA takes work tiles from a global counter (sm90_tile_counter.cuh);
+    # sm90_ladder turns it on for plain attention
     persistent: bool = False
     # > 0: keep a row's running max while it grows by at most this (log2 units) and skip rescaling O
     # (FA4's conditional rescale); the defaults below use 8
@@ -273,10 +273,10 @@ class Sm90Tiles:
     block_q: int = 128
 
     def smem_bytes(self, head_dim: int) -> int:
-        """Dynamic shared memory: 1 KiB alignment slack, the Q tile, the K/V ring, mbarriers."""
+        """Dynamic shared memory: 1 KiB alignment slack, the Q tile, the K/V ring, mbarriers, the tile id."""
         q = self.block_q * head_dim * 2
         kv = self.block_k * head_dim * 2
-        return 1024 + q + 2 * self.stages * kv + 8 * (2 + 4 * self.stages)
+        return 1024 + q + 2 * self.stages * kv + 8 * (2 + 4 * self.stages + 2) + 8
 
 
 # Defaults per head dim (BK=128 at d64/d128 as FA3; d256 is bounded by the 227 KiB of shared memory).
@@ -306,12 +306,13 @@ def sm90_ladder(head_dim: int, has_mask: bool, has_score_mod: bool) -> tuple:
     first that ptxas compiles without spills).
 
     Without a mask the ladder starts at the wide tiles (SM90_WIDE). Plain attention (no mask, no
-    score_mod) also runs on the persistent grid: every work tile visits every kv tile, equal work that
-    the static snake rounds balance, and a CTA launch + prologue per tile is saved (full at S = 1024: +8% at
-    hd128 side by side, 349 -> 406 TFLOP/s at hd64 between two sweeps; neutral at S = 8192). Under uneven
-    masks the static rounds lose to the hardware's dynamic CTA dispatch (causal -22%, prefix-LM -18%,
-    document ids -7%), and softcap measured 2.12x flex on it against 2.30x without
-    (benchmarks/results/2026-11-29-h200-sm90-r3/, tiles-persistent.log and README.md)."""
+    score_mod) runs on the persistent grid, whose CTAs take work tiles from a global counter and load a
+    tile's Q and K/V under the previous tile's epilogue (full at S = 1024: +8% at hd128 already with the
+    earlier static deal). For the other variants it did not measure a clear gain over one CTA per tile
+    (H200, B=2 H=16 S=8192 D=128, two rounds side by side, benchmarks/results/2026-11-29-h200-sm90-r4/
+    tiles-round3.log and tiles-round4.log): sliding window +4.3% / +3.5%, but causal +1.2% / -2.5%,
+    document ids +4.0% / -2.1%, prefix-LM +0.4% / -2.0%, softcap 0% / -2.1%, softcap + causal -2.5% / -1.7%,
+    ALiBi + causal +1.9% / -0.5%."""
     if has_mask:
         return SM90_LADDER[head_dim]
     wide = SM90_WIDE.get(head_dim)
@@ -320,7 +321,7 @@ def sm90_ladder(head_dim: int, has_mask: bool, has_score_mod: bool) -> tuple:
 
 
 SM90_HEADERS = ("attngen_common.cuh", "sm80_mma.cuh", "fast_math.cuh", "sm90_mbarrier.cuh", "sm90_tma.cuh",
-                "sm90_wgmma.cuh")
+                "sm90_wgmma.cuh", "sm90_tile_counter.cuh")
 # attngen_fwd's own return codes when a TMA tensor map cannot be made: run the sm80 kernel instead
 SM90_FALLBACK_CODES = (9001, 9002)
 

@@ -229,7 +229,8 @@ def _check_symbols(what: str, expr, allowed: Iterable[sympy.Symbol], arrays: Ite
 
 
 def _stride_symbols(traced: TracedVariant):
-    """Stride symbols per captured tensor: Symbol('c.stride[n][d]'), printed verbatim, typed long long."""
+    """Stride symbols per captured tensor: Symbol('c.stride[n][d]'), printed verbatim, typed long long; the
+    literal 1 for the dims traced with unit stride (CapturedTensor.unit_stride_dims)."""
     out = {}
     for n, ct in enumerate(traced.captured):
         if not 1 <= ct.rank <= 4:
@@ -237,7 +238,8 @@ def _stride_symbols(traced: TracedVariant):
                 f"captured tensor {ct.name} has rank {ct.rank}; generated kernels read tensors of rank 1 to 4 "
                 "(CapturedArgs.stride has 4 entries); reshape it"
             )
-        out[ct.name] = [sympy.Symbol(f"c.stride[{n}][{d}]", integer=True) for d in range(ct.rank)]
+        out[ct.name] = [sympy.Integer(1) if d in ct.unit_stride_dims else sympy.Symbol(f"c.stride[{n}][{d}]", integer=True)
+                        for d in range(ct.rank)]
     return out
 
 

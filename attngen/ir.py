@@ -25,6 +25,10 @@ class CapturedTensor:
     tensor: torch.Tensor = field(compare=False, repr=False)  # the live object, re-read at every call
     dtype: torch.dtype = torch.float32
     rank: int = 1
+    # Dims whose stride was 1 at trace time. Generated code indexes them with a literal unit stride, so the
+    # compiler folds the per-column address arithmetic into load offsets (document ids: a fifth of the
+    # instructions of a masked tile); every call checks the stride is still 1 (kernels._launch).
+    unit_stride_dims: Tuple[int, ...] = ()
 
     @property
     def integer(self) -> bool:
@@ -52,8 +56,9 @@ class TracedVariant:
 
     def canonical(self) -> str:
         """Canonical text of the variant: equal for two spellings of one variant, different for
-        different constants. Captured tensors enter by name, dtype and rank, never by value."""
-        caps = ";".join(f"{c.name}:{c.dtype}:{c.rank}" for c in self.captured)
+        different constants. Captured tensors enter by name, dtype, rank and the dims generated code indexes
+        with a literal unit stride (unit_stride_dims), never by value."""
+        caps = ";".join(f"{c.name}:{c.dtype}:{c.rank}:{''.join(map(str, c.unit_stride_dims))}" for c in self.captured)
         return f"score={sympy.srepr(self.score)}|mask={sympy.srepr(self.mask)}|captured={caps}"
 
 

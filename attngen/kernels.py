@@ -254,6 +254,13 @@ def _launch(attn, lib, q, k, v, scale, return_lse, q_offset):
                 f"captured tensor {c.name} ({t.dtype}, shape {tuple(t.shape)}) is on {t.device} but q is on {q.device}; "
                 f"move it before compiling (e.g. doc_ids.to('{q.device}'))"
             )
+        for d in c.unit_stride_dims:
+            if t.stride(d) != 1 and t.shape[d] > 1:
+                raise InputError(
+                    f"captured tensor {c.name} ({t.dtype}, shape {tuple(t.shape)}) had stride 1 in dim {d} when the "
+                    f"variant was compiled, and the kernel was built for it; now its strides are {tuple(t.stride())}. "
+                    "Keep the captured tensor's layout (copy new values in with .copy_()), or compile the variant again"
+                )
     sc = attn.__dict__.setdefault("_summary_cache", _SummaryCache())
     summaries = sc.get(attn, captured, lib, q.shape[2], k.shape[2], int(q_offset))
     return forward(lib, q, k, v, scale=scale, q_offset=int(q_offset), return_lse=return_lse,

@@ -62,7 +62,8 @@ class _Tracer:
     def capture(self, t: torch.Tensor) -> CapturedTensor:
         c = self._by_id.get(id(t))
         if c is None:
-            c = CapturedTensor(name=f"t{len(self.captured)}", tensor=t, dtype=t.dtype, rank=t.dim())
+            c = CapturedTensor(name=f"t{len(self.captured)}", tensor=t, dtype=t.dtype, rank=t.dim(),
+                               unit_stride_dims=tuple(d for d in range(t.dim()) if t.stride(d) == 1))
             self.captured.append(c)
             self._by_id[id(t)] = c
         return c

@@ -84,6 +84,11 @@ def make_variant(key: str, S: int, H: int, device, seed: int = 0):
         cuts = torch.randperm(S - 1, generator=gen)[:7].add(1).sort().values
         doc_ids = torch.searchsorted(cuts, torch.arange(S), right=True).to(torch.int32)
         return None, V.document(doc_ids.to(device))
+    if key == "document_aligned":
+        # not an anchor: 8 documents of exactly S / 8 tokens (multiples of the 128-row tiles), so every visited
+        # tile is FULL; against "document" it separates the cost of partial tiles from the rest
+        doc_ids = (torch.arange(S) // max(1, S // 8)).clamp(max=7).to(torch.int32)
+        return None, V.document(doc_ids.to(device))
     if key == "prefix_lm":
         return None, V.prefix_lm(2048)
     raise KeyError(f"unknown variant {key!r}; choose from {', '.join(ANCHORS)}")

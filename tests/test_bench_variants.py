@@ -22,11 +22,13 @@ def test_anchor_variant_traces(key):
 
 def test_document_anchor_densities():
     dens = {}
-    for key in ("document", "document_cuts"):
+    for key in ("document", "document_cuts", "document_aligned"):
         _, mask_mod = bench_forward.make_variant(key, 8192, 16, "cpu")
         dens[key] = attngen.reference.mask_density(Variant(None, mask_mod), 1, 1, 8192, 8192, device="cpu")
     # the anchor probe's 8 ids per position, sorted: 8 documents of ~1024 tokens, density ~1/8
     assert abs(dens["document"] - 0.125) < 0.005
     # 7 random cut points (seed 0): the uneven documents measured as "document" until 2026-11-29
     assert abs(dens["document_cuts"] - 0.219) < 0.001
+    # documents of exactly S / 8 tokens on tile boundaries (not an anchor): density exactly 1/8
+    assert dens["document_aligned"] == 0.125
     assert len(bench_forward.ANCHORS) == len(set(bench_forward.ANCHORS))

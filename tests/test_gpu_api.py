@@ -219,3 +219,61 @@ def test_hot_path_matches_first_call_and_still_checks():
     doc = attngen.compile(mask_mod=attngen.document(DOCS), backend=BACKEND)
     doc(q, k, v)
     assert not doc._ready  # captured tensors: the full path checks their device and block summaries each call
+
+
+def test_captured_tensor_strides():
+    """A captured tensor traced with unit stride is indexed with a literal stride 1 (codegen): one with another
+    stride gets the general code and the same results, and one whose layout changes after compile is refused."""
+    q, k, v = (torch.randn(1, 2, 700, 128, device=DEV, dtype=torch.bfloat16) for _ in range(3))
+    base = torch.zeros(2 * DOCS.numel(), dtype=DOCS.dtype, device=DEV)
+    base[::2] = DOCS
+    strided = attngen.compile(mask_mod=attngen.document(base[::2]), backend=BACKEND)
+    assert strided.traced.captured[0].unit_stride_dims == ()
+    ref = attngen.reference.attention(q.double(), k.double(), v.double(), strided.variant)
+    assert (strided(q, k, v).double() - ref).abs().max() < 2e-2
+
+    docs = DOCS.clone()
+    attn = attngen.compile(mask_mod=attngen.document(docs), backend=BACKEND)
+    assert attn.traced.captured[0].unit_stride_dims == (0,)
+    assert torch.equal(attn(q, k, v), strided(q, k, v))
+    docs.set_(base.untyped_storage(), 0, (DOCS.numel(),), (2,))  # same values, stride 2
+    with pytest.raises(attngen.InputError, match="stride 1"):
+        attn(q, k, v)
+
+
+def test_persistent_grid_counters():
+    """Plain attention runs on the persistent grid, whose CTAs take tiles from a per-stream counter that each
+    launch leaves at zero (sm90_tile_counter.cuh). More tiles than SMs; back-to-back launches, two streams at
+    once and a CUDA graph replayed between eager calls all give the eager result (the kernel is deterministic)."""
+    attn = attngen.compile(backend=BACKEND)
+    B, H, L = 2, 16, 1100  # 9 q-blocks x 32 heads = 288 tiles
+    qs = [tuple(torch.randn(B, H, L, 128, device=DEV, dtype=torch.bfloat16) for _ in range(3)) for _ in range(2)]
+    refs = [attn(*x).clone() for x in qs]
+    ref64 = attngen.reference.attention(*(t.double() for t in qs[0]), attn.variant)
+    assert (refs[0].double() - ref64).abs().max() < 2e-2
+    for _ in range(3):
+        assert torch.equal(attn(*qs[0]), refs[0])
+
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = [None, None]
+    for _ in range(3):
+        for n, s in enumerate(streams):
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                outs[n] = attn(*qs[n])
+        for s in streams:
+            torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        for n in range(2):
+            assert torch.equal(outs[n], refs[n])
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = attn(*qs[0])
+    for _ in range(3):
+        captured.zero_()
+        graph.replay()
+        eager = attn(*qs[1])
+        torch.cuda.synchronize()
+        assert torch.equal(captured, refs[0])
+        assert torch.equal(eager, refs[1])

@@ -154,3 +154,21 @@ def test_bool_tensor_element_is_a_condition():
     valid = torch.tensor([True, False, True])
     t = _mask(lambda b, h, q, k: valid[k] & (q >= k))
     assert t.mask.has(S.ILoad) and t.captured[0].dtype == torch.bool
+
+
+def test_unit_stride_dims_enter_the_key_and_the_generated_code():
+    """A dim traced with stride 1 is indexed with a literal unit stride: a strided tensor of the same dtype
+    and rank must get another cache key and other code (it once loaded the contiguous variant's library)."""
+    from attngen.codegen import render_variant_inc
+
+    base = torch.arange(16) // 4
+    contiguous, strided = base[:8].clone(), base[::2]
+    a, b = _mask(attngen.document(contiguous)), _mask(attngen.document(strided))
+    assert a.captured[0].unit_stride_dims == (0,) and b.captured[0].unit_stride_dims == ()
+    assert a.canonical() != b.canonical()
+    inc_a = render_variant_inc(a, attngen.predicates.derive(a))
+    inc_b = render_variant_inc(b, attngen.predicates.derive(b))
+    assert "c.stride[0][0]" not in inc_a and "c.stride[0][0] * (long long)kv_idx" in inc_b
+    table = torch.randn(8, 64)[::2]  # (4, 64): dim 0 stride 128, dim 1 contiguous
+    t = _score(lambda s, b, h, q, k: s + table[h, q - k + 32])
+    assert t.captured[0].unit_stride_dims == (1,)
