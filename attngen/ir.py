@@ -26,8 +26,9 @@ class CapturedTensor:
     dtype: torch.dtype = torch.float32
     rank: int = 1
     # Dims whose stride was 1 at trace time. Generated code indexes them with a literal unit stride, so the
-    # compiler folds the per-column address arithmetic into load offsets (document ids: a fifth of the
-    # instructions of a masked tile); every call checks the stride is still 1 (kernels._launch).
+    # compiler folds the per-column address arithmetic into load offsets (document ids on the H200: 343 -> 378
+    # TFLOP/s, benchmarks/results/2026-11-29-h200-sm90-r4/); every call checks the stride is still 1
+    # (kernels._launch).
     unit_stride_dims: Tuple[int, ...] = ()
 
     @property

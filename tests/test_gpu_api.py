@@ -245,10 +245,18 @@ def test_persistent_grid_counters():
     """Plain attention runs on the persistent grid, whose CTAs take tiles from a per-stream counter that each
     launch leaves at zero (sm90_tile_counter.cuh). More tiles than SMs; back-to-back launches, two streams at
     once and a CUDA graph replayed between eager calls all give the eager result (the kernel is deterministic)."""
+    from pathlib import Path
+
+    from attngen import build
+
     attn = attngen.compile(backend=BACKEND)
     B, H, L = 2, 16, 1100  # 9 q-blocks x 32 heads = 288 tiles
     qs = [tuple(torch.randn(B, H, L, 128, device=DEV, dtype=torch.bfloat16) for _ in range(3)) for _ in range(2)]
     refs = [attn(*x).clone() for x in qs]
+    for lib in attn._kernels.values():  # an sm90 build must be the persistent one (its source header says so)
+        head = (Path(lib.path).parent / build.KERNEL_SOURCE).read_text()[:2000]
+        if "fwd_sm90.cu.j2" in head:
+            assert "persistent True" in head
     ref64 = attngen.reference.attention(*(t.double() for t in qs[0]), attn.variant)
     assert (refs[0].double() - ref64).abs().max() < 2e-2
     for _ in range(3):
