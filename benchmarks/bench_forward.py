@@ -21,7 +21,8 @@ TFLOP/s = 4 * B * H * S^2 * D * density / time, density = fraction of unmasked (
 with the brute-force mask (attngen.reference.mask_density, chunked on the GPU): masked-out pairs are
 not counted as work, for every implementation alike.
 
-Results (markdown table + JSON with date, device, torch version) go to --out (default benchmarks/results/).
+Results (markdown table + JSON with date, device, torch version) go to --out (default benchmarks/results/latest/;
+scripts/gpu_round.sh names a run's folder <date>-<device>-<commit>).
 A failure in one variant or implementation is printed and the run goes on.
 """
 from __future__ import annotations
@@ -437,12 +438,12 @@ torch.cuda.synchronize()  # CUDA context and allocator are not attngen's cost
 dev_index = torch.cuda.current_device()
 t0 = time.perf_counter()
 import attngen
-from attngen import kernels  # imported on the first call otherwise: an import cost, not a load cost
+from attngen import frontend  # noqa: F401  (the JIT and launch layers: an import cost, not a load cost)
 from attngen import variants as V
 t1 = time.perf_counter()
 attn = attngen.compile(mask_mod=V.causal())
 ta = time.perf_counter()  # trace + derive
-kernels._library(attn, dtype, spec["D"], dev_index)  # disk cache lookup (or build) + dlopen
+attn.library(dtype, spec["D"], dev_index)  # disk cache lookup (or build) + dlopen
 tb = time.perf_counter()
 out = attn(q, k, v)
 out = out[0] if isinstance(out, (tuple, list)) else out
@@ -603,7 +604,7 @@ def parse_args(argv=None):
     p.add_argument("--backend", default="auto", choices=["auto", "sm80", "sm90"], help="attngen kernel (default auto)")
     p.add_argument("--no-compile-figures", action="store_true", help="skip cold/warm build and call overhead")
     p.add_argument("--overhead-calls", type=int, default=1000, help="calls timed for the call overhead (1000)")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="output directory")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "latest"), help="output directory")
     return p.parse_args(argv)
 
 

@@ -1,13 +1,14 @@
-"""Plot a sweep (bench_forward.py --sweep JSON) as docs/perf/sweep.png and a markdown table.
-Usage: python benchmarks/plot_sweep.py RESULT.json [--out docs/perf]   (needs matplotlib)"""
+"""Plot a sweep (bench_forward.py --sweep JSON) as sweep.png and a markdown table beside the JSON.
+Usage: python benchmarks/plot_sweep.py RESULT.json [--out DIR]   (needs matplotlib; DIR defaults to the JSON's folder)"""
 import argparse
 import json
 from pathlib import Path
 
 p = argparse.ArgumentParser()
 p.add_argument("result")
-p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs" / "perf"))
+p.add_argument("--out", default=None)
 args = p.parse_args()
+args.out = args.out or str(Path(args.result).resolve().parent)
 data = json.loads(Path(args.result).read_text())
 rows = data.get("sweep") or []
 if not rows:

@@ -1,16 +1,33 @@
 #!/usr/bin/env bash
 # One device round on the H200: environment facts, parallel kernel builds + GPU tests, benchmark.
 # Usage (on the device, from the repo root): scripts/gpu_round.sh [tests|bench|sweep|sanitize|profile|probe|tiles|all]...
-# Logs and results go to $OUT (the device tool brings that folder back) or benchmarks/results/latest.
+# Logs and results go to $OUT (the device tool brings that folder back) or, when $OUT is unset, to
+# benchmarks/results/<UTC date>-<device, e.g. h200>-<git short commit>/ (see benchmarks/results/README.md).
+# A README.md stub there records the command line, commit, date and steps.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 export ATTNGEN_CACHE_DIR="${ATTNGEN_CACHE_DIR:-/tmp/attngen-cache}"
 export ATTNGEN_TEST_BUILD_JOBS="${ATTNGEN_TEST_BUILD_JOBS:-12}"
-RES="${OUT:-benchmarks/results/latest}"
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+# device short name: "NVIDIA H200" -> h200, "NVIDIA A100-SXM4-80GB" -> a100, "NVIDIA GeForce RTX 4090" -> 4090
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
+  | sed -E 's/NVIDIA|GeForce|RTX|Tesla//g' | awk '{print $1}' | cut -d- -f1 | tr -cd 'A-Za-z0-9' | tr 'A-Z' 'a-z')
+RES="${OUT:-benchmarks/results/$(date -u +%Y-%m-%d)-${gpu:-unknown}-$commit}"
 mkdir -p "$RES"
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(all)
+dirty=""; [ "$commit" != unknown ] && [ -n "$(git status --porcelain -- attngen benchmarks scripts tests ':!benchmarks/results' 2>/dev/null)" ] \
+  && dirty=" (working tree has uncommitted changes under attngen/ benchmarks/ scripts/ tests/)"
+cat > "$RES/README.md" <<EOF
+# Device round $(date -u +%Y-%m-%d), ${gpu:-unknown}, commit $commit
+
+- command: \`$0 $*\`${TILE_SWEEPS:+, TILE_SWEEPS=\"$TILE_SWEEPS\"}${PROFILE_VARIANTS:+, PROFILE_VARIANTS=\"$PROFILE_VARIANTS\"}
+- commit: $commit$dirty
+- date: $(date -u +%Y-%m-%dT%H:%M:%SZ) (UTC, start)
+- steps: ${steps[*]}
+- files: device.txt, gpu_clocks.csv and the logs / forward-*.md|json of the steps above (see scripts/gpu_round.sh)
+EOF
 {
   date -u +"date %Y-%m-%dT%H:%M:%SZ"
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
