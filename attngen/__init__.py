@@ -3,12 +3,12 @@
     attn = attngen.compile(score_mod=attngen.softcap(30), window=4096)
     out = attn(q, k, v)
 """
-__version__ = "0.1.0"
-
 from . import reference
+from .abi import __version__
+from .analysis import analyze
 from .blockmap import block_map, explain
 from .errors import AttngenError, BuildError, CacheError, InputError, UnsupportedOperation
-from .frontend import CompiledAttention, analyze, compile, make_variant
+from .frontend import CompiledAttention, compile, make_variant
 from .mods import MaskMod, ScoreMod, Variant, compose
 from .trace import trace
 from .predicates import derive

@@ -15,6 +15,7 @@ import sympy
 import torch
 
 from . import symbols as S
+from .analysis import analyze
 from .errors import InputError
 from .ir import BlockPredicates, TracedVariant
 from .printer import torch_function
@@ -87,8 +88,6 @@ def block_map(variant, q_len: int, kv_len: int, block: Tuple[int, int] = (128, 1
     ``variant``: anything ``attngen.compile`` returns, a Variant, MaskMod or ScoreMod.
     ``captured``: replacement values for captured tensors by traced name (``t0=doc_ids``).
     """
-    from .frontend import analyze
-
     if q_len <= 0 or kv_len <= 0:
         raise InputError(f"block_map needs positive lengths, got q_len={q_len}, kv_len={kv_len}")
     BQ, BK = block
@@ -152,8 +151,6 @@ def explain(variant, q_len: int = 32768, kv_len: Optional[int] = None, block: Tu
             png: Optional[str] = None, **captured) -> str:
     """A readable report: simplified mask and score expressions, kv-range formulas, sparsity, and
     (with ``png=path``) a picture of the block map."""
-    from .frontend import analyze
-
     kv_len = q_len if kv_len is None else kv_len
     traced, preds = analyze(variant)
     bm = block_map(variant, q_len, kv_len, block, **captured)

@@ -120,14 +120,12 @@ def cmd_explain(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from .kernels import build_kernel
+    from .frontend import compile as compile_variant
 
     variant = parse_variant(args.variant)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    import attngen
-
-    attn = attngen.compile(variant.score_mod, variant.mask_mod, fast_math=not args.no_fast_math)
-    path = build_kernel(attn, dtype=dtype, head_dim=args.head_dim, arch=args.arch, kernel=args.kernel)
+    attn = compile_variant(variant.score_mod, variant.mask_mod, fast_math=not args.no_fast_math)
+    path = attn.spec(dtype, args.head_dim, args.arch, args.kernel).build_cached()
     print(path)
     return 0
 

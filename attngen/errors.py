@@ -19,3 +19,11 @@ class BuildError(AttngenError, RuntimeError):
 
 class CacheError(AttngenError, RuntimeError):
     """The on-disk artifact cache could not be used."""
+
+
+class KernelLaunchError(AttngenError, RuntimeError):
+    """The CUDA runtime refused to launch a compiled kernel (``code``: the library's return code)."""
+
+    def __init__(self, message: str, code: int = 0):
+        super().__init__(message)
+        self.code = code

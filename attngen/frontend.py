@@ -1,50 +1,26 @@
 """``attngen.compile``: declare a variant, get a callable that runs it.
 
-The heavy stages run once per variant object and are memoised here: tracing (trace.py), predicate
-derivation (predicates.py); the kernel is built lazily on the first CUDA call (kernels.py) and cached
-on disk per signature.
+Tracing and predicate derivation run once per variant (analysis.py); a kernel library is built lazily
+on the first CUDA call per (dtype, head dim, device) from its spec (jit/spec.py), cached on disk, and
+memoised on the compiled object, so a later call costs a dict lookup plus the launch (launch.py).
 """
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from typing import Optional, Tuple, Union
 
 import torch
 
-from .build import SM90_FALLBACK_CODES
-from .errors import InputError
-from .ir import BlockPredicates, TracedVariant
-from .mods import ScoreMod, Variant, as_mask_mod, as_score_mod, as_variant, compose
-from .predicates import derive
+from .abi import SM90_FALLBACK_CODES
+from .analysis import analyze
+from .errors import InputError, KernelLaunchError
+from .jit.spec import KernelSpec
+from .jit.toolchain import current_arch
+from .launch import forward, load_library
+from .mods import Variant, as_mask_mod, compose
 from .reference import _check_offset
-from .runtime import KernelLaunchError, forward
-from .trace import trace
 
-_ANALYSIS: "OrderedDict[tuple, tuple]" = OrderedDict()
-_ANALYSIS_SIZE = 64  # bounded: entries hold the mods (and their captured tensors) alive
-_LOCK = threading.Lock()
-
-
-def analyze(variant) -> Tuple[TracedVariant, BlockPredicates]:
-    """Trace and derive once per variant (memoised on compiled objects, and in a small LRU keyed by
-    the mod objects, which the entry keeps alive so their ids cannot be reused while cached)."""
-    if isinstance(variant, CompiledAttention) and hasattr(variant, "predicates"):
-        return variant.traced, variant.predicates
-    v = as_variant(variant)
-    key = (id(v.score_mod), id(v.mask_mod))
-    with _LOCK:
-        hit = _ANALYSIS.get(key)
-        if hit is not None and hit[0] is v.score_mod and hit[1] is v.mask_mod:
-            _ANALYSIS.move_to_end(key)
-            return hit[2], hit[3]
-    traced = trace(v)
-    preds = derive(traced)
-    with _LOCK:
-        _ANALYSIS[key] = (v.score_mod, v.mask_mod, traced, preds)
-        while len(_ANALYSIS) > _ANALYSIS_SIZE:
-            _ANALYSIS.popitem(last=False)
-    return traced, preds
+_BUILD_LOCK = threading.Lock()
 
 
 def _mask_from_options(mask_mod, causal: bool, window):
@@ -93,10 +69,9 @@ class CompiledAttention:
         self.backend = backend
         self.fast_math = fast_math
         self.traced, self.predicates = analyze(variant)
-        self._kernels = {}
-        # (dtype, head dim, device index) -> the library this object launches by default, filled by
-        # kernels._library for variants that read no captured tensors: the call's hot path
-        self._ready = {}
+        self._libraries = {}  # (dtype, head dim, device index, kernel) -> loaded library
+        self._ready = {}      # (dtype, head dim, device index) -> the library a call launches: the hot path
+        self._summaries = _SummaryCache()
 
     @property
     def name(self) -> str:
@@ -104,6 +79,29 @@ class CompiledAttention:
 
     def __repr__(self):
         return f"attngen.compile({self.variant.name}, backend={self.backend!r})"
+
+    def spec(self, dtype: torch.dtype = torch.bfloat16, head_dim: int = 128, arch: Optional[str] = None,
+             kernel: Optional[str] = None) -> KernelSpec:
+        """The kernel spec of this variant for one signature (``arch`` defaults to the current GPU's)."""
+        if kernel is None:
+            kernel = self.backend if self.backend in ("sm80", "sm90") else "auto"
+        return KernelSpec.create(self.traced, self.predicates, name=self.variant.name, dtype=dtype,
+                                 head_dim=head_dim, arch=arch or current_arch(), kernel=kernel,
+                                 fast_math=self.fast_math)
+
+    def library(self, dtype: torch.dtype, head_dim: int, device_index: int, kernel: Optional[str] = None):
+        """The loaded library for one signature on one device, built (or found in the cache) on first use."""
+        key = (dtype, head_dim, device_index, kernel)
+        lib = self._libraries.get(key)
+        if lib is None:
+            with _BUILD_LOCK:
+                lib = self._libraries.get(key)
+                if lib is None:
+                    spec = self.spec(dtype, head_dim, current_arch(device_index), kernel)
+                    lib = self._libraries[key] = load_library(spec.build_cached())
+            if kernel is None:
+                self._ready[(dtype, head_dim, device_index)] = lib
+        return lib
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optional[float] = None,
                  return_lse: bool = False, q_offset: int = 0):
@@ -114,16 +112,7 @@ class CompiledAttention:
         except (AttributeError, IndexError, TypeError):
             lib = None
         if lib is not None and q_offset.__class__ is int and q_offset >= 0:
-            try:
-                return forward(lib, q, k, v, scale=scale, q_offset=q_offset, return_lse=return_lse)
-            except KernelLaunchError as e:
-                if e.code not in SM90_FALLBACK_CODES:
-                    raise
-                # the layout cannot be described by a TMA tensor map: the portable kernel, as run_forward does
-                from .kernels import run_forward
-
-                return run_forward(self, q, k, v, scale=scale, return_lse=return_lse, q_offset=q_offset,
-                                   kernel="sm80")
+            return self._run(lib, q, k, v, scale, return_lse, q_offset)
         if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
             raise InputError("q, k, v must be torch tensors of shape (B, H, L, D)")
         if q_offset.__class__ is not int or q_offset < 0:
@@ -132,9 +121,42 @@ class CompiledAttention:
             from . import reference
 
             return reference.attention(q, k, v, self.variant, scale=scale, return_lse=return_lse, q_offset=q_offset)
-        from .kernels import run_forward
+        if q.dim() != 4:
+            raise InputError(f"q must have shape (B, H, L, D), got {tuple(q.shape)}")
+        dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        return self._run(self.library(q.dtype, q.shape[-1], dev), q, k, v, scale, return_lse, q_offset)
 
-        return run_forward(self, q, k, v, scale=scale, return_lse=return_lse, q_offset=q_offset)
+    def _run(self, lib, q, k, v, scale, return_lse, q_offset):
+        """Launch on ``lib``; a layout the sm90 kernel's TMA cannot describe runs on the portable kernel."""
+        try:
+            return self._launch(lib, q, k, v, scale, return_lse, q_offset)
+        except KernelLaunchError as e:
+            if e.code not in SM90_FALLBACK_CODES:
+                raise
+            portable = self.library(q.dtype, q.shape[-1], q.get_device(), "sm80")
+            return self._launch(portable, q, k, v, scale, return_lse, q_offset)
+
+    def _launch(self, lib, q, k, v, scale, return_lse, q_offset):
+        if not self.traced.captured:
+            return forward(lib, q, k, v, scale=scale, q_offset=q_offset, return_lse=return_lse)
+        captured = [c.tensor for c in self.traced.captured]
+        for c, t in zip(self.traced.captured, captured):
+            if t.device != q.device:
+                raise InputError(
+                    f"captured tensor {c.name} ({t.dtype}, shape {tuple(t.shape)}) is on {t.device} but q is on "
+                    f"{q.device}; move it before compiling (e.g. doc_ids.to('{q.device}'))"
+                )
+            for d in c.unit_stride_dims:
+                if t.stride(d) != 1 and t.shape[d] > 1:
+                    raise InputError(
+                        f"captured tensor {c.name} ({t.dtype}, shape {tuple(t.shape)}) had stride 1 in dim {d} when "
+                        f"the variant was compiled, and the kernel was built for it; now its strides are "
+                        f"{tuple(t.stride())}. Keep the captured tensor's layout (copy new values in with .copy_()), "
+                        "or compile the variant again"
+                    )
+        summaries = self._summaries.get(self, captured, lib, q.shape[2], k.shape[2], int(q_offset))
+        return forward(lib, q, k, v, scale=scale, q_offset=int(q_offset), return_lse=return_lse,
+                       captured=captured, summaries=summaries)
 
     def block_map(self, q_len: int, kv_len: Optional[int] = None, block=(128, 128), **kw):
         from .blockmap import block_map
@@ -145,6 +167,27 @@ class CompiledAttention:
         from .blockmap import explain
 
         return explain(self, q_len, kv_len, **kw)
+
+
+class _SummaryCache:
+    """Per-block summaries of captured tensors, recomputed only when a tensor or a length changes
+    (keyed by data pointer and torch's in-place version counter)."""
+
+    def __init__(self):
+        self.key = None
+        self.value = ()
+
+    def get(self, attn, captured, lib, Lq, Lk, q_offset):
+        preds = attn.predicates
+        if not preds.summaries:
+            return ()
+        key = (lib.block_q, lib.block_k, Lq, Lk, q_offset,
+               tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in captured))
+        if key != self.key:
+            tensors = {c.name: t for c, t in zip(attn.traced.captured, captured)}
+            self.value = tuple(s.compute(tensors, lib.block_q, lib.block_k, Lq, Lk, q_offset) for s in preds.summaries)
+            self.key = key
+        return self.value
 
 
 def compile(score_mod=None, mask_mod=None, *, causal: bool = False, window: Union[None, int, Tuple] = None,

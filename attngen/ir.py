@@ -10,11 +10,8 @@ from typing import Callable, Optional, Tuple
 import sympy
 import torch
 
+from .abi import MAX_CAPTURED, MAX_SUMMARIES  # noqa: F401  (re-exported: the C ABI's slot counts)
 from .mods import Variant
-
-# Slots of CapturedArgs in the C ABI (ATTNGEN_MAX_CAPTURED / ATTNGEN_MAX_SUMMARIES in attngen_common.cuh)
-MAX_CAPTURED = 8
-MAX_SUMMARIES = 8
 
 
 @dataclass(frozen=True)
@@ -26,9 +23,8 @@ class CapturedTensor:
     dtype: torch.dtype = torch.float32
     rank: int = 1
     # Dims whose stride was 1 at trace time. Generated code indexes them with a literal unit stride, so the
-    # compiler folds the per-column address arithmetic into load offsets (document ids on the H200: 343 -> 378
-    # TFLOP/s, benchmarks/results/2026-11-29-h200-sm90-r4/); every call checks the stride is still 1
-    # (kernels._launch).
+    # compiler folds the per-column address arithmetic into load offsets (docs/performance.md); every call
+    # checks the stride is still 1 (CompiledAttention).
     unit_stride_dims: Tuple[int, ...] = ()
 
     @property

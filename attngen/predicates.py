@@ -19,17 +19,17 @@ per-block min/max summaries computed at run time in O(N).
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import sympy
 import torch
-from sympy.logic.boolalg import And, BooleanAtom, BooleanFunction, Not, Or
+from sympy.logic.boolalg import And, Not, Or
 
 from . import symbols as S
+from .abi import MAX_SUMMARIES
 from .errors import InputError
-from .ir import MAX_SUMMARIES, BlockPredicates, CapturedTensor, Summary, TracedVariant
+from .ir import BlockPredicates, CapturedTensor, Summary, TracedVariant
 
 Rel = sympy.core.relational.Relational
 true, false = sympy.true, sympy.false
@@ -520,7 +520,6 @@ _KIND = {sympy.Ge: "ge", sympy.Gt: "gt", sympy.Eq: "eq", sympy.Ne: "ne"}
 def _conj_any(atoms: Sequence, box: Box, summ) -> sympy.Basic:
     """Over-approximate 'some point of the box satisfies all atoms'; exact within each form."""
     groups: Dict[sympy.Expr, list] = {}
-    mods: List = []
     for a in atoms:
         e = a.lhs
         # congruence atoms: Eq/Ne(Mod(x, m) - r, 0) become constraints on the form of x

@@ -23,7 +23,7 @@ import torch
 import torch.utils.checkpoint
 
 from .errors import InputError
-from .mods import Variant, as_mask_mod, as_score_mod, as_variant
+from .mods import as_mask_mod, as_score_mod, as_variant
 
 # Elements of one (B, Hq, chunk, Lk) score block when chunk is chosen automatically: ~64 MiB in fp32.
 _AUTO_CHUNK_ELEMENTS = 1 << 24

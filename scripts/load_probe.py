@@ -9,8 +9,7 @@ t0 = time.perf_counter()
 import torch  # noqa: E402
 
 import attngen  # noqa: E402
-from attngen import kernels  # noqa: E402
-from attngen.runtime import load_library  # noqa: E402
+from attngen.launch import load_library  # noqa: E402
 
 t1 = time.perf_counter()
 print(f"import torch + attngen {1e3 * (t1 - t0):.1f} ms")
@@ -21,11 +20,11 @@ for spec in ({"causal": True}, {"window": 256}):
     attn = attngen.compile(**spec)
     _ = attn.traced, attn.predicates
     b = time.perf_counter()
-    path = kernels.build_kernel(attn, torch.bfloat16, 128, kernels.current_arch(dev), "auto")
+    path = attn.spec(torch.bfloat16, 128).build_cached()
     c = time.perf_counter()
     lib = load_library(path)
     d = time.perf_counter()
-    attn._kernels[(torch.bfloat16, 128, dev, "auto")] = lib
+    attn._libraries[(torch.bfloat16, 128, dev, None)] = attn._ready[(torch.bfloat16, 128, dev)] = lib
     q = torch.randn(1, 1, 64, 128, device="cuda", dtype=torch.bfloat16)
     torch.cuda.synchronize()
     e = time.perf_counter()
@@ -58,18 +57,18 @@ def per_call_us(fn, n=3000):
     return 1e6 * best / n
 
 
-from attngen import runtime  # noqa: E402
+from attngen import launch  # noqa: E402
 
-lib = next(iter(attn._kernels.values()))
-packed = runtime._PACK_HEAD.pack(q.data_ptr(), q.data_ptr(), q.data_ptr(), torch.empty_like(q).data_ptr(), 0,
+lib = next(iter(attn._libraries.values()))
+packed = launch._PACK_HEAD.pack(q.data_ptr(), q.data_ptr(), q.data_ptr(), torch.empty_like(q).data_ptr(), 0,
                                  *q.stride()[:3], *q.stride()[:3], *q.stride()[:3], *q.stride()[:3],
                                  *q.shape[:2], q.shape[1], q.shape[2], q.shape[2], q.shape[3], 0.088, 0) \
-    + runtime._ZERO_TAIL
-stream = runtime._raw_stream(dev)
+    + launch._ZERO_TAIL
+stream = launch._raw_stream(dev)
 abi = lib.handle.attngen_abi_version
 rows = [
     ("attn(q, k, v)", lambda: attn(q, q, q)),
-    ("runtime.forward(lib, q, k, v)", lambda: runtime.forward(lib, q, q, q)),
+    ("launch.forward(lib, q, k, v)", lambda: launch.forward(lib, q, q, q)),
     ("C attngen_fwd on packed args (ctypes + tensor maps + launch)", lambda: lib._fwd(packed, stream)),
     ("ctypes call of an empty C function", abi),
     ("q.new_empty(shape) (output allocation)", lambda: q.new_empty(q.shape)),

@@ -18,16 +18,14 @@ cases = [
     (64, attngen.compile(softcap=30.0, causal=True, backend=args.backend), 200, 200, 0),
     (128, attngen.compile(mask_mod=attngen.document(docs), backend=args.backend), 130, 300, 20),
     (256, attngen.compile(window=100, backend=args.backend), 190, 257, 67),
-    # no mask: the wide K/V tiles (build.SM90_WIDE) on the persistent grid at hd64 and hd128; the second
+    # no mask: the wide K/V tiles (jit.tiles.SM90_WIDE) on the persistent grid at hd64 and hd128; the second
     # has 4 heads x 36 q-blocks = 144 work tiles, more than the 132 SMs: some CTAs walk two tiles
     (64, attngen.compile(backend=args.backend), 150, 400, 0),
     (128, attngen.compile(backend=args.backend), 4500, 300, 0, 4),
 ]
 if args.build:
-    from attngen.kernels import build_kernel
-
     for d, attn, *_ in cases:
-        build_kernel(attn, torch.bfloat16, d, kernel=args.backend if args.backend != "auto" else "auto")
+        attn.spec(torch.bfloat16, d).build_cached()
     sys.exit(0)
 bad = 0
 for d, attn, lq, lk, off, *heads in cases:

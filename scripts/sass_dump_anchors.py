@@ -1,4 +1,4 @@
-"""Build the anchor variants with the attngen on PYTHONPATH (through build_kernel, so each gets the tiles
+"""Build the anchor variants with the attngen on PYTHONPATH (through the variant's kernel spec, so each gets the tiles
 its spill ladder picks) and write each library's SASS instruction lines to OUT/<variant>-hd<D>.sass.
 Run it from git worktrees of two revisions and `cmp` the files to tell which kernels a change touched.
 Usage: ATTNGEN_CACHE_DIR=... PYTHONPATH=<tree> python scripts/sass_dump_anchors.py OUT --cuobjdump PATH"""
@@ -9,7 +9,6 @@ import subprocess
 import torch
 
 import attngen
-from attngen.kernels import build_kernel
 
 p = argparse.ArgumentParser()
 p.add_argument("out")
@@ -27,7 +26,7 @@ cases = [("full", attngen.compile(), (64, 128, 256)), ("causal", attngen.compile
          ("prefix", attngen.compile(mask_mod=attngen.prefix_lm(2048)), (128,))]
 for name, attn, dims in cases:
     for d in dims:
-        lib = build_kernel(attn, torch.bfloat16, d, "sm_90a", "sm90")
+        lib = attn.spec(torch.bfloat16, d, "sm_90a", "sm90").build_cached()
         sass = subprocess.run([args.cuobjdump, "--dump-sass", str(lib)], capture_output=True, text=True, env=env).stdout
         # instruction lines ("/*0a40*/  HGMMA ... /* 0x... */"), not the encoding-only continuation lines
         lines = [ln.split("/* 0x")[0].rstrip() for ln in sass.splitlines()

@@ -11,9 +11,8 @@ import sys
 import torch
 
 import attngen
-from attngen import build
-from attngen.kernels import build_kernel
-from attngen.runtime import load_library
+from attngen.jit.render import KERNEL_SOURCE
+from attngen.launch import load_library
 
 p = argparse.ArgumentParser()
 p.add_argument("--cuobjdump", default=shutil.which("cuobjdump"))
@@ -49,7 +48,7 @@ print(f"| variant | head dim | kernel | tiles (BQ x BK) | grid | registers | spi
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 for name, attn, dims in cases:
     for d in dims:
-        lib = build_kernel(attn, torch.bfloat16, d, "sm_90a", args.kernel)
+        lib = attn.spec(torch.bfloat16, d, "sm_90a", args.kernel).build_cached()
         res = subprocess.run([args.cuobjdump, "--dump-resource-usage", str(lib)], capture_output=True, text=True).stdout
         # cuobjdump --dump-sass runs nvdisasm, found on PATH: put the cuobjdump directory there too
         env = dict(os.environ, PATH=os.path.dirname(args.cuobjdump) + os.pathsep + os.environ.get("PATH", ""))
@@ -61,7 +60,7 @@ for name, attn, dims in cases:
         reg, shared, local = (m.groups() if m else ("?", "?", "?"))
         n_hgmma, n_ldl, n_stl = (len(re.findall(pat, sass)) for pat in (r"HGMMA", r"\bLDL", r"\bSTL"))
         info = load_library(lib)  # reads the kernel info block only: no GPU needed
-        src = lib.parent / build.KERNEL_SOURCE  # its header comment states the tile settings it was rendered with
+        src = lib.parent / KERNEL_SOURCE  # its header comment states the tile settings it was rendered with
         grid = "persistent" if src.exists() and "persistent True" in src.read_text()[:2000] else "CTA per tile"
         print(f"| {name} | {d} | {args.kernel} | {info.block_q}x{info.block_k} | {grid} | {reg} | local {local} "
               f"| {shared} | {n_hgmma} | {n_ldl} | {n_stl} |", flush=True)

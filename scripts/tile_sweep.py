@@ -17,9 +17,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import torch  # noqa: E402
 
 import attngen  # noqa: E402
-from attngen import build  # noqa: E402
 from attngen.codegen import render_variant_inc  # noqa: E402
-from attngen.kernels import ptxas_spill_bytes  # noqa: E402
+from attngen.jit.ninja import LIBRARY_NAME, ptxas_spill_bytes, run_ninja, write_build_ninja  # noqa: E402
+from attngen.jit.render import render_sources  # noqa: E402
+from attngen.jit.tiles import Sm90Tiles  # noqa: E402
 from bench_forward import heat_gpu, make_sdpa, make_variant  # noqa: E402
 
 p = argparse.ArgumentParser()
@@ -36,15 +37,12 @@ args = p.parse_args()
 
 def parse_tiles(spec):
     # 128x2, 128x2-nopp (no pingpong), 128x2-noov (no intra-warpgroup overlap), 128x2-pers (persistent),
-    # 128x2-rt8 (conditional rescale, threshold 8), 128x2-pe3 (3 of 8 exponentials as polynomials),
-    # 128x2-fl (log2 e folded into the exponent for score_mod variants)
+    # 128x2-rt8 (conditional rescale, threshold 8)
     bk, rest = spec.split("x")
     st, *flags = rest.split("-")
-    return build.Sm90Tiles(int(bk), int(st), overlap="noov" not in flags, pingpong="nopp" not in flags,
-                           persistent="pers" in flags,
-                           rescale_threshold=next((float(f[2:]) for f in flags if re.fullmatch(r"rt[\d.]+", f)), 0.0),
-                           poly_exp2=next((int(f[2:]) for f in flags if re.fullmatch(r"pe\d", f)), 0),
-                           fold_log2e="fl" in flags)
+    return Sm90Tiles(int(bk), int(st), overlap="noov" not in flags, pingpong="nopp" not in flags,
+                     persistent="pers" in flags,
+                     rescale_threshold=next((float(f[2:]) for f in flags if re.fullmatch(r"rt[\d.]+", f)), 0.0))
 
 
 B, H, S, D = args.B, args.H, args.S, args.D
@@ -57,15 +55,15 @@ for var in args.variants.split(","):
     for spec in args.tiles.split(","):
         d = work / f"{var}-{spec}"
         d.mkdir()
-        srcs = build.render_sources(inc, torch.bfloat16, D, "sm_90a", tiles=parse_tiles(spec), kernel="sm90")
-        build.write_build_ninja(d, srcs, "sm_90a", flags=["-Xptxas", "-v"])
+        srcs = render_sources(inc, torch.bfloat16, D, "sm_90a", tiles=parse_tiles(spec), kernel="sm90")
+        write_build_ninja(d, srcs, "sm_90a", flags=["-Xptxas", "-v"])
         jobs.append((var, spec, attn, d))
 
 
 def run(job):
     var, spec, attn, d = job
     try:
-        out = build.run_ninja(d)
+        out = run_ninja(d)
     except Exception as e:  # noqa: BLE001 (a config that does not compile is a result too)
         return job, f"build failed: {str(e).splitlines()[-1][:200]}"
     regs = re.findall(r"Used (\d+) registers", out)
@@ -81,7 +79,7 @@ if args.build_only:
 
 from triton.testing import do_bench  # noqa: E402
 
-from attngen.runtime import forward, load_library  # noqa: E402
+from attngen.launch import forward, load_library  # noqa: E402
 
 g = torch.Generator(device="cuda").manual_seed(0)
 q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
@@ -97,7 +95,7 @@ for var, configs in by_var.items():
     ref = attn(q, k, v)
     fns, errs = {}, {}
     for spec, attn, d in configs:
-        lib = load_library(d / build.LIBRARY_NAME)
+        lib = load_library(d / LIBRARY_NAME)
         captured = [c.tensor for c in attn.traced.captured]
         tensors = {c.name: t for c, t in zip(attn.traced.captured, captured)}
         summaries = [sm.compute(tensors, lib.block_q, lib.block_k, S, S, 0) for sm in attn.predicates.summaries]

@@ -5,9 +5,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import attngen  # noqa: E402
-from attngen import frontend, kernels  # noqa: E402
-from attngen.build import SM90_FALLBACK_CODES  # noqa: E402
-from attngen.runtime import KernelLaunchError  # noqa: E402
+from attngen import frontend  # noqa: E402
+from attngen.abi import SM90_FALLBACK_CODES  # noqa: E402
+from attngen.errors import KernelLaunchError  # noqa: E402
 
 
 @pytest.fixture
@@ -15,22 +15,23 @@ def hot(monkeypatch):
     attn = attngen.compile(causal=True)
     q = torch.randn(1, 2, 8, 64, dtype=torch.bfloat16)
     lib = object()
-    attn._ready[(q.dtype, 64, q.get_device())] = lib  # as kernels._library fills it after a first call
+    portable = object()
+    attn._ready[(q.dtype, 64, q.get_device())] = lib  # as CompiledAttention.library fills it after a first call
     calls = []
 
     def fake_forward(lib_, q_, k_, v_, **kw):
         calls.append(("forward", lib_, kw))
-        if isinstance(fake_forward.error, int):
+        if lib_ is lib and isinstance(fake_forward.error, int):
             raise KernelLaunchError("stub", code=fake_forward.error)
-        return "out"
+        return "portable" if lib_ is portable else "out"
 
-    def fake_run_forward(attn_, q_, k_, v_, **kw):
-        calls.append(("run_forward", kw))
-        return "portable"
+    def fake_library(dtype, head_dim, device_index, kernel=None):
+        calls.append(("library", kernel))
+        return portable
 
     fake_forward.error = None
     monkeypatch.setattr(frontend, "forward", fake_forward)
-    monkeypatch.setattr(kernels, "run_forward", fake_run_forward)
+    monkeypatch.setattr(attn, "library", fake_library)
     return attn, q, lib, calls, fake_forward
 
 
@@ -45,8 +46,8 @@ def test_tma_refusal_goes_straight_to_the_portable_kernel(hot, code):
     attn, q, _, calls, fake_forward = hot
     fake_forward.error = code
     assert attn(q, q, q, q_offset=2) == "portable"
-    assert [c[0] for c in calls] == ["forward", "run_forward"]
-    assert calls[1][1]["kernel"] == "sm80" and calls[1][1]["q_offset"] == 2
+    assert [c[0] for c in calls] == ["forward", "library", "forward"]
+    assert calls[1][1] == "sm80" and calls[2][2]["q_offset"] == 2
 
 
 def test_other_launch_errors_reach_the_caller(hot):

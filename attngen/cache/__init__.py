@@ -7,7 +7,7 @@ Typical use by the build layer:
     so = cache.default_cache().get_or_build(key, "causal bf16 hd128 sm_90a", build, meta={"fields": fields})
 """
 
-from attngen.cache.keys import DEFAULT_TREE_EXCLUDE, cache_key, canonical_json, hash_bytes, hash_files, hash_tree
+from attngen.cache.keys import cache_key, canonical_json, hash_bytes
 from attngen.cache.store import (
     META_NAME,
     MANIFEST_NAME,
@@ -33,7 +33,6 @@ __all__ = [
     "CacheEntry",
     "CacheError",
     "CacheWarning",
-    "DEFAULT_TREE_EXCLUDE",
     "MANIFEST_NAME",
     "META_NAME",
     "cache_key",
@@ -44,8 +43,6 @@ __all__ = [
     "default_cache_dir",
     "get_or_build",
     "hash_bytes",
-    "hash_files",
-    "hash_tree",
     "info",
     "list_entries",
     "log",

@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import fnmatch
 import hashlib
 import json
-import os
-from pathlib import Path, PurePath
-from typing import Any, Iterable, Mapping
+from pathlib import PurePath
+from typing import Any, Mapping
 
 from attngen.errors import CacheError
 
-__all__ = ["canonical_json", "cache_key", "hash_bytes", "hash_files", "hash_tree", "DEFAULT_TREE_EXCLUDE"]
+__all__ = ["canonical_json", "cache_key", "hash_bytes"]
 
 # Bumped when the key derivation changes, so old entries become unreachable instead of being misread.
 _KEY_DOMAIN = b"attngen-cache-key/1\0"
-_FILES_DOMAIN = b"attngen-files/1\0"
-
-DEFAULT_TREE_EXCLUDE = ("__pycache__", "*.pyc", "*.pyo", ".*", "*~")
 
 
 def _canonical(obj: Any, where: str) -> Any:
@@ -100,56 +95,3 @@ def hash_bytes(data: bytes | str) -> str:
     if isinstance(data, str):
         data = data.encode("utf-8")
     return hashlib.sha256(data).hexdigest()
-
-
-def hash_files(paths: Iterable[str | os.PathLike], *, root: str | os.PathLike | None = None) -> str:
-    """sha256 over the names and contents of `paths`, independent of the order they are given in.
-
-    Names are paths relative to `root` when given, else base names, so moving an installed package does not
-    change the hash but renaming a template does.
-    """
-    items: list[tuple[str, Path]] = []
-    for p in paths:
-        p = Path(p)
-        name = p.relative_to(root).as_posix() if root is not None else p.name
-        items.append((name, p))
-    items.sort(key=lambda t: t[0])
-    for (a, pa), (b, pb) in zip(items, items[1:]):
-        if a == b:
-            raise ValueError(
-                f"hash_files: {pa} and {pb} both hash under the name {a!r}. Fix: pass root= so names are "
-                f"relative paths, or hash the directories separately."
-            )
-    h = hashlib.sha256(_FILES_DOMAIN)
-    for name, p in items:
-        data = p.read_bytes()
-        h.update(name.encode("utf-8") + b"\0" + str(len(data)).encode("ascii") + b"\0")
-        h.update(data)
-    return h.hexdigest()
-
-
-def _excluded(name: str, exclude: Iterable[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, pat) for pat in exclude)
-
-
-def hash_tree(directory: str | os.PathLike, *, exclude: Iterable[str] = DEFAULT_TREE_EXCLUDE) -> str:
-    """`hash_files` over every regular file below `directory` (recursively), named relative to it.
-
-    A file or directory whose name matches a pattern in `exclude` is skipped (default: caches, dotfiles,
-    editor backups). Symlinks to files are followed; symlinked directories are not descended into.
-    This reads every file, so compute it once per process (e.g. at import of the build layer).
-    """
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(
-            f"hash_tree: {directory} is not a directory. Fix: pass the template directory that exists "
-            f"(e.g. Path(attngen.__file__).parent / 'templates')."
-        )
-    exclude = tuple(exclude)
-    files: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(directory):
-        dirnames[:] = sorted(d for d in dirnames if not _excluded(d, exclude))
-        for f in filenames:
-            if not _excluded(f, exclude) and os.path.isfile(os.path.join(dirpath, f)):
-                files.append(Path(dirpath, f))
-    return hash_files(files, root=directory)

@@ -1,0 +1,18 @@
+"""Facts of the kernels' C ABI, in one Python home. The C side states them in
+``templates/attngen_common.cuh``; ``tests/test_abi.py`` checks the two agree."""
+
+__version__ = "0.1.0"  # the package version: part of every kernel's cache key
+
+ABI_VERSION = 1  # ATTNGEN_ABI_VERSION
+MAX_CAPTURED = 8  # ATTNGEN_MAX_CAPTURED: captured-tensor slots of CapturedArgs
+MAX_SUMMARIES = 8  # ATTNGEN_MAX_SUMMARIES: per-block summary slots of CapturedArgs
+
+SUPPORTED_HEAD_DIMS = (64, 128, 256)  # ATTNGEN_HEAD_DIMS
+DTYPE_CODES = {0: "float16", 1: "bfloat16"}  # AttngenKernelInfo.dtype
+
+# Return codes of attngen_fwd beyond cudaError_t (ATTNGEN_ERROR_*).
+ERROR_SM90_TMA_LAYOUT = 9001  # q/k/v cannot be described by a TMA tensor map
+ERROR_SM90_NO_TMA_ENCODER = 9002  # the driver does not provide cuTensorMapEncodeTiled
+ERROR_SCALE_NOT_POSITIVE = 9003  # no score_mod and scale <= 0: the caller rewrites the call exactly
+# Codes meaning "this call cannot run on the sm90 kernel; run the portable sm80 kernel instead".
+SM90_FALLBACK_CODES = (ERROR_SM90_TMA_LAYOUT, ERROR_SM90_NO_TMA_ENCODER)

@@ -1,0 +1,100 @@
+"""Rendering stage: a generated ``variant.inc`` plus a kernel family's template -> the source files of
+one library ({filename: text}), self-contained: every header the kernel includes is among them."""
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+from typing import Tuple
+
+from ..abi import SUPPORTED_HEAD_DIMS
+from ..errors import BuildError
+from .tiles import SM90_TILES, tile_config
+from .toolchain import arch_number
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
+KERNEL_SOURCE = "attngen_fwd.cu"
+VARIANT_INCLUDE = "variant.inc"
+KERNELS = ("sm80", "sm90")
+
+_DTYPES = {
+    "bfloat16": ("__nv_bfloat16", 1, "bfloat16"),
+    "bf16": ("__nv_bfloat16", 1, "bfloat16"),
+    "float16": ("__half", 0, "float16"),
+    "fp16": ("__half", 0, "float16"),
+    "half": ("__half", 0, "float16"),
+}
+
+
+def dtype_info(dtype) -> Tuple[str, int, str]:
+    """(C element type, AttngenKernelInfo.dtype code, name) of a torch dtype or its name."""
+    key = str(dtype).replace("torch.", "")
+    if key not in _DTYPES:
+        raise BuildError(f"dtype {dtype} is not supported by the kernels: expected torch.bfloat16 or torch.float16")
+    return _DTYPES[key]
+
+
+@lru_cache(maxsize=None)
+def _jinja_env(template_dir: str):
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(template_dir),
+        undefined=jinja2.StrictUndefined,  # a missing parameter is an error, not an empty string
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def _render(name: str, template_dir: Path = TEMPLATE_DIR, **params) -> str:
+    return _jinja_env(str(template_dir)).get_template(name).render(**params)
+
+
+def headers(template_dir: Path = TEMPLATE_DIR) -> dict:
+    """Every device header: plain ``.cuh`` files, and ``.cuh.j2`` ones rendered (headers whose bodies are
+    mechanical expansions, e.g. the wgmma operand lists)."""
+    out = {}
+    for p in sorted(template_dir.glob("*.cuh")):
+        out[p.name] = p.read_text()
+    for p in sorted(template_dir.glob("*.cuh.j2")):
+        out[p.name[: -len(".j2")]] = _render(p.name, template_dir)
+    return out
+
+
+def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=None, kernel: str = "sm80",
+                   template_dir: Path = TEMPLATE_DIR) -> dict:
+    """Files of one kernel library: {filename: text}. ``kernel``: 'sm80' (portable mma.sync kernel) or
+    'sm90' (TMA + wgmma, sm_90a only); ``tiles``: a TileConfig / Sm90Tiles (default: the family's
+    default for the head dim)."""
+    if kernel not in KERNELS:
+        raise BuildError(f"kernel must be 'sm80' or 'sm90', got {kernel!r}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise BuildError(f"head dim {head_dim} is not supported: expected one of {list(SUPPORTED_HEAD_DIMS)}")
+    elem_type, dtype_code, dtype_name = dtype_info(dtype)
+    common = dict(elem_type=elem_type, dtype_code=dtype_code, dtype_name=dtype_name, head_dim=head_dim,
+                  variant_include=VARIANT_INCLUDE)
+    if kernel == "sm90":
+        if arch != "sm_90a":
+            raise BuildError(f"the sm90 kernel uses wgmma and TMA, which need arch sm_90a (H100/H200), got {arch}; "
+                             "use kernel='sm80'")
+        t = tiles or SM90_TILES[head_dim]
+        text = _render("fwd_sm90.cu.j2", template_dir, **common, block_q=t.block_q, block_k=t.block_k,
+                       stages=t.stages, overlap=t.overlap, pingpong=t.pingpong, persistent=t.persistent,
+                       rescale_threshold=float(t.rescale_threshold), poly_exp2=0, fold_log2e=False, arch_number=90)
+    else:
+        t = tiles or tile_config(head_dim, arch)
+        text = _render("fwd_sm80.cu.j2", template_dir, **common, block_q=t.block_q, block_k=t.block_k,
+                       num_warps=t.num_warps, min_blocks=t.min_blocks, arch_number=arch_number(arch))
+    return {KERNEL_SOURCE: text, VARIANT_INCLUDE: variant_inc, **headers(template_dir)}
+
+
+@lru_cache(maxsize=None)
+def template_hash(template_dir: Path = TEMPLATE_DIR) -> str:
+    """sha256 over every file under the template folder (names and contents): part of cache keys."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in template_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        h.update(path.relative_to(template_dir).as_posix().encode())
+        h.update(b"\0")
+        h.update(path.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()

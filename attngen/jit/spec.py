@@ -1,0 +1,158 @@
+"""Kernel spec: one library's signature, its readable name and cache key, and how to build it.
+
+    spec = KernelSpec.create(traced, predicates, name="causal", dtype=torch.bfloat16, head_dim=128,
+                             arch="sm_90a")
+    path = spec.build_cached()          # the cache's library path; built (spill ladder) on a miss
+
+The spec is everything that changes the binary; the cache stores one library per spec key.
+"""
+from __future__ import annotations
+
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..abi import SUPPORTED_HEAD_DIMS, __version__
+from ..cache import cache_key, default_cache
+from ..codegen import render_variant_inc
+from ..errors import InputError
+from ..ir import BlockPredicates, TracedVariant
+from .ninja import LIBRARY_NAME, ptxas_spill_bytes, run_ninja, write_build_ninja
+from .render import dtype_info, render_sources, template_hash
+from .tiles import sm90_ladder, tile_config
+from .toolchain import find_nvcc, nvcc_version
+
+KERNEL_CHOICES = ("auto", "sm80", "sm90")
+
+
+def choose_kernel(arch: str, kernel: str = "auto") -> str:
+    """'sm90' (TMA + wgmma) on sm_90a unless the portable 'sm80' kernel is asked for."""
+    if kernel not in KERNEL_CHOICES:
+        raise InputError(f"kernel must be 'auto', 'sm80' or 'sm90', got {kernel!r}")
+    if kernel == "sm90" and arch != "sm_90a":
+        raise InputError(f"the sm90 kernel needs arch sm_90a (H100/H200), got {arch}; use backend='sm80'")
+    if kernel == "auto":
+        return "sm90" if arch == "sm_90a" else "sm80"
+    return kernel
+
+
+@dataclass(frozen=True, eq=False)
+class KernelSpec:
+    traced: TracedVariant
+    predicates: BlockPredicates
+    name: str       # the variant's readable name
+    dtype: str      # 'bfloat16' or 'float16'
+    head_dim: int
+    arch: str       # 'sm_90a', 'sm_80', ...
+    kernel: str     # 'sm90' or 'sm80'
+    fast_math: bool = True
+
+    @classmethod
+    def create(cls, traced: TracedVariant, predicates: BlockPredicates, *, name: str, dtype, head_dim: int,
+               arch: str, kernel: str = "auto", fast_math: bool = True) -> "KernelSpec":
+        """Validate a signature and pick the kernel family for it."""
+        if head_dim not in SUPPORTED_HEAD_DIMS:
+            raise InputError(f"head dim {head_dim} is not supported: expected one of {list(SUPPORTED_HEAD_DIMS)}")
+        if str(dtype).replace("torch.", "") not in ("bfloat16", "float16"):
+            raise InputError(f"the kernels take torch.bfloat16 or torch.float16, got {dtype}")
+        return cls(traced, predicates, name, dtype_info(dtype)[2], head_dim, arch, choose_kernel(arch, kernel),
+                   fast_math)
+
+    def tile_choices(self):
+        """sm90: the ladder of tile settings the build tries (all of it changes the binary); sm80: one setting."""
+        if self.kernel == "sm90":
+            return sm90_ladder(self.head_dim, self.traced.has_mask, self.traced.has_score_mod)
+        return tile_config(self.head_dim, self.arch)
+
+    def fields(self) -> dict:
+        """Everything that changes the binary: the cache key is a hash of these."""
+        return {
+            "variant": self.traced.canonical(),
+            "summaries": [s.key for s in self.predicates.summaries],
+            "dtype": self.dtype,
+            "head_dim": self.head_dim,
+            "arch": self.arch,
+            "kernel": self.kernel,
+            "tiles": repr(self.tile_choices()),
+            "fast_math": self.fast_math,
+            "templates": template_hash(),
+            "attngen": __version__,
+            "nvcc": list(nvcc_version()),
+        }
+
+    @property
+    def uri(self) -> str:
+        """Readable name of the library: every key field a person would look for."""
+        dt = {"bfloat16": "bf16", "float16": "fp16"}[self.dtype]
+        return f"{self.name} {dt} hd{self.head_dim} {self.arch} {self.kernel}"
+
+    def variant_inc(self) -> str:
+        return render_variant_inc(self.traced, self.predicates, fast_tanh=self.fast_math, fast_exp2=self.fast_math)
+
+    def build(self, build_dir: Path) -> dict:
+        """Render, write build.ninja and compile into build_dir; returns what the cache records about it."""
+        t0 = time.perf_counter()
+        inc = self.variant_inc()
+        info = {}
+        if self.kernel == "sm90":
+            tiles, spill = build_first_without_spills(build_dir, inc, self.dtype, self.head_dim, self.arch,
+                                                      self.tile_choices())
+            info = {"tiles": repr(tiles), "spill_bytes": spill}
+        else:
+            write_build_ninja(build_dir, render_sources(inc, self.dtype, self.head_dim, self.arch, kernel="sm80"),
+                              self.arch)
+            run_ninja(build_dir)
+        for p in list(build_dir.glob("*.o")) + list(build_dir.glob("*.o.d")):
+            p.unlink()
+        return {"compiler": find_nvcc(), "build_seconds": round(time.perf_counter() - t0, 3), **info}
+
+    def build_cached(self) -> Path:
+        """The library of this spec from the on-disk cache, built on a miss (needs nvcc, not a GPU)."""
+        fields = self.fields()
+        meta = {
+            "fields": fields,
+            "expressions": {
+                "score": str(self.traced.score),
+                "mask": str(self.traced.mask),
+                "kv_range": [str(self.predicates.kv_lo), str(self.predicates.kv_hi)],
+            },
+        }
+        return default_cache().get_or_build(cache_key(fields), self.uri, lambda d: self.build(Path(d)), meta=meta,
+                                            artifact=LIBRARY_NAME)
+
+
+def build_first_without_spills(build_dir: Path, variant_inc: str, dtype, head_dim: int, arch: str, ladder):
+    """Build the SM90 library in build_dir with the first rung of ``ladder`` that ptxas compiles without
+    spilling (mods that keep many values live push the default tiles over the register budget); when
+    every rung spills, the one that spills least. Returns (tiles, spill bytes).
+
+    The first rung builds alone (most variants stop there); when it spills, the other rungs build at
+    once, each in its own subdirectory, so a heavy mod costs about two builds of wall time, not one per
+    rung, and the chosen rung's files replace the first rung's."""
+    ladder = tuple(ladder)
+    build_dir = Path(build_dir)
+
+    def build_in(d: Path, tiles) -> int:
+        sources = render_sources(variant_inc, dtype, head_dim, arch, tiles=tiles, kernel="sm90")
+        write_build_ninja(d, sources, arch, ["-Xptxas", "-v"])
+        return ptxas_spill_bytes(run_ninja(d)) or 0
+
+    spill = build_in(build_dir, ladder[0])
+    if spill == 0 or len(ladder) == 1:
+        return ladder[0], spill
+    dirs = [build_dir / f"rung{n}" for n in range(1, len(ladder))]
+    try:
+        with ThreadPoolExecutor(len(dirs)) as ex:
+            spills = list(ex.map(build_in, dirs, ladder[1:]))
+        results = [(spill, ladder[0], build_dir)] + list(zip(spills, ladder[1:], dirs))
+        spill, tiles, chosen = next((r for r in results if r[0] == 0), None) or min(results, key=lambda r: r[0])
+        if chosen != build_dir:
+            for f in chosen.iterdir():  # sources, build.ninja (relative paths), the library
+                if f.is_file() and not f.name.startswith("."):
+                    shutil.copy2(f, build_dir / f.name)
+    finally:
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+    return tiles, spill

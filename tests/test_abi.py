@@ -1,0 +1,48 @@
+"""The C ABI's facts have one Python home (attngen/abi.py): it must agree with the C headers."""
+import re
+
+from attngen import abi
+from attngen.jit.render import TEMPLATE_DIR
+
+_DEFINE = re.compile(r"^\s*#\s*define\s+(ATTNGEN_\w+)\s+(.+?)\s*(//.*)?$", re.M)
+
+
+def _c_defines() -> dict:
+    found = {}
+    for p in sorted(TEMPLATE_DIR.iterdir()):
+        if p.suffix in (".cuh", ".cu", ".h", ".j2"):
+            for name, value, _ in _DEFINE.findall(p.read_text()):
+                assert found.get(name, value) == value, f"{name} is defined twice with different values"
+                found[name] = value
+    return found
+
+
+def _int(text: str) -> int:
+    return int(text.strip("()"))
+
+
+def test_python_abi_facts_match_the_c_headers():
+    c = _c_defines()
+    assert _int(c["ATTNGEN_ABI_VERSION"]) == abi.ABI_VERSION
+    assert _int(c["ATTNGEN_MAX_CAPTURED"]) == abi.MAX_CAPTURED
+    assert _int(c["ATTNGEN_MAX_SUMMARIES"]) == abi.MAX_SUMMARIES
+    assert tuple(int(x) for x in re.findall(r"\d+", c["ATTNGEN_HEAD_DIMS"])) == abi.SUPPORTED_HEAD_DIMS
+    codes = {name[len("ATTNGEN_"):]: _int(v) for name, v in c.items() if name.startswith("ATTNGEN_ERROR_")}
+    python_codes = {name: getattr(abi, name) for name in dir(abi) if name.startswith("ERROR_")}
+    assert codes == python_codes
+    assert set(abi.SM90_FALLBACK_CODES) <= set(codes.values())
+
+
+def test_no_other_module_restates_abi_facts():
+    """Return codes and slot counts are imported from attngen.abi, never written again as literals."""
+    from pathlib import Path
+
+    root = Path(abi.__file__).parent
+    for p in root.rglob("*.py"):
+        if p.name == "abi.py":
+            continue
+        text = p.read_text()
+        for code in (abi.ERROR_SM90_TMA_LAYOUT, abi.ERROR_SM90_NO_TMA_ENCODER, abi.ERROR_SCALE_NOT_POSITIVE):
+            assert str(code) not in text, f"{p.relative_to(root)} restates return code {code}: import it from attngen.abi"
+        assert not re.search(r"^\s*(MAX_CAPTURED|MAX_SUMMARIES|ABI_VERSION|SUPPORTED_HEAD_DIMS)\s*=", text, re.M), \
+            f"{p.relative_to(root)} defines an ABI fact: import it from attngen.abi"
