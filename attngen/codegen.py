@@ -16,6 +16,10 @@ per-head/-row/-column parts hoist too. ``sympy.cse`` then removes repeated work 
 
 Every ``floor(n/d)`` of integers is rewritten to ``FloorDiv`` before CSE (so CSE cannot split it into a
 float ``1/d``), and the tile-level predicates print with ``i``/``j`` and the template's ``BQ``/``BK``.
+A captured-tensor index that is not provably non-negative is wrapped as torch wraps it (``WrapIndex``:
+``i < 0 ? i + size : i``, the size recorded at trace time in ``CapturedTensor.wrapped_dims``), so the
+kernel reads the element the CPU path reads instead of memory before the tensor.
+The ``ag_*`` helpers the printed code calls live in ``templates/variant_math.cuh``, which the output includes.
 The output is deterministic: the same input gives byte-identical text.
 """
 from __future__ import annotations
@@ -37,9 +41,11 @@ from .printer import (
     FlatILoad,
     FlatLoad,
     ToFloat,
+    WrapIndex,
     lower_int_division,
 )
 from .symbols import BK, BQ, H, I, ILoad, J, KV, KVLEN, Load, Q, QLEN, QOFF, SCORE, B
+from .trace import index_nonnegative
 
 __all__ = ["render_variant_inc"]
 
@@ -243,6 +249,34 @@ def _stride_symbols(traced: TracedVariant):
     return out
 
 
+def _wrap_indices(expr, captured):
+    """Wrap every captured-tensor index not provably >= 0 in ``WrapIndex(i, size)`` (torch semantics of
+    a negative index), the size taken from ``CapturedTensor.wrapped_dims``. Provably non-negative indices
+    (``doc[q_idx]``, ``slopes[h]``) are left as they are, so their code does not change."""
+    sizes = {c.name: (c, dict(c.wrapped_dims)) for c in captured}
+
+    def rep(e):
+        name = e.args[0].name
+        if name not in sizes:
+            return e  # summary arrays: indexed by block numbers, never negative
+        ct, dims = sizes[name]
+        idx = list(e.args[1:])
+        for d, i in enumerate(idx):
+            if index_nonnegative(i):
+                continue
+            if d not in dims:
+                raise BuildError(
+                    f"load `{e}` indexes dim {d} of captured tensor {name} with `{i}`, which may be negative; "
+                    f"generated code wraps such an index as torch does (index -1 is the last element) and needs "
+                    f"the dim's size, but CapturedTensor.wrapped_dims of {name} is {ct.wrapped_dims!r}. Build the "
+                    "variant with attngen.trace.trace (it records them), or pass wrapped_dims=((dim, size), ...)"
+                )
+            idx[d] = WrapIndex(i, sympy.Integer(dims[d]))
+        return e.func(e.args[0], *idx)
+
+    return sympy.sympify(expr).replace(lambda e: isinstance(e, Load), rep)
+
+
 def _flatten_loads(expr, strides):
     """Load(t, i0, i1) -> FlatLoad(t, i0*s0 + i1*s1), distributed so per-row/-column parts separate."""
 
@@ -278,14 +312,11 @@ class _Emitter:
                 f"{len(self.summaries)}; index fewer captured tensors by q_idx/kv_idx (or merge them into one)"
             )
         self.fast_tanh, self.fast_exp2 = fast_tanh, fast_exp2
-        self.used: set = set()
         self.types: Dict[sympy.Symbol, str] = {}
 
     def printer(self, names: Dict[sympy.Symbol, str]) -> CudaPrinter:
-        p = CudaPrinter(self.fast_tanh, self.fast_exp2, captured=dict(self.captured), summaries=dict(self.summaries),
-                        symbol_names=names, local_types=self.types)
-        p.used = self.used
-        return p
+        return CudaPrinter(self.fast_tanh, self.fast_exp2, captured=dict(self.captured), summaries=dict(self.summaries),
+                           symbol_names=names, local_types=self.types)
 
     def body(self, p: CudaPrinter, outputs: Sequence[Tuple[sympy.Basic, str]], indent: str = "  ") -> Tuple[List[str], List[str]]:
         """CSE over ``outputs`` ((expr, type) pairs). Returns (temporary declarations, output texts)."""
@@ -345,8 +376,8 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
     levels = {SCORE: ELEM, Q: ROW, KV: COL, B: HEAD, H: HEAD}
     levels.update({s: HEAD for ss in strides.values() for s in ss})
     hoist = _Hoister(levels)
-    score_l = hoist.top(_flatten_loads(lower_int_division(score), strides))
-    mask_l = hoist.top(_flatten_loads(lower_int_division(mask), strides))
+    score_l = hoist.top(_flatten_loads(lower_int_division(_wrap_indices(score, traced.captured)), strides))
+    mask_l = hoist.top(_flatten_loads(lower_int_division(_wrap_indices(mask, traced.captured)), strides))
 
     ctx_names = {SCORE: "score", Q: "q_idx", KV: "kv_idx", B: "hc.b", H: "hc.h"}
     out: List[str] = []
@@ -399,6 +430,8 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
     )
 
     # ---- tile level ------------------------------------------------------------------------------------
+    # The kernels read the kv-block ranges of each q-block and the tile classifier; the transposed q-block
+    # ranges of BlockPredicates (q_lo ...) serve block_map on the host only, so they are not printed.
     tile_names = {I: "i", J: "j", BQ: "BQ", BK: "BK", QLEN: "t.QLEN", KVLEN: "t.KVLEN", QOFF: "t.QOFF", B: "t.b", H: "t.h"}
     common = (BQ, BK, QLEN, KVLEN, QOFF, B, H)
     arrays = cap_names + sum_names
@@ -407,10 +440,6 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         ("kv_block_hi", "int", "int i", preds.kv_hi, (I,) + common),
         ("kv_full_lo", "int", "int i", preds.kv_full_lo, (I,) + common),
         ("kv_full_hi", "int", "int i", preds.kv_full_hi, (I,) + common),
-        ("q_block_lo", "int", "int j", preds.q_lo, (J,) + common),
-        ("q_block_hi", "int", "int j", preds.q_hi, (J,) + common),
-        ("q_full_lo", "int", "int j", preds.q_full_lo, (J,) + common),
-        ("q_full_hi", "int", "int j", preds.q_full_hi, (J,) + common),
         ("tile_any", "bool", "int i, int j", preds.tile_any, (I, J) + common),
         ("tile_all", "bool", "int i, int j", preds.tile_all, (I, J) + common),
     ]
@@ -420,7 +449,7 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         _check_symbols(f"block predicate {fname}", expr, allowed, arrays)
         if rtype == "int":
             expr = expr.xreplace({sympy.oo: sympy.Integer(_BIG), -sympy.oo: sympy.Integer(-_BIG)})
-        expr = lower_int_division(expr)
+        expr = lower_int_division(_wrap_indices(expr, traced.captured))
         p = em.printer(tile_names)
         lines, (text,) = em.body(p, [(expr, INT if rtype == "int" else BOOL)])
         tile_funcs.append(
@@ -429,13 +458,10 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         )
 
     # ---- assemble --------------------------------------------------------------------------------------
-    hp = CudaPrinter(fast_tanh, fast_exp2)
-    hp.used = em.used
-    helper_text = hp.helpers()
-
     v = getattr(traced, "variant", None)
     vname = getattr(v, "name", "?") if v is not None else "?"
-    cap_desc = ", ".join(f"{c.name}: {c.dtype} rank {c.rank}" for c in traced.captured) or "none"
+    cap_desc = ", ".join(f"{c.name}: {c.dtype} rank {c.rank}"
+                         + "".join(f", dim {d} wraps at {n}" for d, n in c.wrapped_dims) for c in traced.captured) or "none"
     sum_desc = ", ".join(f"{s.name}: per {s.axis}-block {'int32' if s.integer else 'float32'}"
                          + (f" ({s.key})" if s.key else "") for s in preds.summaries) or "none"
     has_score = int(score != SCORE)
@@ -449,24 +475,22 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         f"// summaries: {_comment(sum_desc)}",
         f"// q-block i visits kv blocks [{_comment(preds.kv_lo)}, {_comment(preds.kv_hi)}), "
         f"full [{_comment(preds.kv_full_lo)}, {_comment(preds.kv_full_hi)})",
-        f"// kv-block j visits q blocks [{_comment(preds.q_lo)}, {_comment(preds.q_hi)}), "
-        f"full [{_comment(preds.q_full_lo)}, {_comment(preds.q_full_hi)})",
         f"// tile_any: {_comment(preds.tile_any)}",
         f"// tile_all: {_comment(preds.tile_all)}",
         f"// fast paths: tanh.approx={int(fast_tanh)} ex2.approx={int(fast_exp2)}",
-        "// Needs attngen_common.cuh (CapturedArgs, TileArgs, py_floordiv, py_mod) included first.",
+        "// Needs attngen_common.cuh (CapturedArgs, TileArgs, py_floordiv, py_mod) included first, and",
+        "// variant_math.cuh (the ag_* helpers) beside it.",
         "#pragma once",
         "#ifndef ATTNGEN_MAX_CAPTURED",
         '#error "attngen: include attngen_common.cuh before variant.inc"',
         "#endif",
+        '#include "variant_math.cuh"',
         "",
         f"#define ATTNGEN_HAS_SCORE_MOD {has_score}",
         f"#define ATTNGEN_HAS_MASK {has_mask}",
         f"#define ATTNGEN_NEEDS_CLASSIFIER {int(bool(preds.needs_classifier))}",
         "",
     ]
-    if helper_text:
-        out += ["// ---- helpers", helper_text, ""]
     out += ["// ---- per-head / per-row / per-column terms (hoisted out of the element functions)"]
     for s in structs:
         out += [s]

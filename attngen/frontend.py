@@ -146,14 +146,9 @@ class CompiledAttention:
                     f"captured tensor {c.name} ({t.dtype}, shape {tuple(t.shape)}) is on {t.device} but q is on "
                     f"{q.device}; move it before compiling (e.g. doc_ids.to('{q.device}'))"
                 )
-            for d in c.unit_stride_dims:
-                if t.stride(d) != 1 and t.shape[d] > 1:
-                    raise InputError(
-                        f"captured tensor {c.name} ({t.dtype}, shape {tuple(t.shape)}) had stride 1 in dim {d} when "
-                        f"the variant was compiled, and the kernel was built for it; now its strides are "
-                        f"{tuple(t.stride())}. Keep the captured tensor's layout (copy new values in with .copy_()), "
-                        "or compile the variant again"
-                    )
+            problem = c.check_layout(t)
+            if problem is not None:
+                raise InputError(problem)
         summaries = self._summaries.get(self, captured, lib, q.shape[2], k.shape[2], int(q_offset))
         return forward(lib, q, k, v, scale=scale, q_offset=int(q_offset), return_lse=return_lse,
                        captured=captured, summaries=summaries)

@@ -26,10 +26,33 @@ class CapturedTensor:
     # compiler folds the per-column address arithmetic into load offsets (docs/performance.md); every call
     # checks the stride is still 1 (CompiledAttention).
     unit_stride_dims: Tuple[int, ...] = ()
+    # (dim, size) for the dims some index may be negative in (``table[h, q_idx - kv_idx]``). Generated code
+    # wraps such an index as torch does (-1 is the last element) with the size baked in as a constant,
+    # since the kernel ABI carries no shapes; every call checks the size is unchanged (check_layout).
+    wrapped_dims: Tuple[Tuple[int, int], ...] = ()
 
     @property
     def integer(self) -> bool:
         return not (self.dtype.is_floating_point or self.dtype.is_complex)
+
+    def check_layout(self, t: torch.Tensor) -> Optional[str]:
+        """None if the kernel built for this capture can read ``t`` (the live tensor at call time), else
+        the InputError message: a dim traced with stride 1 (unit_stride_dims) must keep it, and a dim whose
+        size is baked in (wrapped_dims) must keep that size."""
+        desc = f"captured tensor {self.name} ({t.dtype}, shape {tuple(t.shape)})"
+        keep = "Keep the captured tensor's layout (copy new values in with .copy_()), or compile the variant again"
+        if t.dim() != self.rank:
+            return f"{desc} had rank {self.rank} when the variant was compiled, now {t.dim()}. {keep}"
+        for d in self.unit_stride_dims:
+            if t.stride(d) != 1 and t.shape[d] > 1:
+                return (f"{desc} had stride 1 in dim {d} when the variant was compiled, and the kernel was built "
+                        f"for it; now its strides are {tuple(t.stride())}. {keep}")
+        for d, n in self.wrapped_dims:
+            if t.shape[d] != n:
+                return (f"{desc} had size {n} in dim {d} when the variant was compiled, and the kernel wraps "
+                        f"negative indices of that dim with that size (torch semantics: -1 is the last element); "
+                        f"now the size is {t.shape[d]}. {keep}")
+        return None
 
 
 @dataclass(frozen=True)
@@ -53,9 +76,11 @@ class TracedVariant:
 
     def canonical(self) -> str:
         """Canonical text of the variant: equal for two spellings of one variant, different for
-        different constants. Captured tensors enter by name, dtype, rank and the dims generated code indexes
-        with a literal unit stride (unit_stride_dims), never by value."""
-        caps = ";".join(f"{c.name}:{c.dtype}:{c.rank}:{''.join(map(str, c.unit_stride_dims))}" for c in self.captured)
+        different constants. Captured tensors enter by name, dtype, rank, the dims generated code indexes
+        with a literal unit stride (unit_stride_dims) and the sizes it wraps negative indices with
+        (wrapped_dims; absent when there are none, so other variants keep their keys), never by value."""
+        caps = ";".join(f"{c.name}:{c.dtype}:{c.rank}:{''.join(map(str, c.unit_stride_dims))}"
+                        + "".join(f":w{d}={n}" for d, n in c.wrapped_dims) for c in self.captured)
         return f"score={sympy.srepr(self.score)}|mask={sympy.srepr(self.mask)}|captured={caps}"
 
 

@@ -29,6 +29,7 @@ from sympy.logic.boolalg import And, Not, Or
 from . import symbols as S
 from .abi import MAX_SUMMARIES
 from .errors import InputError
+from .trace import index_nonnegative
 from .ir import BlockPredicates, CapturedTensor, Summary, TracedVariant
 
 Rel = sympy.core.relational.Relational
@@ -181,8 +182,8 @@ class _Summaries:
         cap = self.by_name.get(name)
         if cap is None or idx[-1] != var or any(i.has(S.Q) or i.has(S.KV) for i in idx[:-1]):
             return None
-        if any(i.free_symbols - {S.B, S.H} for i in idx[:-1]):
-            return None
+        if any(i.free_symbols - {S.B, S.H} for i in idx[:-1]) or not all(index_nonnegative(i) for i in idx[:-1]):
+            return None  # a possibly negative leading index wraps: no row of summaries stands for it
         axis = "q" if var == S.Q else "kv"
         sname = f"{name}_{axis}{which}"
         if sname not in self._index:
@@ -220,6 +221,8 @@ class _Summaries:
             return None
         if lv.args[-1] != var or lo_.args[-1] != other or any(i.free_symbols - {S.B, S.H} for i in lv.args[1:-1]):
             return None
+        if not all(index_nonnegative(i) for i in lv.args[1:-1]):
+            return None  # a possibly negative leading index wraps: no row of summaries stands for it
         name = str(lv.args[0])
         if name not in self.by_name:
             return None

@@ -15,8 +15,9 @@ and captured-tensor offsets); the kernels' sequence lengths are far below 2**31.
 
 The CUDA target reads captured tensors through ``CapturedArgs`` (``attngen_common.cuh``): element
 ``Load(t<N>, i0, i1, ..)`` is ``ag_ld_<dtype>(c.ptr[N], (long long)i0 * c.stride[N][0] + ..)``, a summary
-``ILoad(s<N>, i)`` is ``((const int*)c.summary[N])[i]``. The device helpers a printed expression
-needs (``ag_tanh``, ``ag_exp2``, ``ag_ld_bf16`` ...) come from ``CudaPrinter.helpers()``.
+``ILoad(s<N>, i)`` is ``((const int*)c.summary[N])[i]``. The ``ag_*`` device helpers printed calls
+use (``ag_tanh``, ``ag_exp2``, ``ag_ld_bf16`` ...) are defined in ``templates/variant_math.cuh``, which
+``variant.inc`` includes; being ``__forceinline__``, the ones an expression does not call cost nothing.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ __all__ = [
     "FlatLoad",
     "FlatILoad",
     "ToFloat",
+    "WrapIndex",
     "lower_int_division",
     "BOOL",
     "INT",
@@ -93,6 +95,20 @@ class ToFloat(sympy.Function):
 
     @classmethod
     def eval(cls, x):
+        return None
+
+
+class WrapIndex(sympy.Function):
+    """WrapIndex(i, n): a captured-tensor index with torch's meaning of negative values, ``i + n`` if
+    ``i < 0`` else ``i``, for a dimension of size ``n`` (an Integer). Codegen wraps the indices it cannot
+    prove non-negative (CapturedTensor.wrapped_dims), so the kernel reads what CPU torch indexing reads."""
+
+    is_integer = True
+
+    @classmethod
+    def eval(cls, i, n):
+        if i.is_Integer and n.is_Integer:
+            return i + n if i < 0 else i
         return None
 
 
@@ -212,7 +228,6 @@ class _Printer:
         self.summaries = _norm_summaries(summaries)
         self.symbol_names: Dict[sympy.Symbol, str] = dict(symbol_names or {})
         self.local_types: Dict[sympy.Symbol, str] = dict(local_types or {})
-        self.used: set = set()  # helper names the printed text needs
         self._memo: Dict[sympy.Basic, R] = {}
 
     # -- public ----------------------------------------------------------------------------------------------
@@ -488,6 +503,13 @@ class _Printer:
     def _e_FloorDiv(self, e) -> R:
         return self._floordiv(*e.args)
 
+    def _e_WrapIndex(self, e) -> R:
+        ri = self._emit(e.args[0])
+        T = _arith(ri.type)
+        if T == FLOAT:
+            raise self._unsupported(e, "an index must be an integer expression")
+        return R(*self.op("wrap", self._to(ri, T), self._lit(int(e.args[1]), T)), T)
+
     def _e_floor(self, e) -> R:
         a = e.args[0]
         ra = self._emit(a)
@@ -654,21 +676,16 @@ def _c_powi(p, r, n, atomic):
         return r.text, r.prec
     if atomic and n <= 4:
         return " * ".join([r.text] * n), P_MUL
-    p.used.add("powi")
     return f"ag_powi({r.text}, {n})", P_ATOM
 
 
 def _c_call(p, name, *rs):
-    fn = p.FUNCS[name]
-    if fn.startswith("ag_"):
-        p.used.add(fn[3:])
-    return f"{fn}({', '.join(r.text for r in rs)})", P_ATOM
+    return f"{p.FUNCS[name]}({', '.join(r.text for r in rs)})", P_ATOM
 
 
 def _c_helper(name):
     def f(p, *args):
         *rs, _t = args
-        p.used.add(name)
         return f"ag_{name}({', '.join(r.text for r in rs)})", P_ATOM
 
     return f
@@ -691,7 +708,7 @@ _C_OPS = {
     "div": lambda p, a, b: (f"{p.par(a, P_MUL)} / {p.par(b, P_MUL + 1)}", P_MUL),
     "floordiv": lambda p, a, b: (f"py_floordiv({a.text}, {b.text})", P_ATOM),
     "mod": lambda p, a, b: (f"py_mod({a.text}, {b.text})", P_ATOM),
-    "fmod": lambda p, a, b: (p.used.add("fmod_py") or f"ag_fmod_py({a.text}, {b.text})", P_ATOM),
+    "fmod": lambda p, a, b: (f"ag_fmod_py({a.text}, {b.text})", P_ATOM),
     "shl1": lambda p, r: (f"1 << {p.par(r, P_ADD)}", P_SHIFT),
     "powi": _c_powi,
     "call": _c_call,
@@ -703,6 +720,7 @@ _C_OPS = {
     "or": lambda p, rs: (" || ".join(p.par(r, P_AND + 1) for r in rs), P_OR),
     "not": lambda p, r: ("!" + p.par(r, P_UNARY), P_UNARY),
     "where": lambda p, c, a, b: (f"{p.par(c, P_TERN + 1)} ? {p.par(a, P_TERN + 1)} : {p.par(b, P_TERN + 1)}", P_TERN),
+    "wrap": lambda p, i, n: (f"ag_wrap({i.text}, {n.text})", P_ATOM),  # i < 0 ? i + n : i
 }
 
 _C_FUNCS = {
@@ -714,117 +732,6 @@ _C_FUNCS = {
 
 _LOG2E = 1.0 / math.log(2.0)
 
-# Device helpers, in emission order: name -> (dependencies, code). All are host-compilable too
-# (the fast PTX paths are device-only), so expressions can be checked with a host compiler.
-_HELPERS: Dict[str, Tuple[Tuple[str, ...], str]] = {
-    "ldg": ((), """\
-#ifndef AG_LDG
-#ifdef __CUDA_ARCH__
-#define AG_LDG(p) __ldg(p)
-#else
-#define AG_LDG(p) (*(p))
-#endif
-#endif"""),
-    "tanh": ((), """\
-__host__ __device__ __forceinline__ float ag_tanh(float x) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
-  float y; asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
-#else
-  return tanhf(x);
-#endif
-}"""),
-    "exp2": ((), """\
-__host__ __device__ __forceinline__ float ag_exp2(float x) {
-#ifdef __CUDA_ARCH__
-  float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
-#else
-  return exp2f(x);
-#endif
-}"""),
-    "sin": ((), """\
-__host__ __device__ __forceinline__ float ag_sin(float x) {
-#ifdef __CUDA_ARCH__
-  return __sinf(x);
-#else
-  return sinf(x);
-#endif
-}"""),
-    "cos": ((), """\
-__host__ __device__ __forceinline__ float ag_cos(float x) {
-#ifdef __CUDA_ARCH__
-  return __cosf(x);
-#else
-  return cosf(x);
-#endif
-}"""),
-    "rsqrt": ((), """\
-__host__ __device__ __forceinline__ float ag_rsqrt(float x) {
-#ifdef __CUDA_ARCH__
-  return rsqrtf(x);
-#else
-  return 1.0f / sqrtf(x);
-#endif
-}"""),
-    "min": ((), """\
-__host__ __device__ __forceinline__ int ag_min(int a, int b) { return a < b ? a : b; }
-__host__ __device__ __forceinline__ long long ag_min(long long a, long long b) { return a < b ? a : b; }
-__host__ __device__ __forceinline__ float ag_min(float a, float b) { return fminf(a, b); }"""),
-    "max": ((), """\
-__host__ __device__ __forceinline__ int ag_max(int a, int b) { return a > b ? a : b; }
-__host__ __device__ __forceinline__ long long ag_max(long long a, long long b) { return a > b ? a : b; }
-__host__ __device__ __forceinline__ float ag_max(float a, float b) { return fmaxf(a, b); }"""),
-    "abs": ((), """\
-__host__ __device__ __forceinline__ int ag_abs(int a) { return a < 0 ? -a : a; }
-__host__ __device__ __forceinline__ long long ag_abs(long long a) { return a < 0 ? -a : a; }"""),
-    "powi": ((), """\
-__host__ __device__ __forceinline__ int ag_powi(int x, int n) { int r = 1; for (int k = 0; k < n; ++k) r *= x; return r; }
-__host__ __device__ __forceinline__ long long ag_powi(long long x, int n) { long long r = 1; for (int k = 0; k < n; ++k) r *= x; return r; }
-__host__ __device__ __forceinline__ float ag_powi(float x, int n) { float r = 1.0f; for (int k = 0; k < n; ++k) r *= x; return r; }"""),
-    "fmod_py": ((), """\
-// Python float %: the result takes the divisor's sign
-__host__ __device__ __forceinline__ float ag_fmod_py(float a, float b) {
-  float r = fmodf(a, b);
-  if (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) r += b;
-  return r;
-}"""),
-    "ld_f32": (("ldg",), """\
-__host__ __device__ __forceinline__ float ag_ld_f32(const void* p, long long off) { return AG_LDG((const float*)p + off); }"""),
-    "ld_f64": (("ldg",), """\
-__host__ __device__ __forceinline__ float ag_ld_f64(const void* p, long long off) { return (float)AG_LDG((const double*)p + off); }"""),
-    "ld_bf16": (("ldg",), """\
-__host__ __device__ __forceinline__ float ag_ld_bf16(const void* p, long long off) {
-  unsigned int u = (unsigned int)AG_LDG((const unsigned short*)p + off) << 16;
-#ifdef __CUDA_ARCH__
-  return __uint_as_float(u);
-#else
-  float f; memcpy(&f, &u, 4); return f;
-#endif
-}"""),
-    "ld_f16": (("ldg",), """\
-__host__ __device__ __forceinline__ float ag_ld_f16(const void* p, long long off) {
-  unsigned short h = AG_LDG((const unsigned short*)p + off);
-#ifdef __CUDA_ARCH__
-  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
-#else
-  unsigned int s = (h >> 15) & 1u, e = (h >> 10) & 31u, m = h & 1023u;
-  float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m | 1024u), (int)e - 25);
-  return s ? -v : v;
-#endif
-}"""),
-    "ld_i32": (("ldg",), """\
-__host__ __device__ __forceinline__ int ag_ld_i32(const void* p, long long off) { return AG_LDG((const int*)p + off); }"""),
-    "ld_i64": (("ldg",), """\
-__host__ __device__ __forceinline__ long long ag_ld_i64(const void* p, long long off) { return AG_LDG((const long long*)p + off); }"""),
-    "ld_i16": (("ldg",), """\
-__host__ __device__ __forceinline__ int ag_ld_i16(const void* p, long long off) { return AG_LDG((const short*)p + off); }"""),
-    "ld_i8": (("ldg",), """\
-__host__ __device__ __forceinline__ int ag_ld_i8(const void* p, long long off) { return AG_LDG((const signed char*)p + off); }"""),
-    "ld_u8": (("ldg",), """\
-__host__ __device__ __forceinline__ int ag_ld_u8(const void* p, long long off) { return AG_LDG((const unsigned char*)p + off); }"""),
-    "ld_b8": (("ldg",), """\
-__host__ __device__ __forceinline__ int ag_ld_b8(const void* p, long long off) { return AG_LDG((const unsigned char*)p + off) != 0; }"""),
-}
-
 
 class CudaPrinter(_Printer):
     """sympy -> CUDA C++ expression text (fp32 float math, Python integer semantics).
@@ -832,26 +739,23 @@ class CudaPrinter(_Printer):
     fast_tanh: tanh via ``tanh.approx.f32`` (``ag_tanh``; ~2^-11 relative error) instead of ``tanhf``.
     fast_exp2: ``2**x`` via ``ex2.approx.ftz.f32`` (``ag_exp2``) and ``exp(x)`` as ``ag_exp2(x*log2(e))``,
                instead of ``exp2f``/``expf``/``powf``.
-    fast_trig: sin/cos via ``__sinf``/``__cosf`` (``ag_sin``/``ag_cos``) instead of ``sinf``/``cosf``.
     ``captured_var``: the name of the ``const CapturedArgs&`` in scope where loads are printed.
-    Call ``helpers()`` after printing for the device helpers the printed text uses.
+    The printed text calls ``ag_*`` helpers of ``templates/variant_math.cuh``; include it before that text.
     """
 
     TARGET = "CUDA"
     OPS = _C_OPS
 
-    def __init__(self, fast_tanh: bool = True, fast_exp2: bool = True, *, fast_trig: bool = False,
-                 captured=None, summaries=None, symbol_names=None, local_types=None, captured_var: str = "c"):
+    def __init__(self, fast_tanh: bool = True, fast_exp2: bool = True, *, captured=None, summaries=None,
+                 symbol_names=None, local_types=None, captured_var: str = "c"):
         super().__init__(captured=captured, summaries=summaries, symbol_names=symbol_names, local_types=local_types)
-        self.fast_tanh, self.fast_exp2, self.fast_trig = fast_tanh, fast_exp2, fast_trig
+        self.fast_tanh, self.fast_exp2 = fast_tanh, fast_exp2
         self.captured_var = captured_var
         self.FUNCS = dict(_C_FUNCS)
         if fast_tanh:
             self.FUNCS["tanh"] = "ag_tanh"
         if fast_exp2:
             self.FUNCS["exp2"] = "ag_exp2"
-        if fast_trig:
-            self.FUNCS.update(sin="ag_sin", cos="ag_cos")
 
     def _e_exp(self, e) -> R:
         if not self.fast_exp2:
@@ -876,7 +780,6 @@ class CudaPrinter(_Printer):
         if dt is None:
             dt = torch.int32 if isinstance(e, (ILoad, FlatILoad)) else torch.float32
         suffix, vt = _DTYPES[dt]
-        self.used.add("ld_" + suffix)
         return n, f"ag_ld_{suffix}", vt
 
     def _e_Load(self, e) -> R:
@@ -905,20 +808,6 @@ class CudaPrinter(_Printer):
         n, fn, vt = self._load_fn(e, name)
         off = self._emit_as(e.args[1], LL)
         return R(f"{fn}({self.captured_var}.ptr[{n}], {off.text})", P_ATOM, vt)
-
-    def helpers(self) -> str:
-        """Definitions of the ``ag_*`` device helpers the text printed so far uses (deterministic order)."""
-        need = set()
-
-        def add(h):
-            if h not in need:
-                need.add(h)
-                for d in _HELPERS[h][0]:
-                    add(d)
-
-        for h in self.used:
-            add(h)
-        return "\n".join(code for name, (_, code) in _HELPERS.items() if name in need)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1000,6 +889,7 @@ _TorchOps.atan2 = staticmethod(
     lambda a, b: torch.atan2(_TorchOps._t(a), _TorchOps._t(b)) if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) else math.atan2(a, b)
 )
 _TorchOps.pow = staticmethod(lambda a, b: a**b)
+_TorchOps.wrap = staticmethod(lambda i, n: torch.where(i < 0, i + n, i) if isinstance(i, torch.Tensor) else (i + n if i < 0 else i))
 
 
 def _py_float(p, v):
@@ -1040,6 +930,7 @@ _TORCH_OPS = {
     "or": lambda p, rs: ("(" + " | ".join(r.text for r in rs) + ")", P_ATOM),
     "not": lambda p, r: (f"_ag.not_({r.text})", P_ATOM),
     "where": lambda p, c, a, b: (f"_ag.where({c.text}, {a.text}, {b.text})", P_ATOM),
+    "wrap": lambda p, i, n: (f"_ag.wrap({i.text}, {n.text})", P_ATOM),
 }
 
 

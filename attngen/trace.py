@@ -8,6 +8,7 @@ the supported spelling.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -587,6 +588,40 @@ def simplify_mask(mask):
 
 
 # ----------------------------------------------------------------------------------------------
+# captured-tensor indices that may be negative
+# ----------------------------------------------------------------------------------------------
+
+# b and h carry nonnegative=True; q_idx and kv_idx carry only integer=True (another assumption would change
+# their srepr, hence every cache key), yet both are >= 0 at run time (q_offset is never negative), so signs
+# are proved over these stand-ins.
+_NONNEG_INDEX = {S.Q: sympy.Dummy("q_idx", integer=True, nonnegative=True),
+                 S.KV: sympy.Dummy("kv_idx", integer=True, nonnegative=True)}
+
+
+def index_nonnegative(index) -> bool:
+    """True only when sympy proves the index >= 0 for all b, h, q_idx, kv_idx >= 0 (``q_idx``,
+    ``h * 64 + kv_idx``, ``(q_idx - kv_idx) % 8``). False when it cannot (``q_idx - kv_idx``, ``h - 1``,
+    a value loaded from another tensor): such an index gets torch's wrap of negative values."""
+    return sympy.sympify(index).xreplace(_NONNEG_INDEX).is_nonnegative is True
+
+
+def with_wrapped_dims(captured, *exprs) -> Tuple[CapturedTensor, ...]:
+    """``captured`` with ``wrapped_dims`` recorded: (dim, size now) for every dim some load in ``exprs``
+    indexes with an expression ``index_nonnegative`` cannot prove >= 0."""
+    dims: Dict[str, set] = {}
+    for e in exprs:
+        for ld in sympy.sympify(e).atoms(S.Load):
+            for d, i in enumerate(ld.args[1:]):
+                if not index_nonnegative(i):
+                    dims.setdefault(ld.args[0].name, set()).add(d)
+    return tuple(
+        dataclasses.replace(c, wrapped_dims=tuple((d, int(c.tensor.shape[d])) for d in sorted(dims[c.name])))
+        if c.name in dims else c
+        for c in captured
+    )
+
+
+# ----------------------------------------------------------------------------------------------
 # entry point
 # ----------------------------------------------------------------------------------------------
 
@@ -630,4 +665,5 @@ def trace(variant) -> TracedVariant:
     neg, score = hoist_mask(score)
     if neg is not sympy.false:
         mask = sympy.And(mask, sympy.Not(neg))
-    return TracedVariant(variant=variant, score=score, mask=simplify_mask(mask), captured=tuple(tracer.captured))
+    mask = simplify_mask(mask)
+    return TracedVariant(variant=variant, score=score, mask=mask, captured=with_wrapped_dims(tracer.captured, score, mask))

@@ -30,6 +30,7 @@ from attngen.symbols import B, BK, BQ, H, I, J, KV, KVLEN, Q, QLEN, QOFF, SCORE,
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_COMMON = REPO / "attngen" / "templates" / "attngen_common.cuh"
+VARIANT_MATH = REPO / "attngen" / "templates" / "variant_math.cuh"  # the ag_* helpers variant.inc includes
 NVCC = shutil.which("nvcc")
 GXX = shutil.which("g++")
 
@@ -102,8 +103,13 @@ def variants(tensors):
     V["chunked"] = (TracedVariant(Variant(), SCORE, sympy.And(sympy.Eq(fl(Q / 256), fl(KV / 256)), Q >= KV)),
                     causal_preds(needs_classifier=True))
     V["bias"] = (
-        TracedVariant(Variant(), SCORE + load("t0", H, Q - KV + 1024), sympy.true,
+        TracedVariant(Variant(), SCORE + load("t0", H, Q + KV + 17), sympy.true,
                       (CapturedTensor("t0", tensors["bias"], torch.bfloat16, 2),)),
+        full_preds())
+    # relative-position table: q - kv is negative above the diagonal and wraps as torch indexing does
+    V["relbias"] = (
+        TracedVariant(Variant(), SCORE + load("t0", H, Q - KV), sympy.true,
+                      (CapturedTensor("t0", tensors["bias"], torch.bfloat16, 2, wrapped_dims=((1, 2048),)),)),
         full_preds())
     # everything at once: softcap of alibi + a per-head fp16 bias, dilated head-dependent window,
     # per-batch int64 documents
@@ -173,6 +179,10 @@ def test_every_contract_function_is_defined(rendered):
             assert f"template <int BQ, int BK>\n__device__ __forceinline__ int {f}(const CapturedArgs& c, const TileArgs& t, int i)" in text
         for f in ("tile_any", "tile_all"):
             assert f"bool {f}(const CapturedArgs& c, const TileArgs& t, int i, int j)" in text
+        # the transposed q-block ranges serve block_map on the host; no kernel reads them
+        assert "q_block_lo" not in text and "q_full_hi" not in text
+        # the ag_* helpers come from the header, never inline
+        assert '#include "variant_math.cuh"' in text and "__forceinline__ float ag_" not in text
 
 
 def test_work_is_hoisted_out_of_the_element_functions(rendered):
@@ -198,8 +208,11 @@ def test_work_is_hoisted_out_of_the_element_functions(rendered):
     assert "py_floordiv(kv_idx, 256)" in body(r["chunked"], "col_ctx")
     # bias table: the 64-bit offset is split into a per-row and a per-column part
     sm = body(r["bias"], "score_mod")
-    assert sm.count("ag_ld_bf16(") == 1 and "stride" not in sm and "long long" not in sm, sm
+    assert sm.count("ag_ld_bf16(") == 1 and "stride" not in sm and "long long" not in sm and "ag_wrap" not in sm, sm
     assert "stride" in body(r["bias"], "row_ctx") and "stride" in body(r["bias"], "col_ctx")
+    # relative table: the wrapped index is per element, the per-head part of the offset is not
+    sm = body(r["relbias"], "score_mod")
+    assert sm.count("ag_wrap(q_idx - kv_idx, 2048)") == 1 and "hc.h0" in sm, sm
     # compound: per-element work keeps only what needs both q and kv
     sm = body(r["compound"], "score_mod")
     assert "exp2" not in sm and sm.count("ag_tanh(") == 1 and sm.count("ag_ld_f16(") == 0, sm
@@ -230,7 +243,8 @@ def test_fast_path_switches():
     slow = render_variant_inc(t, p, fast_tanh=False, fast_exp2=False)
     assert "tanhf(" in slow and "exp2f(" in slow and "ag_tanh" not in slow and "ag_exp2" not in slow
     fast = render_variant_inc(t, p)
-    assert "tanh.approx.f32" in fast and "ex2.approx.ftz.f32" in fast
+    assert "ag_tanh(" in fast and "ag_exp2(" in fast and "tanhf(" not in fast and "exp2f(" not in fast
+    assert "tanh.approx.f32" in VARIANT_MATH.read_text() and "ex2.approx.ftz.f32" in VARIANT_MATH.read_text()
 
 
 def test_errors_name_the_problem():
@@ -248,6 +262,77 @@ def test_errors_name_the_problem():
         render_variant_inc(TracedVariant(Variant(), SCORE, Q >= KV), bad)
     with pytest.raises(BuildError, match="mystery"):
         render_variant_inc(TracedVariant(Variant(), sympy.Function("mystery")(SCORE), sympy.true), full_preds())
+    # an index that may be negative needs the dim's size (trace records it in wrapped_dims)
+    with pytest.raises(BuildError, match=r"dim 1 of captured tensor t0 with `-kv_idx \+ q_idx`, which may be negative"):
+        render_variant_inc(TracedVariant(Variant(), SCORE + load("t0", H, Q - KV), sympy.true, cap), full_preds())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# captured indices that may be negative: torch wraps them (t[-1] is the last element), so the kernel does
+
+
+def _traced(score_mod=None, mask_mod=None):
+    from attngen.predicates import derive
+    from attngen.trace import trace
+
+    t = trace(Variant(score_mod=score_mod, mask_mod=mask_mod))
+    return t, derive(t)
+
+
+def test_negative_index_wraps_with_the_size_traced():
+    table = torch.randn(2, 511)
+    t, p = _traced(lambda s, b, h, q, kv: s + table[h, q - kv])
+    assert t.captured[0].wrapped_dims == ((1, 511),)
+    text = render_variant_inc(t, p)
+    assert "ag_wrap(q_idx - kv_idx, 511)" in text, text
+    assert "dim 1 wraps at 511" in text  # the header comment says so too
+    # the baked size is part of the variant's canonical form (the cache key); values are not
+    t_same, _ = _traced(lambda s, b, h, q, kv: s + torch.zeros(2, 511)[h, q - kv])
+    t_other, _ = _traced(lambda s, b, h, q, kv: s + torch.zeros(2, 513)[h, q - kv])
+    assert t.canonical() == t_same.canonical()
+    assert t.canonical() != t_other.canonical()
+    # an offset does not make the index provably non-negative (kv can exceed q + 255)
+    t2, p2 = _traced(lambda s, b, h, q, kv: s + table[h, q - kv + 255])
+    assert t2.captured[0].wrapped_dims == ((1, 511),) and "ag_wrap(" in render_variant_inc(t2, p2)
+    # an index loaded from another tensor may be negative; the dims of doc itself (doc[q_idx]) are not
+    doc = torch.zeros(64, dtype=torch.int64)
+    t3, p3 = _traced(lambda s, b, h, q, kv: s + table[h, doc[q]])
+    assert [c.wrapped_dims for c in t3.captured] == [(), ((1, 511),)]
+    assert "ag_wrap(ag_ld_i64(c.ptr[0], (long long)q_idx), 511LL)" in render_variant_inc(t3, p3)
+
+
+def test_provably_nonnegative_indices_are_not_wrapped():
+    doc = torch.sort(torch.randint(0, 4, (300,))).values
+    slopes = torch.rand(8)
+    bias = torch.randn(8, 300, 300)
+    table = torch.randn(8, 16)
+    cases = [
+        (None, lambda b, h, q, kv: doc[q] == doc[kv]),
+        (lambda s, b, h, q, kv: s + slopes[h] * (kv - q), lambda b, h, q, kv: q >= kv),
+        (lambda s, b, h, q, kv: s + bias[h, q, kv], None),
+        (lambda s, b, h, q, kv: s + table[(h + 3) % 8, (q - kv) % 16] + table[h, abs(q - kv) // 64], None),
+    ]
+    for sm, mm in cases:
+        t, p = _traced(sm, mm)
+        assert all(c.wrapped_dims == () for c in t.captured), t.captured
+        assert ":w" not in t.canonical().split("|captured=")[1]  # the keys of such variants are unchanged
+        assert "ag_wrap" not in render_variant_inc(t, p)
+
+
+def test_check_layout_names_a_changed_size_or_stride():
+    table = torch.randn(2, 511)
+    t, _ = _traced(lambda s, b, h, q, kv: s + table[h, q - kv])
+    c = t.captured[0]
+    assert c.unit_stride_dims == (1,) and c.check_layout(table) is None
+    assert c.check_layout(torch.zeros(2, 511)) is None  # new values, same layout
+    msg = c.check_layout(torch.zeros(2, 512))
+    assert msg and "size 511 in dim 1" in msg and "now the size is 512" in msg
+    msg = c.check_layout(torch.zeros(511, 2).t())
+    assert msg and "stride 1 in dim 1" in msg
+    assert "rank 2" in c.check_layout(torch.zeros(1022))
+    doc = torch.zeros(64, dtype=torch.int32)
+    t, _ = _traced(None, lambda b, h, q, kv: doc[q] == doc[kv])
+    assert t.captured[0].check_layout(torch.zeros(128, dtype=torch.int32)) is None  # no size baked in
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -266,13 +351,16 @@ def _write_includes(tmp: Path, rendered) -> list:
 
 
 _UNDEF = "#undef ATTNGEN_HAS_SCORE_MOD\n#undef ATTNGEN_HAS_MASK\n#undef ATTNGEN_NEEDS_CLASSIFIER\n"
+# These harnesses include several variant.inc files, each inside its own namespace. Each .inc includes
+# variant_math.cuh (#pragma once); included first at global scope, its helpers are visible to all of them.
+_MATH = '#include "variant_math.cuh"'
 
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc")
 def test_variant_inc_compiles_with_nvcc(tmp_path, rendered):
     inc = _write_includes(tmp_path, rendered)
-    parts = ['#include "attngen_common.cuh"']
+    parts = ['#include "attngen_common.cuh"', _MATH]
     calls = []
     for k in rendered:
         parts.append(f"namespace v_{k} {{\n#include \"{k}.inc\"\n" + r"""
@@ -286,8 +374,7 @@ __device__ float exercise(const CapturedArgs& c, const TileArgs& t) {
   bool m = mask_mod(c, hc, rc, cc, q, k);
   int i = (int)blockIdx.x, j = (int)blockIdx.y;
   int r = kv_block_lo<BQ_, BK_>(c, t, i) + kv_block_hi<BQ_, BK_>(c, t, i) + kv_full_lo<BQ_, BK_>(c, t, i)
-        + kv_full_hi<BQ_, BK_>(c, t, i) + q_block_lo<BQ_, BK_>(c, t, j) + q_block_hi<BQ_, BK_>(c, t, j)
-        + q_full_lo<BQ_, BK_>(c, t, j) + q_full_hi<BQ_, BK_>(c, t, j);
+        + kv_full_hi<BQ_, BK_>(c, t, i);
   bool any = tile_any<BQ_, BK_>(c, t, i, j), all = tile_all<BQ_, BK_>(c, t, i, j);
   return (m ? s : -INFINITY) + (float)r + (any ? 1.0f : 0.0f) + (all ? 2.0f : 0.0f)
        + ATTNGEN_HAS_SCORE_MOD + ATTNGEN_HAS_MASK + ATTNGEN_NEEDS_CLASSIFIER;
@@ -337,6 +424,7 @@ def test_variant_inc_host_semantics_match_python(tmp_path):
     V = {**variants(tensors), **derived_variants()}
     rendered = {k: render_variant_inc(t, p) for k, (t, p) in V.items()}
     (tmp_path / "attngen_common.cuh").write_text(COMMON_STUB)
+    (tmp_path / "variant_math.cuh").write_text(VARIANT_MATH.read_text())
     for k, text in rendered.items():
         (tmp_path / f"{k}.inc").write_text(text)
     QLEN_, KVLEN_, QOFF_ = 37, 150, rng.randint(0, 100)
@@ -355,7 +443,7 @@ def test_variant_inc_host_semantics_match_python(tmp_path):
 #include <cstdio>
 #include <cstring>
 #include "attngen_common.cuh"
-"""]
+""" + _MATH]
     for k, (tv, _) in V.items():
         for ct in tv.captured:
             src.append(_c_bytes(f"{k}_{ct.name}", ct.tensor))
@@ -385,9 +473,6 @@ void run() {{
   for (int i = 0; i < {nqb}; ++i)
     printf("%d %d %d %d\\n", kv_block_lo<{BQ_}, {BK_}>(c, t, i), kv_block_hi<{BQ_}, {BK_}>(c, t, i),
            kv_full_lo<{BQ_}, {BK_}>(c, t, i), kv_full_hi<{BQ_}, {BK_}>(c, t, i));
-  for (int j = 0; j < {nkb}; ++j)
-    printf("%d %d %d %d\\n", q_block_lo<{BQ_}, {BK_}>(c, t, j), q_block_hi<{BQ_}, {BK_}>(c, t, j),
-           q_full_lo<{BQ_}, {BK_}>(c, t, j), q_full_hi<{BQ_}, {BK_}>(c, t, j));
   for (int i = 0; i < {nqb}; ++i)
     for (int j = 0; j < {nkb}; ++j)
       printf("%d %d\\n", (int)tile_any<{BQ_}, {BK_}>(c, t, i, j), (int)tile_all<{BQ_}, {BK_}>(c, t, i, j));
@@ -427,11 +512,6 @@ void run() {{
             want = torch.broadcast_to(torch.as_tensor(_py(e, (I,) + tile_args, summaries, i, *tile_vals)), (nqb,))
             assert rows[:, col].tolist() == want.tolist(), f"seed {seed}: {k}: kv bound {e}"
         pos += nqb
-        rows = torch.tensor([[int(x) for x in ln.split()] for ln in lines[pos: pos + nkb]])
-        for col, e in enumerate((preds.q_lo, preds.q_hi, preds.q_full_lo, preds.q_full_hi)):
-            want = torch.broadcast_to(torch.as_tensor(_py(e, (J,) + tile_args, summaries, j, *tile_vals)), (nkb,))
-            assert rows[:, col].tolist() == want.tolist(), f"seed {seed}: {k}: q bound {e}"
-        pos += nkb
         rows = torch.tensor([[int(x) for x in ln.split()] for ln in lines[pos: pos + nqb * nkb]]).reshape(nqb, nkb, 2)
         for col, e in enumerate((preds.tile_any, preds.tile_all)):
             want = torch.broadcast_to(torch.as_tensor(
@@ -458,7 +538,7 @@ def test_variant_inc_on_gpu_matches_python(tmp_path):
     arch = f"{maj}{mnr}" + ("a" if maj == 9 else "")
     inc = _write_includes(tmp_path, {k: render_variant_inc(t, p) for k, (t, p) in V.items()})
     BQ_, BK_ = 64, 128
-    parts = ['#include "attngen_common.cuh"']
+    parts = ['#include "attngen_common.cuh"', _MATH]
     for k in V:
         parts.append(f"namespace v_{k} {{\n#include \"{k}.inc\"\n" + f"""
 __global__ void elem(CapturedArgs c, TileArgs t, const float* S, float* out_s, int* out_m) {{

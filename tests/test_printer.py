@@ -17,7 +17,7 @@ import sympy
 import torch
 
 from attngen.errors import BuildError
-from attngen.printer import FLOAT, INT, LL, CudaPrinter, FloorDiv, torch_function
+from attngen.printer import FLOAT, INT, LL, CudaPrinter, FloorDiv, WrapIndex, torch_function
 from attngen.symbols import B, BK, BQ, H, I, J, KV, Q, QOFF, SCORE, load
 
 GXX = shutil.which("g++")
@@ -25,6 +25,8 @@ needs_gxx = pytest.mark.skipif(GXX is None, reason="needs a host C++ compiler (g
 
 # Minimal stand-in for attngen/templates/attngen_common.cuh, exactly the contract's declarations.
 COMMON_STUB = (Path(__file__).parent / "data" / "common_host_stub.cuh").read_text()
+# The ag_* helpers printed code calls (the real header: it compiles for the host too).
+VARIANT_MATH = Path(__file__).resolve().parents[1] / "attngen" / "templates" / "variant_math.cuh"
 
 HOST_PRELUDE = r"""
 #define __host__
@@ -36,11 +38,13 @@ HOST_PRELUDE = r"""
 #include <cstdlib>
 #include <cstdint>
 #include "attngen_common_stub.cuh"
+#include "variant_math.cuh"
 """
 
 
 def compile_and_run(tmp_path, src: str) -> str:
     (tmp_path / "attngen_common_stub.cuh").write_text(COMMON_STUB)
+    (tmp_path / "variant_math.cuh").write_text(VARIANT_MATH.read_text())
     (tmp_path / "prog.cpp").write_text(src)
     exe = tmp_path / "prog"
     r = subprocess.run([GXX, "-std=c++17", "-O1", "-fwrapv", "-o", str(exe), str(tmp_path / "prog.cpp")],
@@ -155,7 +159,7 @@ def test_integer_semantics_match_python(tmp_path):
         texts.append(text)
         funcs.append(f"static long long f{k}(int q_idx, int kv_idx, int h, int b) {{ return (long long)({text}); }}")
     calls = "\n".join(f'    printf("%lld\\n", f{k}(P[n][0], P[n][1], P[n][2], P[n][3]));' for k in range(len(exprs)))
-    src = (HOST_PRELUDE + p.helpers() + "\n" + "\n".join(funcs)
+    src = (HOST_PRELUDE + "\n".join(funcs)
            + f"\nstatic const int P[{len(pts)}][4] = {{{', '.join('{%d, %d, %d, %d}' % pt for pt in pts)}}};\n"
            + f"int main() {{\n  for (int n = 0; n < {len(pts)}; ++n) {{\n{calls}\n  }}\n  return 0;\n}}\n")
     got = [int(x) for x in compile_and_run(tmp_path, src).split()]
@@ -241,7 +245,7 @@ def test_float_semantics_match_python(tmp_path, fast):
     pts = [(round(rng.uniform(-5, 5), 6), rng.randint(-50, 50), rng.randint(-50, 50), rng.randint(0, 7)) for _ in range(24)]
     pts += [(0.0, 3, 3, 0), (-1e-3, -5, 7, 1)]
     exprs = float_exprs()
-    p = CudaPrinter(fast_tanh=fast, fast_exp2=fast, fast_trig=fast)
+    p = CudaPrinter(fast_tanh=fast, fast_exp2=fast)
     funcs, texts = [], []
     for k, e in enumerate(exprs):
         text = p.doprint(e, as_type=FLOAT)
@@ -252,7 +256,7 @@ def test_float_semantics_match_python(tmp_path, fast):
     else:
         assert any("ag_tanh" in t for t in texts) and any("ag_exp2" in t for t in texts)
     calls = "\n".join(f'    printf("%.9g\\n", f{k}(S[n], P[n][0], P[n][1], P[n][2], 0));' for k in range(len(exprs)))
-    src = (HOST_PRELUDE + p.helpers() + "\n" + "\n".join(funcs)
+    src = (HOST_PRELUDE + "\n".join(funcs)
            + f"\nstatic const float S[{len(pts)}] = {{{', '.join(repr(pt[0]) + 'f' for pt in pts)}}};"
            + f"\nstatic const int P[{len(pts)}][3] = {{{', '.join('{%d, %d, %d}' % pt[1:] for pt in pts)}}};\n"
            + f"int main() {{\n  for (int n = 0; n < {len(pts)}; ++n) {{\n{calls}\n  }}\n  return 0;\n}}\n")
@@ -327,6 +331,11 @@ def test_loads_match_torch_indexing(tmp_path):
         load("t5", KV + 35, integer=True) * 3 - Q,
         load("t6", sympy.Mod(Q * KV, 70)),
         load("s0", sympy.Mod(Q, 64), integer=True) + H,
+        # negative indices, wrapped as torch wraps them (codegen's WrapIndex); int and 64-bit index types
+        load("t0", H % 3, WrapIndex(Q - KV, 70)),
+        load("t1", WrapIndex(KV - 40, 70)) + SCORE,
+        load("t6", WrapIndex(sympy.Mod(load("t2", Q + 35, integer=True), 139) - 69, 70)),
+        load("t4", H % 2, WrapIndex(sympy.Mod(Q, 9) - 4, 5), WrapIndex(KV - Q, 70)),
     ]
     p = CudaPrinter(fast_tanh=False, fast_exp2=False, captured={k: v.dtype for k, v in caps.items()}, summaries={"s0": True})
     rng = random.Random(seed)
@@ -341,7 +350,7 @@ def test_loads_match_torch_indexing(tmp_path):
             setup.append(f"  c.stride[{n}][{d}] = {st};")
     setup.append("  c.summary[0] = s0_bytes;")
     calls = "\n".join(f'    printf("%.17g\\n", f{k}(c, S[n], P[n][0], P[n][1], P[n][2]));' for k in range(len(exprs)))
-    src = (HOST_PRELUDE + p.helpers() + "\n"
+    src = (HOST_PRELUDE
            + "\n".join(_c_bytes(f"{k}_bytes", v) for k, v in caps.items()) + "\n" + _c_bytes("s0_bytes", summary) + "\n"
            + "\n".join(funcs)
            + f"\nstatic const float S[{len(pts)}] = {{{', '.join(repr(pt[0]) + 'f' for pt in pts)}}};"
@@ -350,14 +359,21 @@ def test_loads_match_torch_indexing(tmp_path):
            + f"\n  for (int n = 0; n < {len(pts)}; ++n) {{\n{calls}\n  }}\n  return 0;\n}}\n")
     got = [float(x) for x in compile_and_run(tmp_path, src).split()]
     f = {k: torch_function(e, [SCORE, Q, KV, H]) for k, e in enumerate(exprs)}
+    # the same expressions without WrapIndex: plain torch indexing, which wraps negative indices itself
+    f_raw = {k: torch_function(e.replace(lambda x: isinstance(x, WrapIndex), lambda x: x.args[0]), [SCORE, Q, KV, H])
+             for k, e in enumerate(exprs)}
+    assert any(e.has(WrapIndex) for e in exprs)
     tensors = {**caps, "s0": summary}
+    assert any(q < kv for _, q, kv, _ in pts), f"seed {seed}: no point indexes t0 with a negative q - kv"
     for n, (s, q, kv, h) in enumerate(pts):
         s32 = struct_f32(s)
         for k, e in enumerate(exprs):
-            want = float(f[k](torch.tensor(s32, dtype=torch.float64), q, kv, h, tensors=tensors))
+            args = (torch.tensor(s32, dtype=torch.float64), q, kv, h)
+            want = float(f[k](*args, tensors=tensors))
             g = got[n * len(exprs) + k]
             assert abs(g - want) <= 1e-6 * abs(want) + 1e-6, (
                 f"seed {seed}: {e} at {(s, q, kv, h)}: C {g} vs torch indexing {want}\nC: {p.doprint(e)}")
+            assert float(f_raw[k](*args, tensors=tensors)) == want, f"seed {seed}: {e} at {(s, q, kv, h)}"
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -399,8 +415,23 @@ def test_types_and_literals():
     assert p.doprint(sympy.Max(SCORE, Q)).startswith("ag_max(")
     assert p.doprint(sympy.And(Q >= KV, sympy.Or(Q < 5, KV > 3))) == "q_idx >= kv_idx && (kv_idx > 3 || q_idx < 5)"
     assert p.doprint(sympy.Not(sympy.And(Q >= KV, Q < 5), evaluate=False)) == "!(q_idx >= kv_idx && q_idx < 5)"
-    assert CudaPrinter(fast_trig=True).doprint(sympy.sin(SCORE)) == "ag_sin(score)"
     assert CudaPrinter().doprint(sympy.sin(SCORE)) == "sinf(score)"
+
+
+def test_every_helper_the_printer_calls_is_in_variant_math():
+    """The printer spells ag_* calls; templates/variant_math.cuh must define each (and nothing is emitted
+    into variant.inc any more, so a missing one would only show up as an nvcc error in a kernel build)."""
+    import re
+
+    import attngen.printer as printer_module
+
+    called = set(re.findall(r"\bag_\w+(?=\()|\bag_\w+(?=\")", Path(printer_module.__file__).read_text()))
+    called |= {"ag_" + name for name in ("min", "max", "abs")}  # printed through _c_helper(name)
+    called |= {"ag_ld_" + suffix for suffix, _ in printer_module._DTYPES.values()}  # printed as f"ag_ld_{suffix}"
+    called.discard("ag_ld_")
+    defined = set(re.findall(r"\b(ag_\w+)\(", VARIANT_MATH.read_text()))
+    assert {"ag_tanh", "ag_exp2", "ag_rsqrt", "ag_wrap", "ag_powi", "ag_fmod_py", "ag_ld_bf16"} <= called
+    assert called <= defined, f"printed but not defined in variant_math.cuh: {sorted(called - defined)}"
 
 
 def test_loads_print_through_captured_args():
@@ -410,7 +441,10 @@ def test_loads_print_through_captured_args():
     assert p.doprint(load("t1", Q, integer=True)) == "ag_ld_i32(c.ptr[1], (long long)q_idx * c.stride[1][0])"
     assert p.doprint(load("s0", I, integer=True)) == "((const int*)c.summary[0])[i]"
     assert p.doprint(load("s1", J)) == "((const float*)c.summary[1])[j]"
-    assert "ag_ld_bf16" in p.helpers() and "ag_ld_i32" in p.helpers() and "AG_LDG" in p.helpers()
+    assert p.doprint(load("t0", H, WrapIndex(Q - KV, 2048))) == (
+        "ag_ld_bf16(c.ptr[0], (long long)h * c.stride[0][0] + (long long)ag_wrap(q_idx - kv_idx, 2048) * c.stride[0][1])")
+    # a 64-bit index wraps with a 64-bit size (ag_wrap(long long, int) would be ambiguous in C++)
+    assert p.doprint(WrapIndex(load("t1", Q, integer=True) + sympy.Integer(2**40), 7)).endswith(", 7LL)")
     with pytest.raises(BuildError, match="t9"):
         p.doprint(load("t9", Q))
 
