@@ -1,0 +1,401 @@
+"""Launch stage: load a compiled kernel library (ctypes) and launch it on torch tensors.
+
+The library exports the C ABI of ``templates/attngen_common.cuh``::
+
+    int         attngen_abi_version(void);
+    int         attngen_kernel_info(AttngenKernelInfo*);
+    int         attngen_fwd(const AttngenFwdArgs*, void* stream);   // cudaError_t, no sync
+    const char* attngen_error_string(int);
+
+``forward`` validates the inputs before launching (every problem raises ``InputError`` naming what was
+expected, what was passed and the fix) and launches on the current torch stream of the inputs' device.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+from typing import Optional, Sequence
+
+import torch
+
+from .abi import (ABI_VERSION, DTYPE_CODES, ERROR_SCALE_NOT_POSITIVE, MAX_CAPTURED, MAX_SUMMARIES,
+                  SUPPORTED_HEAD_DIMS)
+from .errors import BuildError, InputError, KernelLaunchError
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+_MAX_GRID_YZ = 65535
+_DTYPE_CODES = {code: getattr(torch, name) for code, name in DTYPE_CODES.items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# ctypes mirror of the ABI structs (documentation, tests and debugging; the hot path packs bytes).
+
+
+class CapturedArgs(ctypes.Structure):
+    _fields_ = [
+        ("ptr", ctypes.c_void_p * MAX_CAPTURED),
+        ("stride", (ctypes.c_longlong * 4) * MAX_CAPTURED),
+        ("summary", ctypes.c_void_p * MAX_SUMMARIES),
+    ]
+
+
+class AttngenFwdArgs(ctypes.Structure):
+    _fields_ = [
+        ("q", ctypes.c_void_p),
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+        ("o", ctypes.c_void_p),
+        ("lse", ctypes.c_void_p),
+        ("q_stride", ctypes.c_longlong * 3),
+        ("k_stride", ctypes.c_longlong * 3),
+        ("v_stride", ctypes.c_longlong * 3),
+        ("o_stride", ctypes.c_longlong * 3),
+        ("B", ctypes.c_int),
+        ("Hq", ctypes.c_int),
+        ("Hkv", ctypes.c_int),
+        ("Lq", ctypes.c_int),
+        ("Lk", ctypes.c_int),
+        ("D", ctypes.c_int),
+        ("scale", ctypes.c_float),
+        ("q_offset", ctypes.c_int),
+        ("captured", CapturedArgs),
+    ]
+
+
+class AttngenKernelInfo(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_int)
+        for name in ("abi_version", "args_size", "head_dim", "dtype", "block_q", "block_k", "num_threads",
+                     "smem_bytes", "arch")
+    ]
+
+
+# The same layout as one struct.pack call: 5 pointers, 4x3 int64 strides, 6 int32, float, int32,
+# 8 captured pointers, 8x4 int64 captured strides, 8 summary pointers. Little-endian, no padding
+# (every field is already naturally aligned).
+_PACK = struct.Struct("<5Q12q6ifi8Q32q8Q")
+_PACK_HEAD = struct.Struct("<5Q12q6ifi")   # everything before `captured`
+_PACK_TAIL = struct.Struct("<8Q32q8Q")     # CapturedArgs
+assert _PACK.size == _PACK_HEAD.size + _PACK_TAIL.size == ctypes.sizeof(AttngenFwdArgs) == 552
+assert _PACK_HEAD.size == AttngenFwdArgs.captured.offset
+_ZERO_TAIL = bytes(_PACK_TAIL.size)
+
+
+class KernelLibrary:
+    """A loaded kernel library and what it was built for."""
+
+    def __init__(self, path: str, handle: ctypes.CDLL, info: AttngenKernelInfo):
+        self.path = path
+        self.handle = handle
+        self.head_dim = info.head_dim
+        self.dtype = _DTYPE_CODES[info.dtype]
+        self.block_q = info.block_q
+        self.block_k = info.block_k
+        self.num_threads = info.num_threads
+        self.smem_bytes = info.smem_bytes
+        self.arch = info.arch
+        self._fwd = handle.attngen_fwd
+        self._fwd.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+        self._fwd.restype = ctypes.c_int
+        self._err = handle.attngen_error_string
+        self._err.argtypes = [ctypes.c_int]
+        self._err.restype = ctypes.c_char_p
+
+    def error_string(self, code: int) -> str:
+        s = self._err(int(code))
+        return s.decode(errors="replace") if s else f"CUDA error {code}"
+
+    def launch(self, packed_args: bytes, stream: int) -> int:
+        """attngen_fwd on a packed AttngenFwdArgs (see _PACK); returns the cudaError_t code."""
+        return self._fwd(packed_args, stream)
+
+    def __repr__(self):
+        return (f"KernelLibrary({self.path!r}, {str(self.dtype).replace('torch.', '')}, head_dim={self.head_dim}, "
+                f"tiles={self.block_q}x{self.block_k}, sm_{self.arch})")
+
+
+def load_library(path) -> KernelLibrary:
+    """Load a compiled kernel library and check that it speaks this ABI."""
+    path = str(path)
+    try:
+        handle = ctypes.CDLL(path)
+    except OSError as e:
+        raise BuildError(f"could not load the kernel library {path}: {e}. Delete it so that it is rebuilt.") from e
+    try:
+        version_fn = handle.attngen_abi_version
+        info_fn = handle.attngen_kernel_info
+        handle.attngen_fwd
+        handle.attngen_error_string
+    except AttributeError as e:
+        raise BuildError(f"{path} is not an attngen kernel library ({e}); delete it so that it is rebuilt") from e
+    version_fn.restype = ctypes.c_int
+    version_fn.argtypes = []
+    version = version_fn()
+    if version != ABI_VERSION:
+        raise BuildError(
+            f"{path} speaks attngen ABI version {version}, this attngen expects {ABI_VERSION}: it was built by "
+            "another attngen version; delete it (or clear the kernel cache) so that it is rebuilt"
+        )
+    info = AttngenKernelInfo()
+    info_fn.argtypes = [ctypes.POINTER(AttngenKernelInfo)]
+    info_fn.restype = ctypes.c_int
+    if info_fn(ctypes.byref(info)) != 0 or info.args_size != _PACK.size or info.dtype not in _DTYPE_CODES:
+        raise BuildError(
+            f"{path} reports an argument block of {info.args_size} bytes (dtype code {info.dtype}); this attngen "
+            f"packs {_PACK.size}: the library is stale, delete it so that it is rebuilt"
+        )
+    return KernelLibrary(path, handle, info)
+
+
+# --------------------------------------------------------------------------------------------------
+# launching
+
+_capable_devices: set = set()  # device indices already checked to be sm80+
+
+
+def _check_capability(dev: int) -> None:
+    major, minor = torch.cuda.get_device_capability(dev)
+    if major < 8:
+        raise InputError(
+            f"the attention kernels need a GPU of compute capability 8.0 (Ampere) or newer; cuda:{dev} "
+            f"({torch.cuda.get_device_name(dev)}) is sm_{major}{minor}. Run on an sm80+ GPU, or use the "
+            "reference implementation on this one"
+        )
+    _capable_devices.add(dev)
+
+
+try:
+    _current_device = torch._C._cuda_getDevice  # no lazy-init check: tensors on the GPU imply it is done
+except AttributeError:  # pragma: no cover
+    _current_device = torch.cuda.current_device
+
+
+try:
+    _raw_stream = torch._C._cuda_getCurrentRawStream  # the current stream's handle, without a Stream object
+except AttributeError:  # pragma: no cover  (a torch without the private fast path)
+    def _raw_stream(device_index: int) -> int:
+        return torch.cuda.current_stream(device_index).cuda_stream
+
+
+def _name_shape(t: torch.Tensor) -> str:
+    return f"{tuple(t.shape)}"
+
+
+def _check_qkv(lib: KernelLibrary, q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            raise InputError(f"{name} is on {t.device}, expected a CUDA tensor: move q, k and v to the GPU "
+                             f"(e.g. {name}.cuda())")
+    if not (q.device == k.device == v.device):
+        raise InputError(f"q, k and v must be on one device, got q on {q.device}, k on {k.device}, v on {v.device}: "
+                         f"move them with .to({q.device})")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise InputError(f"{name} has dtype {t.dtype}, expected torch.bfloat16 or torch.float16: convert with "
+                             f"{name}.to(torch.bfloat16)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise InputError(f"q, k and v must have one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}: convert them "
+                         f"with .to({q.dtype})")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise InputError(f"{name} has shape {_name_shape(t)} (rank {t.dim()}), expected rank 4 with layout "
+                             "(batch, heads, seq_len, head_dim); add a batch dimension with .unsqueeze(0), or "
+                             "transpose a (batch, seq_len, heads, head_dim) tensor with .transpose(1, 2)")
+    B, Hq, Lq, D = q.shape
+    Bk, Hkv, Lk, Dk = k.shape
+    Bv, Hv, Lv, Dv = v.shape
+    if not (B == Bk == Bv):
+        raise InputError(f"batch sizes differ: q {B}, k {Bk}, v {Bv} (shapes q {_name_shape(q)}, k {_name_shape(k)}, "
+                         f"v {_name_shape(v)}); expected one batch size")
+    if D not in SUPPORTED_HEAD_DIMS:
+        raise InputError(f"head dim {D} (q.shape[-1]) is not supported: supported head dims are "
+                         f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}; pad q, k and v to one of them (and keep "
+                         "the scale of the original head dim)")
+    if not (Dk == D and Dv == D):
+        raise InputError(f"head dims differ: q {D}, k {Dk}, v {Dv}; the kernels need q, k and v to share one "
+                         "head dim (pad v to the qk head dim and slice the output)")
+    if Hkv != Hv or Lk != Lv:
+        raise InputError(f"k {_name_shape(k)} and v {_name_shape(v)} must have the same heads and sequence length")
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise InputError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv}) for grouped-query "
+                         "attention; repeat k and v heads, or pass matching head counts")
+    if B > _MAX_GRID_YZ or Hq > _MAX_GRID_YZ:
+        raise InputError(f"batch ({B}) and query heads ({Hq}) must each be at most {_MAX_GRID_YZ}; split the call")
+    if D != lib.head_dim or q.dtype != lib.dtype:
+        raise InputError(f"this kernel library was compiled for head dim {lib.head_dim} and {lib.dtype}, got head "
+                         f"dim {D} and {q.dtype}: compile the variant for these inputs")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        st = t.stride()
+        if st[3] != 1:
+            raise InputError(f"{name}'s last dimension must be contiguous (stride 1), got strides {tuple(st)}: pass "
+                             f"{name}.contiguous()")
+        if t.data_ptr() % 16 != 0 or any(st[d] % 8 != 0 and t.shape[d] > 1 for d in range(3)):
+            raise InputError(f"{name} must be 16-byte aligned with batch/head/seq strides that are multiples of 8 "
+                             f"elements, got data_ptr % 16 = {t.data_ptr() % 16} and strides {tuple(st)}: pass "
+                             f"{name}.contiguous() (or {name}.clone() for a misaligned storage offset)")
+
+
+def _captured_fields(device: torch.device, captured: Sequence[torch.Tensor],
+                     summaries: Sequence[torch.Tensor]) -> tuple:
+    if len(captured) > MAX_CAPTURED:
+        raise InputError(f"{len(captured)} captured tensors, at most {MAX_CAPTURED} are supported: combine some of "
+                         "them into one tensor")
+    if len(summaries) > MAX_SUMMARIES:
+        raise InputError(f"{len(summaries)} block summaries, at most {MAX_SUMMARIES} are supported")
+    ptrs = [0] * MAX_CAPTURED
+    strides = [0] * (4 * MAX_CAPTURED)
+    for n, t in enumerate(captured):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"captured tensor #{n} is a {type(t).__name__}, expected a torch.Tensor")
+        if t.device != device:
+            raise InputError(f"a tensor used by the score_mod/mask_mod (captured tensor #{n}, shape {tuple(t.shape)}) "
+                             f"is on {t.device} but q is on {device}: move it with .to('{device}') before the call")
+        if t.dim() > 4:
+            raise InputError(f"captured tensor #{n} has rank {t.dim()}, at most 4 is supported: index a view of it")
+        ptrs[n] = t.data_ptr()
+        for d, s in enumerate(t.stride()):
+            strides[4 * n + d] = s
+    sums = [0] * MAX_SUMMARIES
+    for n, t in enumerate(summaries):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"block summary #{n} is a {type(t).__name__}, expected a torch.Tensor")
+        if t.device != device:
+            raise InputError(f"block summary #{n} is on {t.device} but q is on {device}: compute it on {device}")
+        if t.dtype not in (torch.int32, torch.float32) or (t.dim() != 1 and t.numel() > 1) or \
+                (t.numel() > 1 and t.stride(-1) != 1):
+            raise InputError(f"block summary #{n} must be a contiguous 1-D int32 or float32 tensor, got dtype "
+                             f"{t.dtype}, shape {tuple(t.shape)}, strides {tuple(t.stride())}")
+        sums[n] = t.data_ptr()
+    return (*ptrs, *strides, *sums)
+
+
+def _check_out(out: torch.Tensor, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != dtype or out.device != device:
+        got = (f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor)
+               else type(out).__name__)
+        raise InputError(f"out must be a {shape} {dtype} tensor on {device}, got {got}")
+    st = out.stride()
+    if st[3] != 1 or out.data_ptr() % 16 != 0 or any(st[d] % 8 != 0 and shape[d] > 1 for d in range(3)):
+        raise InputError(f"out must have a contiguous last dim, 16-byte alignment and strides that are multiples "
+                         f"of 8 elements, got strides {tuple(st)}: pass a torch.empty{shape} tensor")
+
+
+def _check_lse_out(lse: torch.Tensor, shape: tuple, device: torch.device) -> None:
+    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != shape or lse.dtype != torch.float32 \
+            or lse.device != device or not lse.is_contiguous():
+        got = (f"{tuple(lse.shape)} {lse.dtype} on {lse.device}, contiguous={lse.is_contiguous()}"
+               if isinstance(lse, torch.Tensor) else type(lse).__name__)
+        raise InputError(f"lse_out must be a contiguous {shape} float32 tensor on {device}, got {got}")
+
+
+def forward(
+    lib: KernelLibrary,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: Optional[float] = None,
+    q_offset: int = 0,
+    return_lse: bool = False,
+    captured: Sequence[torch.Tensor] = (),
+    summaries: Sequence[torch.Tensor] = (),
+    out: Optional[torch.Tensor] = None,
+    lse_out: Optional[torch.Tensor] = None,
+):
+    """Attention forward with a compiled variant. q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D), bf16 or fp16,
+    any strides with a contiguous last dim. Returns out (B, Hq, Lq, D) in q's dtype, or (out, lse)
+    with lse (B, Hq, Lq) float32 natural-log (-inf for rows with nothing kept).
+    ``captured``: tensors the mods read, in TracedVariant.captured order; ``summaries``: the per-block
+    arrays of BlockPredicates.summaries, computed for lib.block_q / lib.block_k. ``out`` / ``lse_out``:
+    optional preallocated outputs (out: any strides with a contiguous last dim; lse_out contiguous)."""
+    # Fast path: one conjunction that implies every check of _check_qkv; only when it fails does the
+    # detailed (slower) checker run, to raise the right message (or to accept a corner it allows).
+    dt = lib.dtype
+    try:
+        dev = q.get_device()
+        qsh, ksh, vsh = q.shape, k.shape, v.shape
+        qs, ks, vs = q.stride(), k.stride(), v.stride()
+        qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        fast_ok = (
+            dev >= 0 and k.get_device() == dev and v.get_device() == dev
+            and q.dtype is dt and k.dtype is dt and v.dtype is dt
+            and len(qsh) == 4 and len(ksh) == 4 and ksh == vsh
+            and qsh[0] == ksh[0] and qsh[3] == ksh[3] == lib.head_dim
+            and ksh[1] > 0 and qsh[1] % ksh[1] == 0 and qsh[0] <= _MAX_GRID_YZ and qsh[1] <= _MAX_GRID_YZ
+            and qs[3] == 1 and ks[3] == 1 and vs[3] == 1
+            and ((qp | kp | vp) & 15) == 0
+            and ((qs[0] | qs[1] | qs[2] | ks[0] | ks[1] | ks[2] | vs[0] | vs[1] | vs[2]) & 7) == 0
+        )
+    except (AttributeError, TypeError):
+        fast_ok = False
+    if not fast_ok:
+        _check_qkv(lib, q, k, v)
+        dev = q.get_device()
+        qsh, ksh = q.shape, k.shape
+        qs, ks, vs = q.stride(), k.stride(), v.stride()
+        qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    if dev not in _capable_devices:
+        _check_capability(dev)
+
+    B, Hq, Lq, D = qsh
+    Hkv, Lk = ksh[1], ksh[2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    elif not math.isfinite(scale):
+        raise InputError(f"scale must be a finite number, got {scale}; pass None for 1/sqrt(head_dim)")
+    if q_offset.__class__ is not int:
+        q_offset = int(q_offset)
+    if not (-(2**31) <= q_offset and q_offset + Lq < 2**31 and Lq < 2**31 and Lk < 2**31):
+        raise InputError(f"q_offset {q_offset} with {Lq} queries and {Lk} keys leaves the int32 range of q_idx / "
+                         "kv_idx: use a smaller q_offset or shorter sequences")
+
+    if out is None:
+        out = q.new_empty((B, Hq, Lq, D))
+        os_ = (Hq * Lq * D, Lq * D, D)  # contiguous
+    else:
+        _check_out(out, (B, Hq, Lq, D), dt, q.device)
+        os_ = out.stride()
+    lse = None
+    if return_lse:
+        if lse_out is None:
+            lse = torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device)
+        else:
+            _check_lse_out(lse_out, (B, Hq, Lq), q.device)
+            lse = lse_out
+    if B * Hq * Lq == 0:
+        return (out, lse) if return_lse else out
+
+    head = _PACK_HEAD.pack(
+        qp, kp, vp, out.data_ptr(), lse.data_ptr() if lse is not None else 0,
+        qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
+        B, Hq, Hkv, Lq, Lk, D, float(scale), q_offset,
+    )
+    if captured or summaries:
+        packed = head + _PACK_TAIL.pack(*_captured_fields(q.device, captured, summaries))
+    else:
+        packed = head + _ZERO_TAIL
+    # lib._fwd is lib.launch without the method call: this is the per-call hot path
+    if dev == _current_device():
+        rc = lib._fwd(packed, _raw_stream(dev))
+    else:
+        # The library's (static) CUDA runtime launches into the thread's current context: make it q's.
+        with torch.cuda.device(dev):
+            rc = lib._fwd(packed, _raw_stream(dev))
+    if rc == ERROR_SCALE_NOT_POSITIVE:
+        # The SM90 kernel of a variant without score_mod takes the row max over raw q.k (the scale is
+        # folded into the exponent), which needs scale > 0. Both rewrites are exact: softmax(s * qk)
+        # = softmax(|s| * (-q)k), and scale 0 makes every score 0, as q = 0 with scale 1 does.
+        q2, scale2 = (-q, -scale) if scale < 0 else (torch.zeros_like(q), 1.0)
+        return forward(lib, q2, k, v, scale=scale2, q_offset=q_offset, return_lse=return_lse, captured=captured,
+                       summaries=summaries, out=out, lse_out=lse)
+    if rc != 0:
+        raise KernelLaunchError(
+            f"launching the attention kernel ({lib.path}) failed: CUDA error {rc} ({lib.error_string(rc)}); "
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, {q.dtype}, on {q.device}",
+            code=rc,
+        )
+    return (out, lse) if return_lse else out
