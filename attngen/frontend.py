@@ -99,7 +99,8 @@ class CompiledAttention:
                 if lib is None:
                     spec = self.spec(dtype, head_dim, current_arch(device_index), kernel)
                     lib = self._libraries[key] = load_library(spec.build_cached())
-            if kernel is None:
+            if kernel is None and not self.traced.captured:
+                # the hot path: variants that read no captured tensors need no per-call layout checks
                 self._ready[(dtype, head_dim, device_index)] = lib
         return lib
 

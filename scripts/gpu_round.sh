@@ -48,7 +48,7 @@ for step in "${steps[@]}"; do
       python -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tee "$RES/gpu_tests.log" | tail -n 40
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       # the public-API suite again on the portable kernel ('auto' picks sm90 on Hopper)
-      ATTNGEN_TEST_BACKEND=sm80 python -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_api.py 2>&1 \
+      ATTNGEN_TEST_BACKEND=sm80 python -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_api.py 2>&1 \
         | tee "$RES/gpu_tests_sm80.log" | tail -n 5
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       echo "gpu tests: $(( $(date +%s) - t0 )) s" ;;&

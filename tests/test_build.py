@@ -16,22 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from attngen import build, runtime
+from attngen.jit import ninja, render, tiles, toolchain
+from attngen import abi, launch
 from attngen.errors import BuildError, InputError
+from helpers import fixture_inc
 
-DATA = Path(__file__).parent / "data"
 FIXTURES = ("full", "causal", "softcap", "sliding", "alibi_doc", "bias2d_pad")
-_REAL_PIP_CANDIDATES = build._pip_nvcc_candidates
-
-
-_have_nvcc = build.nvcc_available
-
-
-needs_nvcc = [pytest.mark.nvcc, pytest.mark.skipif(not _have_nvcc(), reason="needs nvcc")]
-
-
-def fixture_inc(name: str) -> str:
-    return (DATA / f"{name}.inc").read_text()
+_REAL_PIP_CANDIDATES = toolchain._pip_nvcc_candidates
 
 
 # --------------------------------------------------------------------------------------------------
@@ -39,35 +30,35 @@ def fixture_inc(name: str) -> str:
 
 
 def test_arch_flags():
-    assert build.arch_flags("sm_90a") == ["-gencode=arch=compute_90a,code=sm_90a"]
-    assert build.arch_flags("sm_80") == ["-gencode=arch=compute_80,code=sm_80"]
-    assert build.arch_flags("sm_86") == ["-gencode=arch=compute_86,code=sm_86"]
+    assert toolchain.arch_flags("sm_90a") == ["-gencode=arch=compute_90a,code=sm_90a"]
+    assert toolchain.arch_flags("sm_80") == ["-gencode=arch=compute_80,code=sm_80"]
+    assert toolchain.arch_flags("sm_86") == ["-gencode=arch=compute_86,code=sm_86"]
     with pytest.raises(BuildError, match="sm_90a"):
-        build.arch_flags("90")
+        toolchain.arch_flags("90")
 
 
 @pytest.mark.parametrize("cap,arch", [((9, 0), "sm_90a"), ((8, 0), "sm_80"), ((8, 6), "sm_86"), ((12, 0), "sm_120")])
 def test_current_arch(monkeypatch, cap, arch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
-    assert build.current_arch() == arch
+    assert toolchain.current_arch() == arch
 
 
 def test_current_arch_without_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(BuildError, match="arch="):
-        build.current_arch()
+        toolchain.current_arch()
 
 
 @pytest.mark.parametrize("arch,limit", [("sm_80", 166912), ("sm_86", 101376), ("sm_89", 101376),
                                         ("sm_90a", 232448), ("sm_120", 101376)])
 def test_tiles_fit_shared_memory(arch, limit):
-    for hd in build.SUPPORTED_HEAD_DIMS:
-        cfg = build.tile_config(hd, arch)
+    for hd in abi.SUPPORTED_HEAD_DIMS:
+        cfg = tiles.tile_config(hd, arch)
         assert cfg.smem_bytes(hd) <= limit
         assert cfg.block_q % (16 * cfg.num_warps) == 0 and cfg.block_k % 16 == 0
     with pytest.raises(BuildError, match="64, 128, 256"):
-        build.tile_config(96, arch)
+        tiles.tile_config(96, arch)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -75,15 +66,15 @@ def test_tiles_fit_shared_memory(arch, limit):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("hd", build.SUPPORTED_HEAD_DIMS)
+@pytest.mark.parametrize("hd", abi.SUPPORTED_HEAD_DIMS)
 @pytest.mark.parametrize("name", FIXTURES)
 def test_render_sources(name, dtype, hd):
     inc = fixture_inc(name)
-    src = build.render_sources(inc, dtype, hd, "sm_90a")
-    assert set(src) == {build.KERNEL_SOURCE, build.VARIANT_INCLUDE, *build.KERNEL_HEADERS}
-    assert src[build.VARIANT_INCLUDE] == inc
-    cu = src[build.KERNEL_SOURCE]
-    cfg = build.tile_config(hd, "sm_90a")
+    src = render.render_sources(inc, dtype, hd, "sm_90a")
+    assert set(src) == {render.KERNEL_SOURCE, render.VARIANT_INCLUDE, *render.headers()}
+    assert src[render.VARIANT_INCLUDE] == inc
+    cu = src[render.KERNEL_SOURCE]
+    cfg = tiles.tile_config(hd, "sm_90a")
     assert f"constexpr int D = {hd};" in cu
     assert f"constexpr int BQ = {cfg.block_q};" in cu and f"constexpr int BK = {cfg.block_k};" in cu
     assert f"constexpr int NWARPS = {cfg.num_warps};" in cu
@@ -94,22 +85,22 @@ def test_render_sources(name, dtype, hd):
 
 def test_render_rejects_bad_inputs():
     with pytest.raises(BuildError, match="bfloat16"):
-        build.render_sources(fixture_inc("full"), torch.float32, 64, "sm_90a")
+        render.render_sources(fixture_inc("full"), torch.float32, 64, "sm_90a")
     with pytest.raises(BuildError, match="64, 128, 256"):
-        build.render_sources(fixture_inc("full"), torch.bfloat16, 80, "sm_90a")
-    assert build.render_sources(fixture_inc("full"), "bf16", 64, "sm_80")[build.KERNEL_SOURCE] == \
-        build.render_sources(fixture_inc("full"), torch.bfloat16, 64, "sm_80")[build.KERNEL_SOURCE]
+        render.render_sources(fixture_inc("full"), torch.bfloat16, 80, "sm_90a")
+    assert render.render_sources(fixture_inc("full"), "bf16", 64, "sm_80")[render.KERNEL_SOURCE] == \
+        render.render_sources(fixture_inc("full"), torch.bfloat16, 64, "sm_80")[render.KERNEL_SOURCE]
 
 
 def test_template_hash(tmp_path, monkeypatch):
-    h = build.template_hash()
-    assert re.fullmatch(r"[0-9a-f]{64}", h) and h == build.template_hash()
+    h = render.template_hash()
+    assert re.fullmatch(r"[0-9a-f]{64}", h) and h == render.template_hash()
     copy = tmp_path / "templates"
-    shutil.copytree(build.TEMPLATE_DIR, copy)
-    monkeypatch.setattr(build, "TEMPLATE_DIR", copy)
-    assert build.template_hash() == h
+    shutil.copytree(render.TEMPLATE_DIR, copy)
+    assert render.template_hash(copy) == h
     (copy / "sm80_copy.cuh").write_text((copy / "sm80_copy.cuh").read_text() + "\n// changed\n")
-    assert build.template_hash() != h
+    render.template_hash.cache_clear()  # memoised per process: templates do not change under a running program
+    assert render.template_hash(copy) != h
 
 
 # --------------------------------------------------------------------------------------------------
@@ -130,24 +121,24 @@ def no_nvcc_anywhere(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(empty))
     for var in ("CUDA_HOME", "CUDA_PATH", "ATTNGEN_NVCC"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(build, "_pip_nvcc_candidates", lambda: [])
+    monkeypatch.setattr(toolchain, "_pip_nvcc_candidates", lambda: [])
 
 
 def test_nvcc_missing_says_how_to_get_one(no_nvcc_anywhere, tmp_path):
     with pytest.raises(BuildError) as e:
-        build.find_nvcc()
+        toolchain.find_nvcc()
     msg = str(e.value)
     assert "pip install attngen[jit]" in msg and "CUDA_HOME" in msg and "nvcc" in msg
     with pytest.raises(BuildError, match=r"attngen\[jit\]"):
-        build.write_build_ninja(tmp_path / "b", build.render_sources(fixture_inc("full"), "bf16", 64, "sm_80"),
+        ninja.write_build_ninja(tmp_path / "b", render.render_sources(fixture_inc("full"), "bf16", 64, "sm_80"),
                                 "sm_80")
 
 
 def test_find_nvcc_from_cuda_home(no_nvcc_anywhere, monkeypatch, tmp_path):
     nvcc = _fake_nvcc(tmp_path / "cuda" / "bin" / "nvcc")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
-    assert build.find_nvcc() == str(nvcc)
-    assert build.nvcc_version(str(nvcc)) == (12, 4)
+    assert toolchain.find_nvcc() == str(nvcc)
+    assert toolchain.nvcc_version(str(nvcc)) == (12, 4)
 
 
 def test_find_nvcc_from_pip_package(no_nvcc_anywhere, monkeypatch, tmp_path):
@@ -157,14 +148,13 @@ def test_find_nvcc_from_pip_package(no_nvcc_anywhere, monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.delitem(sys.modules, "nvidia", raising=False)
     importlib.invalidate_caches()
-    monkeypatch.setattr(build, "_pip_nvcc_candidates", _REAL_PIP_CANDIDATES)
-    assert build.find_nvcc() == str(nvcc)
+    monkeypatch.setattr(toolchain, "_pip_nvcc_candidates", _REAL_PIP_CANDIDATES)
+    assert toolchain.find_nvcc() == str(nvcc)
 
 
+@pytest.mark.requires_nvcc
 def test_nvcc_version_real():
-    if not _have_nvcc():
-        pytest.skip("needs nvcc")
-    major, minor = build.nvcc_version()
+    major, minor = toolchain.nvcc_version()
     assert (major, minor) >= (12, 0)
 
 
@@ -172,12 +162,11 @@ def test_nvcc_version_real():
 # build.ninja
 
 
+@pytest.mark.requires_nvcc  # writes nvcc's path into build.ninja
 def test_write_build_ninja(tmp_path):
-    if not _have_nvcc():
-        pytest.skip("needs nvcc")
-    src = build.render_sources(fixture_inc("causal"), torch.bfloat16, 64, "sm_90a")
-    libs = build.write_build_ninja(tmp_path, src, "sm_90a", ["-Xptxas", "-v"])
-    assert libs == [str(tmp_path.resolve() / build.LIBRARY_NAME)]
+    src = render.render_sources(fixture_inc("causal"), torch.bfloat16, 64, "sm_90a")
+    libs = ninja.write_build_ninja(tmp_path, src, "sm_90a", ["-Xptxas", "-v"])
+    assert libs == [str(tmp_path.resolve() / ninja.LIBRARY_NAME)]
     text = (tmp_path / "build.ninja").read_text()
     for flag in ("-O3", "-std=c++17", "-Xcompiler -fPIC", "-shared", "-gencode=arch=compute_90a,code=sm_90a",
                  "-cudart static", "-Xptxas -v", "deps = gcc"):
@@ -186,9 +175,9 @@ def test_write_build_ninja(tmp_path):
     for name, body in src.items():
         assert (tmp_path / name).read_text() == body
     # unchanged sources keep their mtime (ninja rebuilds only what changed)
-    before = (tmp_path / build.KERNEL_SOURCE).stat().st_mtime_ns
-    build.write_build_ninja(tmp_path, src, "sm_90a", ["-Xptxas", "-v"])
-    assert (tmp_path / build.KERNEL_SOURCE).stat().st_mtime_ns == before
+    before = (tmp_path / render.KERNEL_SOURCE).stat().st_mtime_ns
+    ninja.write_build_ninja(tmp_path, src, "sm_90a", ["-Xptxas", "-v"])
+    assert (tmp_path / render.KERNEL_SOURCE).stat().st_mtime_ns == before
 
 
 # --------------------------------------------------------------------------------------------------
@@ -213,9 +202,7 @@ def _subdir(name, dtype, hd, arch):
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    if not _have_nvcc():
-        pytest.skip("needs nvcc")
+def compiled(requires_nvcc, tmp_path_factory):  # requires_nvcc: every test using it is in the nvcc lane
     root = tmp_path_factory.mktemp("attngen_build")
     outputs, libs = {}, {}
     # One build.ninja per arch (the arch is a build-wide flag), each run with -j2.
@@ -225,15 +212,15 @@ def compiled(tmp_path_factory):
             if a != arch:
                 continue
             sub = _subdir(name, dtype, hd, arch).split("/", 1)[1]
-            src = build.render_sources(fixture_inc(name), dtype, hd, arch)
-            sources[f"{sub}/{build.KERNEL_SOURCE}"] = src.pop(build.KERNEL_SOURCE)
-            sources[f"{sub}/{build.VARIANT_INCLUDE}"] = src.pop(build.VARIANT_INCLUDE)
+            src = render.render_sources(fixture_inc(name), dtype, hd, arch)
+            sources[f"{sub}/{render.KERNEL_SOURCE}"] = src.pop(render.KERNEL_SOURCE)
+            sources[f"{sub}/{render.VARIANT_INCLUDE}"] = src.pop(render.VARIANT_INCLUDE)
             sources.update(src)
-        build.write_build_ninja(root / arch, sources, arch, ["-Xptxas", "-v"])
-        outputs[arch] = build.run_ninja(root / arch, jobs=2)
+        ninja.write_build_ninja(root / arch, sources, arch, ["-Xptxas", "-v"])
+        outputs[arch] = ninja.run_ninja(root / arch, jobs=2)
         for name, dtype, hd, a in COMPILE_SET:
             if a == arch:
-                libs[(name, dtype, hd, a)] = root / _subdir(name, dtype, hd, arch) / build.LIBRARY_NAME
+                libs[(name, dtype, hd, a)] = root / _subdir(name, dtype, hd, arch) / ninja.LIBRARY_NAME
     return root, outputs, libs
 
 
@@ -242,7 +229,7 @@ def _ptxas_report(output: str) -> dict:
     (ninja prints each edge's status line, then that edge's output)."""
     report, cur, regs = {}, None, None
     for line in output.splitlines():
-        m = re.search(r"NVCC (\S+)/" + re.escape(build.KERNEL_SOURCE[:-3]) + r"\.o", line)
+        m = re.search(r"NVCC (\S+)/" + re.escape(render.KERNEL_SOURCE[:-3]) + r"\.o", line)
         if m:
             cur = m.group(1)
         m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
@@ -254,20 +241,18 @@ def _ptxas_report(output: str) -> dict:
     return {k: tuple(v) for k, v in report.items()}
 
 
-@pytest.mark.nvcc
 def test_compiles_links_and_loads(compiled):
     root, outputs, libs = compiled
     for (name, dtype, hd, arch), path in libs.items():
         assert path.is_file(), path
-        lib = runtime.load_library(path)  # no GPU needed: ABI version and kernel info only
-        cfg = build.tile_config(hd, arch)
+        lib = launch.load_library(path)  # no GPU needed: ABI version and kernel info only
+        cfg = tiles.tile_config(hd, arch)
         assert (lib.head_dim, lib.dtype, lib.block_q, lib.block_k) == (hd, dtype, cfg.block_q, cfg.block_k)
         assert lib.num_threads == 32 * cfg.num_warps and lib.smem_bytes == cfg.smem_bytes(hd)
         assert lib.arch == int(arch[3:5])
         assert lib.error_string(0) == "no error"
 
 
-@pytest.mark.nvcc
 def test_library_links_cudart_statically_and_exports_only_the_abi(compiled):
     if shutil.which("readelf") is None or shutil.which("nm") is None:
         pytest.skip("needs binutils")
@@ -283,7 +268,6 @@ def test_library_links_cudart_statically_and_exports_only_the_abi(compiled):
     assert not any(s.startswith("cuda") for s in syms), "cudart symbols leak from the library"
 
 
-@pytest.mark.nvcc
 def test_no_register_spills_on_sm90a_hd128(compiled):
     _, outputs, _ = compiled
     report = {("sm_90a", k): v for k, v in _ptxas_report(outputs["sm_90a"]).items()}
@@ -299,28 +283,27 @@ def test_no_register_spills_on_sm90a_hd128(compiled):
             assert spill_st == 0, f"{arch} {key} spills {spill_st} bytes"
 
 
-@pytest.mark.nvcc
 def test_incremental_rebuild_is_a_no_op(compiled):
     root, _, _ = compiled
-    out = build.run_ninja(root / "sm_80")
+    out = ninja.run_ninja(root / "sm_80")
     assert "no work to do" in out
 
 
-@pytest.mark.nvcc
+@pytest.mark.requires_nvcc
 def test_compile_error_carries_compiler_output(tmp_path):
     bad = fixture_inc("full").replace("return score; }", "return scor; }")
-    src = build.render_sources(bad, torch.bfloat16, 64, "sm_80")
-    build.write_build_ninja(tmp_path, src, "sm_80")
+    src = render.render_sources(bad, torch.bfloat16, 64, "sm_80")
+    ninja.write_build_ninja(tmp_path, src, "sm_80")
     with pytest.raises(BuildError) as e:
-        build.run_ninja(tmp_path)
+        ninja.run_ninja(tmp_path)
     msg = str(e.value)
     assert "variant.inc" in msg and "scor" in msg and "ATTNGEN_VERBOSE" in msg
 
 
-@pytest.mark.nvcc
+@pytest.mark.requires_nvcc
 def test_python_integer_semantics(tmp_path):
     """py_floordiv / py_mod (int and long long) against Python's // and %."""
-    (tmp_path / "attngen_common.cuh").write_text((build.TEMPLATE_DIR / "attngen_common.cuh").read_text())
+    (tmp_path / "attngen_common.cuh").write_text((render.TEMPLATE_DIR / "attngen_common.cuh").read_text())
     vals = [-7, -6, -5, -3, -1, 0, 1, 2, 3, 5, 6, 7, 64, -64, 127, -129]
     divs = [-7, -3, -2, -1, 1, 2, 3, 64, -64]
     big = [-(2**40) - 3, 2**40 + 5, -(2**35), 3 * 2**33 + 1]
@@ -340,7 +323,7 @@ def test_python_integer_semantics(tmp_path):
     prog += ["  return 0;", "}"]
     (tmp_path / "t.cu").write_text("\n".join(prog) + "\n")
     exe = tmp_path / "t"
-    subprocess.run([build.find_nvcc(), "-std=c++17", "-I", str(tmp_path), str(tmp_path / "t.cu"),
+    subprocess.run([toolchain.find_nvcc(), "-std=c++17", "-I", str(tmp_path), str(tmp_path / "t.cu"),
                     "-o", str(exe)], check=True, capture_output=True)
     got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
     assert got[: len(expect)] == expect
@@ -351,64 +334,55 @@ def test_python_integer_semantics(tmp_path):
 
 
 def test_abi_struct_layout():
-    A = runtime.AttngenFwdArgs
-    assert ctypes.sizeof(A) == 552 and ctypes.sizeof(runtime.CapturedArgs) == 384
+    A = launch.AttngenFwdArgs
+    assert ctypes.sizeof(A) == 552 and ctypes.sizeof(launch.CapturedArgs) == 384
     assert (A.q.offset, A.q_stride.offset, A.B.offset, A.scale.offset, A.q_offset.offset, A.captured.offset) == \
         (0, 40, 136, 160, 164, 168)
     # the packed bytes the hot path sends decode to the same fields through the ctypes mirror
     vals = (1, 2, 3, 4, 5, *range(10, 22), 7, 8, 4, 100, 200, 128, 0.125, -3,
             *range(1000, 1008), *range(2000, 2032), *range(3000, 3008))
-    a = A.from_buffer_copy(runtime._PACK.pack(*vals))
+    a = A.from_buffer_copy(launch._PACK.pack(*vals))
     assert (a.q, a.k, a.v, a.o, a.lse) == (1, 2, 3, 4, 5)
     assert list(a.q_stride) == [10, 11, 12] and list(a.o_stride) == [19, 20, 21]
     assert (a.B, a.Hq, a.Hkv, a.Lq, a.Lk, a.D, a.scale, a.q_offset) == (7, 8, 4, 100, 200, 128, 0.125, -3)
     assert list(a.captured.ptr) == list(range(1000, 1008))
     assert list(a.captured.stride[1]) == [2004, 2005, 2006, 2007]
     assert list(a.captured.summary) == list(range(3000, 3008))
-    assert runtime._PACK_HEAD.pack(*vals[:25]) + runtime._PACK_TAIL.pack(*vals[25:]) == runtime._PACK.pack(*vals)
+    assert launch._PACK_HEAD.pack(*vals[:25]) + launch._PACK_TAIL.pack(*vals[25:]) == launch._PACK.pack(*vals)
 
 
-@pytest.mark.nvcc
 def test_forward_rejects_cpu_tensors(compiled):
     _, _, libs = compiled
-    lib = runtime.load_library(libs[("causal", torch.bfloat16, 64, "sm_90a")])
+    lib = launch.load_library(libs[("causal", torch.bfloat16, 64, "sm_90a")])
     q = torch.randn(1, 2, 8, 64, dtype=torch.bfloat16)
     with pytest.raises(InputError, match="CUDA"):
-        runtime.forward(lib, q, q, q)
+        launch.forward(lib, q, q, q)
     with pytest.raises(InputError, match="torch.Tensor"):
-        runtime.forward(lib, "q", q, q)
+        launch.forward(lib, "q", q, q)
 
 
 def test_load_library_rejects_other_files(tmp_path):
     p = tmp_path / "not_a_lib.so"
     p.write_text("nope")
     with pytest.raises(BuildError, match="rebuilt"):
-        runtime.load_library(p)
+        launch.load_library(p)
 
 
 def test_signature_covers_tile_settings(monkeypatch):
-    """Tile sizes are set in build.py, outside the hashed templates: they must still change the cache key."""
+    """Tile settings live in jit/tiles.py, outside the hashed templates: they must still change the cache key."""
     from dataclasses import replace
 
     import torch
 
     import attngen
-    from attngen import kernels
     from attngen.cache import cache_key
 
     attn = attngen.compile(causal=True)
-    fields = kernels.signature_fields(attn, torch.bfloat16, 128, "sm_90a", "sm90")
-    from attngen import build
-
-    tiles = dict(kernels.SM90_TILES)
-    tiles[128] = replace(tiles[128], persistent=not tiles[128].persistent)
-    monkeypatch.setattr(kernels, "SM90_TILES", tiles)
-    ladder = dict(build.SM90_LADDER)  # with SM90_SPILL_LADDER the key covers the whole ladder
-    ladder[128] = (tiles[128],) + ladder[128][1:]
-    monkeypatch.setattr(build, "SM90_LADDER", ladder)
-    changed = kernels.signature_fields(attn, torch.bfloat16, 128, "sm_90a", "sm90")
+    fields = attn.spec(torch.bfloat16, 128, "sm_90a", "sm90").fields()
+    ladder = dict(tiles.SM90_LADDER)  # the key covers the whole ladder: any rung may be the one built
+    ladder[128] = ladder[128][:-1] + (replace(ladder[128][-1], pingpong=not ladder[128][-1].pingpong),)
+    monkeypatch.setattr(tiles, "SM90_LADDER", ladder)
+    changed = attn.spec(torch.bfloat16, 128, "sm_90a", "sm90").fields()
     assert cache_key(changed) != cache_key(fields)
-    monkeypatch.setattr(kernels, "SM90_SPILL_LADDER", not kernels.SM90_SPILL_LADDER)  # ladder on/off: other keys
-    assert cache_key(kernels.signature_fields(attn, torch.bfloat16, 128, "sm_90a", "sm90")) != cache_key(changed)
-    sm80 = kernels.signature_fields(attn, torch.bfloat16, 128, "sm_80", "sm80")
+    sm80 = attn.spec(torch.bfloat16, 128, "sm_80", "sm80").fields()
     assert "block_k" in sm80["tiles"] and sm80["tiles"] != fields["tiles"]

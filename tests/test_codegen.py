@@ -7,13 +7,11 @@
 * hoists per-head/-row/-column work out of score_mod/mask_mod;
 * is byte-identical across runs and hash seeds.
 """
-import ctypes
 import os
 import random
 import re
 import shutil
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,113 +21,25 @@ import torch
 
 from attngen.codegen import render_variant_inc
 from attngen.errors import BuildError
-from attngen.ir import BlockPredicates, CapturedTensor, Summary, TracedVariant
+from attngen.ir import BlockPredicates, CapturedTensor, TracedVariant
 from attngen.mods import Variant
-from attngen.printer import torch_function
 from attngen.symbols import B, BK, BQ, H, I, J, KV, KVLEN, Q, QLEN, QOFF, SCORE, load
 
-REPO = Path(__file__).resolve().parents[1]
-REAL_COMMON = REPO / "attngen" / "templates" / "attngen_common.cuh"
-VARIANT_MATH = REPO / "attngen" / "templates" / "variant_math.cuh"  # the ag_* helpers variant.inc includes
-NVCC = shutil.which("nvcc")
+from codegen_cases import (COMMON_STUB, REPO, VARIANT_MATH, causal_preds, full_preds, make_tensors, variants)
+from codegen_cases import MATH as _MATH
+from codegen_cases import UNDEF as _UNDEF
+from codegen_cases import py_eval as _py
+from codegen_cases import write_includes as _write_includes
+from helpers import run_with_hash_seeds
+
 GXX = shutil.which("g++")
-
-# Minimal stand-in for attngen/templates/attngen_common.cuh (used while that file does not exist),
-# exactly the declarations of docs/kernel-interface.md.
-COMMON_STUB = (Path(__file__).parent / "data" / "common_host_stub.cuh").read_text()
-
-BIG = 2**30  # what an unbounded (+-oo) block bound prints as
-fl = sympy.floor
-
-
-# ---------------------------------------------------------------------------------------------------------
-# hand-built variants and predicates
-
-
-def causal_preds(needs_classifier=False):
-    return BlockPredicates(
-        kv_lo=sympy.Integer(0), kv_hi=fl((I * BQ + BQ - 1 + QOFF) / BK) + 1,
-        kv_full_lo=sympy.Integer(0), kv_full_hi=fl((I * BQ + QOFF + 1) / BK),
-        q_lo=fl((J * BK - QOFF) / BQ), q_hi=fl((QLEN + BQ - 1) / BQ),
-        q_full_lo=sympy.ceiling((J * BK + BK - 1 - QOFF) / BQ), q_full_hi=fl((QLEN + BQ - 1) / BQ),
-        tile_any=I * BQ + BQ - 1 + QOFF >= J * BK, tile_all=I * BQ + QOFF >= J * BK + BK - 1,
-        needs_classifier=needs_classifier,
-    )
-
-
-def full_preds():
-    return BlockPredicates(
-        kv_lo=sympy.Integer(0), kv_hi=sympy.oo, kv_full_lo=sympy.Integer(0), kv_full_hi=sympy.oo,
-        q_lo=sympy.Integer(0), q_hi=sympy.oo, q_full_lo=sympy.Integer(0), q_full_hi=sympy.oo,
-        tile_any=sympy.true, tile_all=sympy.true, needs_classifier=False,
-    )
-
-
-def doc_preds():
-    s0 = Summary("s0", "q", lambda *a: None, True, "min doc id per q-block")
-    s1 = Summary("s1", "kv", lambda *a: None, True, "max doc id per kv-block")
-    s2 = Summary("s2", "q", lambda *a: None, True, "max doc id per q-block")
-    s3 = Summary("s3", "kv", lambda *a: None, True, "min doc id per kv-block")
-    rng = sympy.Integer(0)
-    any_ = sympy.And(load("s0", I, integer=True) <= load("s1", J, integer=True),
-                     load("s3", J, integer=True) <= load("s2", I, integer=True))
-    all_ = sympy.And(sympy.Eq(load("s0", I, integer=True), load("s2", I, integer=True)),
-                     sympy.Eq(load("s3", J, integer=True), load("s1", J, integer=True)),
-                     sympy.Eq(load("s0", I, integer=True), load("s1", J, integer=True)))
-    return BlockPredicates(
-        kv_lo=rng, kv_hi=sympy.oo, kv_full_lo=rng, kv_full_hi=rng, q_lo=rng, q_hi=sympy.oo, q_full_lo=rng,
-        q_full_hi=rng, tile_any=any_, tile_all=all_, needs_classifier=True, summaries=(s0, s1, s2, s3))
-
-
-def make_tensors(seed):
-    g = torch.Generator().manual_seed(seed)
-    doc = torch.sort(torch.randint(0, 6, (200,), generator=g, dtype=torch.int32)).values
-    doc2 = torch.sort(torch.randint(0, 4, (2, 200), generator=g, dtype=torch.int64), dim=1).values
-    bias = torch.randn(4, 2048, generator=g).to(torch.bfloat16)
-    hbias = torch.randn(160, 4, generator=g, dtype=torch.float16).t()  # (4, 160), strides (1, 4)
-    return dict(doc=doc, doc2=doc2, bias=bias, hbias=hbias)
-
-
-def variants(tensors):
-    slope = 2 ** (-8 * (H + 1) / sympy.Integer(16))
-    V = {}
-    V["causal"] = (TracedVariant(Variant(), SCORE, Q >= KV), causal_preds())
-    V["softcap"] = (TracedVariant(Variant(), 30 * sympy.tanh(SCORE / 30), sympy.true), full_preds())
-    V["alibi"] = (TracedVariant(Variant(), SCORE + slope * (KV - Q), sympy.true), full_preds())
-    V["document"] = (
-        TracedVariant(Variant(), SCORE, sympy.Eq(load("t0", Q, integer=True), load("t0", KV, integer=True)),
-                      (CapturedTensor("t0", tensors["doc"], torch.int32, 1),)),
-        doc_preds())
-    V["chunked"] = (TracedVariant(Variant(), SCORE, sympy.And(sympy.Eq(fl(Q / 256), fl(KV / 256)), Q >= KV)),
-                    causal_preds(needs_classifier=True))
-    V["bias"] = (
-        TracedVariant(Variant(), SCORE + load("t0", H, Q + KV + 17), sympy.true,
-                      (CapturedTensor("t0", tensors["bias"], torch.bfloat16, 2),)),
-        full_preds())
-    # relative-position table: q - kv is negative above the diagonal and wraps as torch indexing does
-    V["relbias"] = (
-        TracedVariant(Variant(), SCORE + load("t0", H, Q - KV), sympy.true,
-                      (CapturedTensor("t0", tensors["bias"], torch.bfloat16, 2, wrapped_dims=((1, 2048),)),)),
-        full_preds())
-    # everything at once: softcap of alibi + a per-head fp16 bias, dilated head-dependent window,
-    # per-batch int64 documents
-    V["compound"] = (
-        TracedVariant(
-            Variant(),
-            30 * sympy.tanh((SCORE + slope * (KV - Q) + load("t1", H, sympy.Mod(Q, 160))) / 30),
-            sympy.And(Q >= KV, sympy.Eq(sympy.Mod(Q - KV, 3), 0), Q - KV < 16 * (H + 1),
-                      sympy.Eq(load("t0", B, Q, integer=True), load("t0", B, KV, integer=True))),
-            (CapturedTensor("t0", tensors["doc2"], torch.int64, 2), CapturedTensor("t1", tensors["hbias"], torch.float16, 2)),
-        ),
-        causal_preds(needs_classifier=True))
-    return V
 
 
 def derived_variants():
     """Library variants through the real tracer and predicate derivation (no captured tensors), so the
     printed tile functions the kernels run are checked against the same expressions block_map evaluates."""
     import attngen
-    from attngen.frontend import analyze
+    from attngen.analysis import analyze
 
     mods = {
         "d_chunked": attngen.chunked(64),
@@ -220,20 +130,19 @@ def test_work_is_hoisted_out_of_the_element_functions(rendered):
     assert "ag_ld" not in mm and "py_mod(" in mm, mm
 
 
+@pytest.mark.heavy  # fresh interpreters (torch import each): ~8 s on 2 cores
 def test_output_is_deterministic_across_processes_and_hash_seeds(rendered):
     code = (
         "import sys, hashlib; sys.path.insert(0, %r)\n"
-        "import test_codegen as t\n"
+        "import codegen_cases as t\n"
         "from attngen.codegen import render_variant_inc\n"
         "V = t.variants(t.make_tensors(0))\n"
         "print('\\n'.join(hashlib.sha256(render_variant_inc(a, b).encode()).hexdigest() for a, b in V.values()))\n"
     ) % str(Path(__file__).parent)
     want = "\n".join(__import__("hashlib").sha256(t.encode()).hexdigest() for t in rendered.values())
-    for seed in ("0", "777"):
-        env = dict(os.environ, PYTHONHASHSEED=seed)
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
-        assert r.returncode == 0, r.stderr
-        assert r.stdout.strip() == want
+    for seed, (rc, out, err) in run_with_hash_seeds(code, ("0", "777"), cwd=REPO).items():
+        assert rc == 0, err
+        assert out.strip() == want, f"PYTHONHASHSEED={seed}"
     again = {k: render_variant_inc(t, p) for k, (t, p) in variants(make_tensors(0)).items()}
     assert again == rendered
 
@@ -339,26 +248,8 @@ def test_check_layout_names_a_changed_size_or_stride():
 # nvcc: every function instantiated and called from a kernel, sm_80 and sm_90a in parallel
 
 
-def _write_includes(tmp: Path, rendered) -> list:
-    if REAL_COMMON.exists():
-        inc = ["-I", str(REAL_COMMON.parent)]
-    else:
-        (tmp / "attngen_common.cuh").write_text(COMMON_STUB)
-        inc = ["-I", str(tmp)]
-    for k, text in rendered.items():
-        (tmp / f"{k}.inc").write_text(text)
-    return inc
-
-
-_UNDEF = "#undef ATTNGEN_HAS_SCORE_MOD\n#undef ATTNGEN_HAS_MASK\n#undef ATTNGEN_NEEDS_CLASSIFIER\n"
-# These harnesses include several variant.inc files, each inside its own namespace. Each .inc includes
-# variant_math.cuh (#pragma once); included first at global scope, its helpers are visible to all of them.
-_MATH = '#include "variant_math.cuh"'
-
-
-@pytest.mark.nvcc
-@pytest.mark.skipif(NVCC is None, reason="needs nvcc")
-def test_variant_inc_compiles_with_nvcc(tmp_path, rendered):
+@pytest.mark.requires_nvcc
+def test_variant_inc_compiles_with_nvcc(tmp_path, rendered, nvcc_path):
     inc = _write_includes(tmp_path, rendered)
     parts = ['#include "attngen_common.cuh"', _MATH]
     calls = []
@@ -389,7 +280,7 @@ __device__ float exercise(const CapturedArgs& c, const TileArgs& t) {
 
     def compile_for(arch):
         out = tmp_path / f"all_{arch}.o"
-        cmd = [NVCC, "-std=c++17", "-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}", *inc, "-c", str(cu), "-o", str(out)]
+        cmd = [nvcc_path, "-std=c++17", "-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}", *inc, "-c", str(cu), "-o", str(out)]
         r = subprocess.run(cmd, capture_output=True, text=True)
         return arch, r, out
 
@@ -411,11 +302,7 @@ def _c_bytes(name: str, t: torch.Tensor) -> str:
     return f"alignas(16) static const unsigned char {name}[{len(raw)}] = {{{', '.join(map(str, raw))}}};"
 
 
-def _py(expr, args, tensors, *vals):
-    expr = sympy.sympify(expr).xreplace({sympy.oo: sympy.Integer(BIG), -sympy.oo: sympy.Integer(-BIG)})
-    return torch_function(expr, args)(*vals, tensors=tensors)
-
-
+@pytest.mark.heavy  # derives 5 library variants and builds every case with g++: ~15 s on 2 cores
 @pytest.mark.skipif(GXX is None, reason="needs g++")
 def test_variant_inc_host_semantics_match_python(tmp_path):
     seed = int.from_bytes(os.urandom(4), "little")
@@ -517,111 +404,3 @@ void run() {{
             want = torch.broadcast_to(torch.as_tensor(
                 _py(e, (I, J) + tile_args, summaries, i[:, None], j[None, :], *tile_vals)), (nqb, nkb))
             assert rows[..., col].bool().tolist() == want.bool().tolist(), f"seed {seed}: {k}: {e}"
-
-
-# ---------------------------------------------------------------------------------------------------------
-# GPU: the device paths (tanh.approx, ex2.approx, __ldg loads, fp16/bf16 conversion) on real hardware
-
-
-class _CapturedArgsC(ctypes.Structure):
-    _fields_ = [("ptr", ctypes.c_void_p * 8), ("stride", (ctypes.c_longlong * 4) * 8), ("summary", ctypes.c_void_p * 8)]
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or NVCC is None, reason="needs a CUDA GPU and nvcc")
-def test_variant_inc_on_gpu_matches_python(tmp_path):
-    seed = int.from_bytes(os.urandom(4), "little")
-    rng = random.Random(seed)
-    tensors = make_tensors(seed)
-    V = variants(tensors)
-    maj, mnr = torch.cuda.get_device_capability()
-    arch = f"{maj}{mnr}" + ("a" if maj == 9 else "")
-    inc = _write_includes(tmp_path, {k: render_variant_inc(t, p) for k, (t, p) in V.items()})
-    BQ_, BK_ = 64, 128
-    parts = ['#include "attngen_common.cuh"', _MATH]
-    for k in V:
-        parts.append(f"namespace v_{k} {{\n#include \"{k}.inc\"\n" + f"""
-__global__ void elem(CapturedArgs c, TileArgs t, const float* S, float* out_s, int* out_m) {{
-  const HeadCtx hc = head_ctx(c, t.b, t.h);
-  const int r = blockIdx.x, q = r + t.QOFF;
-  const RowCtx rc = row_ctx(c, hc, q);
-  for (int k = threadIdx.x; k < t.KVLEN; k += blockDim.x) {{
-    const ColCtx cc = col_ctx(c, hc, k);
-    out_s[r * t.KVLEN + k] = score_mod(S[r * t.KVLEN + k], c, hc, rc, cc, q, k);
-    out_m[r * t.KVLEN + k] = mask_mod(c, hc, rc, cc, q, k);
-  }}
-}}
-__global__ void tiles(CapturedArgs c, TileArgs t, int nqb, int nkb, int* out) {{
-  const int i = blockIdx.x, j = threadIdx.x;
-  if (j < nkb) out[(i * nkb + j) * 2] = tile_any<{BQ_}, {BK_}>(c, t, i, j), out[(i * nkb + j) * 2 + 1] = tile_all<{BQ_}, {BK_}>(c, t, i, j);
-  if (j == 0) {{
-    int* o = out + nqb * nkb * 2 + i * 4;
-    o[0] = kv_block_lo<{BQ_}, {BK_}>(c, t, i); o[1] = kv_block_hi<{BQ_}, {BK_}>(c, t, i);
-    o[2] = kv_full_lo<{BQ_}, {BK_}>(c, t, i); o[3] = kv_full_hi<{BQ_}, {BK_}>(c, t, i);
-  }}
-}}
-}}  // namespace
-extern "C" int run_{k}(const CapturedArgs* c, const TileArgs* t, const float* S, float* out_s, int* out_m, int nqb, int nkb, int* out_t) {{
-  v_{k}::elem<<<t->QLEN, 128>>>(*c, *t, S, out_s, out_m);
-  v_{k}::tiles<<<nqb, nkb < 1 ? 1 : nkb>>>(*c, *t, nqb, nkb, out_t);
-  cudaError_t e = cudaDeviceSynchronize();
-  return e == cudaSuccess ? (int)cudaGetLastError() : (int)e;
-}}
-""" + _UNDEF)
-    (tmp_path / "gpu.cu").write_text("\n".join(parts))
-    lib = tmp_path / "gpu.so"
-    r = subprocess.run([NVCC, "-std=c++17", "-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-shared",
-                        "-Xcompiler", "-fPIC", *inc, "-o", str(lib), str(tmp_path / "gpu.cu")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[:8000]
-    so = ctypes.CDLL(str(lib))
-
-    QLEN_, KVLEN_, QOFF_ = 100, 200, rng.randint(0, 100)
-    b_, h_ = rng.randint(0, 1), rng.randint(0, 3)
-    nqb, nkb = -(-QLEN_ // BQ_), -(-KVLEN_ // BK_)
-    dev = torch.device("cuda")
-    summaries = {f"s{n}": torch.randint(0, 6, (8,), dtype=torch.int32) for n in range(4)}
-    scores = (torch.randn(QLEN_, KVLEN_, dtype=torch.float64) * 20).to(torch.float32)
-    q = torch.arange(QLEN_)[:, None] + QOFF_
-    kv = torch.arange(KVLEN_)[None, :]
-    for k, (tv, preds) in V.items():
-        keep = []  # device tensors must outlive the call
-        c = _CapturedArgsC()
-        for n, ct in enumerate(tv.captured):
-            d = ct.tensor.to(dev)  # .to keeps the (non-contiguous) strides of a dense view
-            keep.append(d)
-            c.ptr[n] = d.data_ptr()
-            for dd, st in enumerate(d.stride()):
-                c.stride[n][dd] = st
-        for n, s in enumerate(preds.summaries):
-            d = summaries[s.name].to(dev)
-            keep.append(d)
-            c.summary[n] = d.data_ptr()
-        t = (ctypes.c_int * 5)(QLEN_, KVLEN_, QOFF_, b_, h_)
-        S = scores.to(dev)
-        out_s = torch.full((QLEN_, KVLEN_), float("nan"), device=dev)
-        out_m = torch.full((QLEN_, KVLEN_), -7, dtype=torch.int32, device=dev)
-        out_t = torch.full((nqb * nkb * 2 + nqb * 4,), -7, dtype=torch.int32, device=dev)
-        err = getattr(so, f"run_{k}")(ctypes.byref(c), t, ctypes.c_void_p(S.data_ptr()), ctypes.c_void_p(out_s.data_ptr()),
-                                      ctypes.c_void_p(out_m.data_ptr()), nqb, nkb, ctypes.c_void_p(out_t.data_ptr()))
-        assert err == 0, f"{k}: CUDA error {err}"
-        caps = {ct.name: ct.tensor for ct in tv.captured}
-        want_s = torch.broadcast_to(torch.as_tensor(
-            _py(tv.score, [SCORE, B, H, Q, KV], caps, scores.to(torch.float64), b_, h_, q, kv), dtype=torch.float64), (QLEN_, KVLEN_))
-        want_m = torch.broadcast_to(torch.as_tensor(_py(tv.mask, [B, H, Q, KV], caps, b_, h_, q, kv)), (QLEN_, KVLEN_))
-        assert torch.equal(out_m.cpu().bool(), want_m.bool()), f"seed {seed}: {k}: mask_mod differs on the GPU"
-        # tanh.approx.f32 has ~2^-11 relative error: softcap(30) may be off by 30 * 2^-11 at most;
-        # everything else (ex2.approx included) is within a few fp32 ulps
-        rtol, atol = (2e-3, 2e-2) if tv.score.has(sympy.tanh) else (1e-5, 1e-4)
-        torch.testing.assert_close(out_s.cpu().double(), want_s, rtol=rtol, atol=atol,
-                                   msg=lambda m: f"seed {seed}: {k}: score_mod on the GPU: {m}")
-        ot = out_t.cpu()
-        tile = ot[: nqb * nkb * 2].reshape(nqb, nkb, 2)
-        bounds = ot[nqb * nkb * 2:].reshape(nqb, 4)
-        tile_args, tile_vals = (BQ, BK, QLEN, KVLEN, QOFF, B, H), (BQ_, BK_, QLEN_, KVLEN_, QOFF_, b_, h_)
-        i, j = torch.arange(nqb), torch.arange(nkb)
-        for col, e in enumerate((preds.tile_any, preds.tile_all)):
-            want = torch.broadcast_to(torch.as_tensor(_py(e, (I, J) + tile_args, summaries, i[:, None], j[None, :], *tile_vals)), (nqb, nkb))
-            assert tile[..., col].bool().tolist() == want.bool().tolist(), f"seed {seed}: {k}: {e}"
-        for col, e in enumerate((preds.kv_lo, preds.kv_hi, preds.kv_full_lo, preds.kv_full_hi)):
-            want = torch.broadcast_to(torch.as_tensor(_py(e, (I,) + tile_args, summaries, i, *tile_vals)), (nqb,))
-            assert bounds[:, col].tolist() == want.tolist(), f"seed {seed}: {k}: {e}"

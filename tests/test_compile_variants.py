@@ -1,49 +1,49 @@
 """Every library variant, through the whole pipeline (trace -> predicates -> codegen -> template),
 really compiles with nvcc for sm_80 and sm_90a: one ninja graph, all objects built in parallel."""
 import os
-import shutil
 
 import pytest
 import torch
 
 import attngen
-from attngen import build
+from attngen.jit import ninja, render
 from attngen.codegen import render_variant_inc
 
-HAVE_NVCC = build.nvcc_available()
+pytestmark = pytest.mark.requires_nvcc
 
-pytestmark = [pytest.mark.nvcc, pytest.mark.skipif(not HAVE_NVCC, reason="needs nvcc")]
 
-_DOCS = torch.randint(0, 8, (4096,)).sort().values
-_TABLE = torch.randn(16, 8192, dtype=torch.bfloat16)
-
-LIBRARY = {
-    "causal": attngen.compile(causal=True),
-    "sliding_window": attngen.compile(window=1024),
-    "local": attngen.compile(window=(256, 128)),
-    "softcap": attngen.compile(softcap=30.0),
-    "alibi": attngen.compile(score_mod=attngen.alibi(16), causal=True),
-    "alibi_tensor": attngen.compile(score_mod=attngen.alibi(torch.rand(16))),
-    "prefix_lm": attngen.compile(mask_mod=attngen.prefix_lm(2048)),
-    "chunked": attngen.compile(mask_mod=attngen.chunked(1024)),
-    "document": attngen.compile(mask_mod=attngen.document(_DOCS)),
-    "block_diagonal": attngen.compile(mask_mod=attngen.block_diagonal(512)),
-    "dilated": attngen.compile(mask_mod=attngen.dilated(1024, 4)),
-    "combo": attngen.compile(score_mod=lambda s, b, h, q, k: s + _TABLE[h, q - k + 4096], softcap=20.0,
-                             mask_mod=(attngen.prefix_lm(64) | attngen.sliding_window(512)) & ~attngen.block_diagonal(2048)),
-}
-TARGETS = [(n, arch) for arch in ("sm_80", "sm_90a") for n in LIBRARY]
+def library() -> dict:
+    """The library variants, compiled (traced and derived) when the test runs, not at collection."""
+    _DOCS = torch.randint(0, 8, (4096,)).sort().values
+    _TABLE = torch.randn(16, 8192, dtype=torch.bfloat16)
+    return {
+        "causal": attngen.compile(causal=True),
+        "sliding_window": attngen.compile(window=1024),
+        "local": attngen.compile(window=(256, 128)),
+        "softcap": attngen.compile(softcap=30.0),
+        "alibi": attngen.compile(score_mod=attngen.alibi(16), causal=True),
+        "alibi_tensor": attngen.compile(score_mod=attngen.alibi(torch.rand(16))),
+        "prefix_lm": attngen.compile(mask_mod=attngen.prefix_lm(2048)),
+        "chunked": attngen.compile(mask_mod=attngen.chunked(1024)),
+        "document": attngen.compile(mask_mod=attngen.document(_DOCS)),
+        "block_diagonal": attngen.compile(mask_mod=attngen.block_diagonal(512)),
+        "dilated": attngen.compile(mask_mod=attngen.dilated(1024, 4)),
+        "combo": attngen.compile(score_mod=lambda s, b, h, q, k: s + _TABLE[h, q - k + 4096], softcap=20.0,
+                                 mask_mod=(attngen.prefix_lm(64) | attngen.sliding_window(512)) & ~attngen.block_diagonal(2048)),
+    }
 
 
 def test_every_library_variant_compiles(tmp_path):
+    LIBRARY = library()
+    TARGETS = [(n, arch) for arch in ("sm_80", "sm_90a") for n in LIBRARY]
     sources, shared = {}, {}
     for name, arch in TARGETS:
         attn = LIBRARY[name]
         inc = render_variant_inc(attn.traced, attn.predicates)
-        files = build.render_sources(inc, torch.bfloat16, 128, arch)
+        files = render.render_sources(inc, torch.bfloat16, 128, arch)
         d = f"{arch}/{name}"
         for fn, text in files.items():
-            if fn.endswith(".cu") or fn == build.VARIANT_INCLUDE:
+            if fn.endswith(".cu") or fn == render.VARIANT_INCLUDE:
                 sources[f"{d}/{fn}"] = text
             else:
                 shared[fn] = text
@@ -53,10 +53,10 @@ def test_every_library_variant_compiles(tmp_path):
     libs = []
     for arch, files in by_arch.items():
         bd = tmp_path / arch
-        libs += build.write_build_ninja(bd, {**shared, **files}, arch)
+        libs += ninja.write_build_ninja(bd, {**shared, **files}, arch)
     # one ninja per arch directory; jobs = cores
     for arch in by_arch:
-        build.run_ninja(tmp_path / arch, jobs=os.cpu_count() or 2)
+        ninja.run_ninja(tmp_path / arch, jobs=os.cpu_count() or 2)
     for lib in libs:
         assert os.path.getsize(lib) > 10000, lib
     assert len(libs) == len(TARGETS)

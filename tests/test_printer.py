@@ -8,7 +8,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 
 from pathlib import Path
 
@@ -19,6 +18,8 @@ import torch
 from attngen.errors import BuildError
 from attngen.printer import FLOAT, INT, LL, CudaPrinter, FloorDiv, WrapIndex, torch_function
 from attngen.symbols import B, BK, BQ, H, I, J, KV, Q, QOFF, SCORE, load
+
+from helpers import run_with_hash_seeds
 
 GXX = shutil.which("g++")
 needs_gxx = pytest.mark.skipif(GXX is None, reason="needs a host C++ compiler (g++)")
@@ -145,6 +146,7 @@ def truth(e, pt):
     return int(v)
 
 
+@pytest.mark.heavy  # builds and runs C++ with g++: full lane
 @needs_gxx
 def test_integer_semantics_match_python(tmp_path):
     seed = fresh_seed()
@@ -237,6 +239,7 @@ def float_truth(e, pt):
     return float(v)
 
 
+@pytest.mark.heavy  # builds and runs C++ with g++: full lane
 @needs_gxx
 @pytest.mark.parametrize("fast", [False, True], ids=["exact", "fast-host-fallback"])
 def test_float_semantics_match_python(tmp_path, fast):
@@ -308,6 +311,7 @@ def _c_bytes(name: str, t: torch.Tensor) -> str:
     return f"alignas(16) static const unsigned char {name}[{max(len(raw), 1)}] = {{{', '.join(str(b) for b in raw) or '0'}}};"
 
 
+@pytest.mark.heavy  # builds and runs C++ with g++: full lane
 @needs_gxx
 def test_loads_match_torch_indexing(tmp_path):
     seed = fresh_seed()
@@ -485,6 +489,7 @@ def test_torch_evaluator_block_map_style():
         torch_function(tile_any, [I, J])
 
 
+@pytest.mark.heavy  # fresh interpreters (torch import each): ~7 s on 2 cores
 def test_printer_output_is_deterministic_across_hash_seeds():
     code = (
         "import sympy; from attngen.symbols import *; from attngen.printer import CudaPrinter, torch_function\n"
@@ -493,8 +498,7 @@ def test_printer_output_is_deterministic_across_hash_seeds():
         "print(CudaPrinter().doprint(e)); print(torch_function(e, [SCORE, Q, KV, H]).source)\n"
     )
     outs = set()
-    for seed in ("0", "1", "12345"):
-        env = dict(os.environ, PYTHONHASHSEED=seed)
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-        outs.add(r.stdout)
+    for seed, (rc, out, err) in run_with_hash_seeds(code, ("0", "1", "12345")).items():
+        assert rc == 0, f"PYTHONHASHSEED={seed}: {err}"
+        outs.add(out)
     assert len(outs) == 1

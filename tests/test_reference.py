@@ -1,8 +1,8 @@
-"""attngen.reference.attention against a separately written naive float64 attention.
+"""attngen.reference.attention against the test suite's float64 golden (tests/reference64.py).
 
-The naive version loops over (batch, head), evaluates the mods on a full (Lq, Lk) index grid with 0-d b/h
-tensors (a different broadcasting pattern from the reference's chunked (B, H, C, Lk) evaluation), and does
-the softmax by hand. It is itself checked against torch.softmax / SDPA where those apply.
+The golden is written independently of attngen.reference: dense (B, Hq, Lq, Lk) scores in float64, the mods
+evaluated once on broadcast index tensors (no chunking, no checkpointing), GQA by repeat_interleave and the
+softmax by hand. It is itself checked against torch.softmax / SDPA where those apply.
 """
 import math
 import zlib
@@ -14,6 +14,9 @@ import attngen.variants as V
 from attngen.errors import InputError
 from attngen.mods import MaskMod, ScoreMod, Variant, compose
 from attngen.reference import attention, dense_mask, mask_density
+
+import reference64
+from helpers import assert_lse_close, rand_qkv
 
 NEG_INF = float("-inf")
 
@@ -27,56 +30,11 @@ def _one_thread():
     yield
     torch.set_num_threads(n)
 
-# ---------------------------------------------------------------- naive float64 attention
+# ---------------------------------------------------------------- the float64 golden
 
-def naive(q, k, v, variant=None, scale=None, q_offset=0):
-    """Dense float64 attention, full score matrix per (b, h); returns (out float64, lse float64)."""
-    v_ = variant if isinstance(variant, Variant) else (
-        Variant(mask_mod=variant) if isinstance(variant, MaskMod) else Variant(score_mod=variant))
-    q, k, v = q.double(), k.double(), v.double()
-    B, Hq, Lq, D = q.shape
-    Hkv, Lk = k.shape[1], k.shape[2]
-    G = Hq // Hkv
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    qi = torch.arange(Lq).view(Lq, 1) + q_offset
-    ki = torch.arange(Lk).view(1, Lk)
-    outs, lses = [], []
-    for b in range(B):
-        ob, lb = [], []
-        for h in range(Hq):
-            bt, ht = torch.tensor(b), torch.tensor(h)
-            s = (q[b, h] @ k[b, h // G].transpose(0, 1)) * scale
-            if v_.score_mod is not None:
-                s = torch.broadcast_to(v_.score_mod(s, bt, ht, qi, ki), (Lq, Lk)).double()
-            if v_.mask_mod is not None:
-                keep = torch.broadcast_to(v_.mask_mod(bt, ht, qi, ki), (Lq, Lk))
-                s = torch.where(keep, s, torch.full_like(s, NEG_INF))
-            row_max = s.detach().max(dim=1, keepdim=True).values
-            row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-            e = torch.exp(s - row_max)
-            z = e.sum(dim=1, keepdim=True)
-            nonempty = z > 0
-            z_safe = torch.where(nonempty, z, torch.ones_like(z))
-            ob.append((e @ v[b, h // G]) / z_safe)
-            lb.append(torch.where(nonempty, torch.log(z_safe) + row_max, torch.full_like(z, NEG_INF)).squeeze(1))
-        outs.append(torch.stack(ob))
-        lses.append(torch.stack(lb))
-    return torch.stack(outs), torch.stack(lses)
-
-
-def rand_qkv(gen, B, Hq, Hkv, Lq, Lk, D, Dv, dtype=torch.float64, requires_grad=False):
-    def r(*shape):
-        t = torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
-        return t.requires_grad_(requires_grad)
-
-    return r(B, Hq, Lq, D), r(B, Hkv, Lk, D), r(B, Hkv, Lk, Dv)
-
-
-def assert_lse_close(lse, ref, atol, rtol=0.0):
-    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref)), "fully masked rows differ"
-    assert not torch.isnan(lse).any()
-    fin = torch.isfinite(ref)
-    torch.testing.assert_close(lse[fin].double(), ref[fin], atol=atol, rtol=rtol)
+def golden(q, k, v, variant=None, scale=None, q_offset=0):
+    """Dense float64 attention of the test suite (tests/reference64.py): (out float64, lse float64)."""
+    return reference64.attention(q, k, v, variant, scale=scale, q_offset=q_offset)
 
 
 # ---------------------------------------------------------------- variants under test
@@ -144,31 +102,31 @@ def build(name, B, Hq, npos, seed):
     return VARIANTS[name](B, Hq, npos, gen)
 
 
-# ---------------------------------------------------------------- the naive version itself
+# ---------------------------------------------------------------- the golden itself
 
-def test_naive_matches_torch_softmax_and_sdpa():
+def test_golden_matches_torch_softmax_and_sdpa():
     gen = torch.Generator().manual_seed(0)
     q, k, v = rand_qkv(gen, 2, 3, 3, 9, 9, 8, 5)
-    out, lse = naive(q, k, v)
+    out, lse = golden(q, k, v)
     s = q @ k.transpose(-1, -2) / math.sqrt(8)
     torch.testing.assert_close(out, torch.softmax(s, -1) @ v, atol=1e-12, rtol=0)
     torch.testing.assert_close(lse, torch.logsumexp(s, -1), atol=1e-12, rtol=0)
-    out_c, _ = naive(q, k, v, V.causal())
+    out_c, _ = golden(q, k, v, V.causal())
     torch.testing.assert_close(out_c, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
                                atol=1e-12, rtol=0)
 
 
-# ---------------------------------------------------------------- forward against naive
+# ---------------------------------------------------------------- forward against the golden
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 @pytest.mark.parametrize("hkv,q_offset", [(2, 0), (1, 13)], ids=["gqa-off0", "mqa-off13"])
-def test_forward_matches_naive_float64(name, hkv, q_offset):
+def test_forward_matches_float64_golden(name, hkv, q_offset):
     B, Hq, Lq, Lk, D, Dv = 2, 4, 37, 45, 16, 12  # Lq != Lk, neither a multiple of the chunk
     seed = seed_of(name, hkv, q_offset)
     gen = torch.Generator().manual_seed(seed)
     q, k, v = rand_qkv(gen, B, Hq, hkv, Lq, Lk, D, Dv)
     var = build(name, B, Hq, max(Lq + q_offset, Lk), seed)
-    want_o, want_l = naive(q, k, v, var, q_offset=q_offset)
+    want_o, want_l = golden(q, k, v, var, q_offset=q_offset)
     for chunk in (None, 16, 1):
         out, lse = attention(q, k, v, var, return_lse=True, q_offset=q_offset, chunk=chunk)
         assert out.dtype == torch.float64 and lse.dtype == torch.float64
@@ -185,13 +143,13 @@ def test_forward_float32_and_bf16_inputs(name):
     gen = torch.Generator().manual_seed(seed)
     q, k, v = rand_qkv(gen, B, Hq, Hkv, Lq, Lk, D, D)
     var = build(name, B, Hq, Lk + 17, seed)
-    want_o, want_l = naive(q, k, v, var, q_offset=17)
+    want_o, want_l = golden(q, k, v, var, q_offset=17)
     out, lse = attention(q.float(), k.float(), v.float(), var, return_lse=True, q_offset=17, chunk=8)
     assert out.dtype == torch.float32 and lse.dtype == torch.float32
     torch.testing.assert_close(out.double(), want_o, atol=2e-6, rtol=1e-5)
     assert_lse_close(lse, want_l, atol=2e-6, rtol=1e-5)
     qb, kb, vb = (t.to(torch.bfloat16) for t in (q, k, v))
-    want_o, want_l = naive(qb, kb, vb, var, q_offset=17)  # same rounded inputs
+    want_o, want_l = golden(qb, kb, vb, var, q_offset=17)  # same rounded inputs
     out, lse = attention(qb, kb, vb, var, return_lse=True, q_offset=17)
     assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
     torch.testing.assert_close(out.double(), want_o, atol=1e-2, rtol=1e-2)  # bf16 output rounding
@@ -201,7 +159,7 @@ def test_forward_float32_and_bf16_inputs(name):
 def test_scale_and_return_types():
     gen = torch.Generator().manual_seed(5)
     q, k, v = rand_qkv(gen, 1, 2, 2, 10, 12, 8, 8)
-    want_o, want_l = naive(q, k, v, V.causal(), scale=0.37)
+    want_o, want_l = golden(q, k, v, V.causal(), scale=0.37)
     out = attention(q, k, v, V.causal(), scale=0.37)
     assert isinstance(out, torch.Tensor)
     torch.testing.assert_close(out, want_o, atol=1e-12, rtol=0)
@@ -215,7 +173,7 @@ def test_compiled_object_with_variant_attribute_is_accepted():
 
     gen = torch.Generator().manual_seed(6)
     q, k, v = rand_qkv(gen, 1, 2, 1, 9, 9, 8, 8)
-    torch.testing.assert_close(attention(q, k, v, Compiled()), naive(q, k, v, Compiled.variant)[0], atol=1e-12, rtol=0)
+    torch.testing.assert_close(attention(q, k, v, Compiled()), golden(q, k, v, Compiled.variant)[0], atol=1e-12, rtol=0)
 
 
 # ---------------------------------------------------------------- fully masked rows
@@ -234,7 +192,7 @@ def test_fully_masked_rows_forward():
     assert torch.equal(out[~keep_any], torch.zeros_like(out[~keep_any]))  # exactly 0
     assert torch.isneginf(lse[~keep_any]).all()
     assert torch.isfinite(lse[keep_any]).all() and torch.isfinite(out).all()
-    want_o, want_l = naive(q, k, v, _rows_masked_mod(), q_offset=2)
+    want_o, want_l = golden(q, k, v, _rows_masked_mod(), q_offset=2)
     torch.testing.assert_close(out.double(), want_o, atol=2e-6, rtol=1e-5)
     assert_lse_close(lse, want_l, atol=2e-6, rtol=1e-5)
 
@@ -260,7 +218,7 @@ def _grads(fn, inputs, go, gl):
 @pytest.mark.parametrize("name", ["causal&document", "softcap+alibi", "sliding_window", "alibi>softcap+causal",
                                   "custom_where_inf", "local&~block_diagonal", "full"])
 @pytest.mark.parametrize("chunk", [None, 7], ids=["one-chunk", "checkpointed-chunks"])
-def test_gradients_match_naive(name, chunk):
+def test_gradients_match_float64_golden(name, chunk):
     B, Hq, Hkv, Lq, Lk, D, Dv = 2, 4, 2, 19, 23, 8, 6
     seed = seed_of(name, "grad")
     gen = torch.Generator().manual_seed(seed)
@@ -269,7 +227,7 @@ def test_gradients_match_naive(name, chunk):
     gl = torch.randn(B, Hq, Lq, generator=gen, dtype=torch.float64)
     var = build(name, B, Hq, Lq + 4 + Lk, seed)
     got = _grads(lambda: attention(q, k, v, var, return_lse=True, q_offset=4, chunk=chunk), (q, k, v), go, gl)
-    want = _grads(lambda: naive(q, k, v, var, q_offset=4), (q, k, v), go, gl)
+    want = _grads(lambda: golden(q, k, v, var, q_offset=4), (q, k, v), go, gl)
     for g, w, n in zip(got, want, "qkv"):
         assert not torch.isnan(g).any(), n
         torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-10, msg=lambda m: f"d{n}: {m}")
@@ -281,7 +239,7 @@ def test_gradients_float32_close_to_float64():
     go = torch.randn(1, 4, 30, 16, generator=gen, dtype=torch.float64)
     gl = torch.randn(1, 4, 30, generator=gen, dtype=torch.float64)
     var = Variant(score_mod=V.softcap(2.0), mask_mod=V.causal())
-    want = _grads(lambda: naive(q, k, v, var), (q, k, v), go, gl)
+    want = _grads(lambda: golden(q, k, v, var), (q, k, v), go, gl)
     qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
     got = _grads(lambda: attention(qf, kf, vf, var, return_lse=True, chunk=8), (qf, kf, vf), go.float(), gl.float())
     for g, w in zip(got, want):
@@ -296,7 +254,7 @@ def test_gradients_fully_masked_rows_no_nan(chunk):
     go = torch.randn(2, 4, 14, 8, generator=gen, dtype=torch.float64)
     gl = torch.randn(2, 4, 14, generator=gen, dtype=torch.float64)
     got = _grads(lambda: attention(q, k, v, _rows_masked_mod(), return_lse=True, chunk=chunk), (q, k, v), go, gl)
-    want = _grads(lambda: naive(q, k, v, _rows_masked_mod()), (q, k, v), go, gl)
+    want = _grads(lambda: golden(q, k, v, _rows_masked_mod()), (q, k, v), go, gl)
     keep_any = dense_mask(_rows_masked_mod(), 2, 4, 14, 11).any(-1)
     for g, w in zip(got, want):
         assert torch.isfinite(g).all()
@@ -317,7 +275,7 @@ def test_gradient_reaches_captured_tensor(chunk):
     var = Variant(score_mod=ScoreMod(lambda s, b, h, qi, kv: s + bias[h, kv], "bias"), mask_mod=V.causal())
     go = torch.randn(1, 3, 12, 8, generator=gen, dtype=torch.float64)
     q.requires_grad_()
-    (g_ref,) = torch.autograd.grad(naive(q, k, v, var)[0], bias, go)
+    (g_ref,) = torch.autograd.grad(golden(q, k, v, var)[0], bias, go)
     (g,) = torch.autograd.grad(attention(q, k, v, var, chunk=chunk), bias, go)
     torch.testing.assert_close(g, g_ref, atol=1e-12, rtol=1e-10)
 
@@ -396,28 +354,6 @@ def test_mod_errors_mention_reference_path():
     notes = "".join(getattr(ei.value, "__notes__", []))
     if hasattr(ei.value, "add_note"):
         assert "document(4)" in notes and "cover every absolute position" in notes
-
-
-# ---------------------------------------------------------------- CUDA
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_matches_cpu():
-    gen = torch.Generator().manual_seed(13)
-    q, k, v = rand_qkv(gen, 2, 4, 2, 40, 70, 32, 32, dtype=torch.float32)
-    doc_ids = torch.randint(0, 4, (90,), generator=gen).sort().values.to(torch.int32)
-
-    def variant(ids):
-        return Variant(score_mod=V.alibi(4), mask_mod=V.causal() & V.document(ids))
-
-    out, lse = attention(q, k, v, variant(doc_ids), return_lse=True, q_offset=30, chunk=16)
-    out_c, lse_c = attention(q.cuda(), k.cuda(), v.cuda(), variant(doc_ids.cuda()), return_lse=True, q_offset=30,
-                             chunk=16)
-    assert out_c.is_cuda and lse_c.is_cuda
-    torch.testing.assert_close(out_c.cpu(), out, atol=1e-5, rtol=1e-5)
-    assert_lse_close(lse_c.cpu(), lse.double(), atol=1e-5, rtol=1e-5)
-    assert torch.equal(dense_mask(variant(doc_ids.cuda()), 2, 4, 40, 70, q_offset=30, device="cuda").cpu(),
-                       dense_mask(variant(doc_ids), 2, 4, 40, 70, q_offset=30))
 
 
 # ---------------------------------------------------------------- cross-check with FlexAttention itself

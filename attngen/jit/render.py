@@ -14,6 +14,7 @@ from .toolchain import arch_number
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 KERNEL_SOURCE = "attngen_fwd.cu"
+KERNEL_TEMPLATE = "attngen_fwd.cu.j2"  # renders KERNEL_SOURCE: the configuration, then the kernel header
 VARIANT_INCLUDE = "variant.inc"
 KERNELS = ("sm80", "sm90")
 
@@ -65,26 +66,28 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
                    template_dir: Path = TEMPLATE_DIR) -> dict:
     """Files of one kernel library: {filename: text}. ``kernel``: 'sm80' (portable mma.sync kernel) or
     'sm90' (TMA + wgmma, sm_90a only); ``tiles``: a TileConfig / Sm90Tiles (default: the family's
-    default for the head dim)."""
+    default for the head dim). The kernel source (KERNEL_SOURCE) is the configuration rendered from
+    KERNEL_TEMPLATE; it includes VARIANT_INCLUDE and the kernel's plain header ``fwd_<kernel>.cuh``,
+    which is among the headers returned with them (every ``.cuh``, and the rendered ``.cuh.j2``)."""
     if kernel not in KERNELS:
         raise BuildError(f"kernel must be 'sm80' or 'sm90', got {kernel!r}")
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise BuildError(f"head dim {head_dim} is not supported: expected one of {list(SUPPORTED_HEAD_DIMS)}")
     elem_type, dtype_code, dtype_name = dtype_info(dtype)
-    common = dict(elem_type=elem_type, dtype_code=dtype_code, dtype_name=dtype_name, head_dim=head_dim,
-                  variant_include=VARIANT_INCLUDE)
+    params = dict(kernel=kernel, elem_type=elem_type, dtype_code=dtype_code, dtype_name=dtype_name,
+                  head_dim=head_dim, variant_include=VARIANT_INCLUDE)
     if kernel == "sm90":
         if arch != "sm_90a":
             raise BuildError(f"the sm90 kernel uses wgmma and TMA, which need arch sm_90a (H100/H200), got {arch}; "
                              "use kernel='sm80'")
         t = tiles or SM90_TILES[head_dim]
-        text = _render("fwd_sm90.cu.j2", template_dir, **common, block_q=t.block_q, block_k=t.block_k,
-                       stages=t.stages, overlap=t.overlap, pingpong=t.pingpong, persistent=t.persistent,
-                       rescale_threshold=float(t.rescale_threshold), poly_exp2=0, fold_log2e=False, arch_number=90)
+        params.update(block_q=t.block_q, block_k=t.block_k, stages=t.stages, overlap=t.overlap, pingpong=t.pingpong,
+                      persistent=t.persistent, rescale_threshold=float(t.rescale_threshold), arch_number=90)
     else:
         t = tiles or tile_config(head_dim, arch)
-        text = _render("fwd_sm80.cu.j2", template_dir, **common, block_q=t.block_q, block_k=t.block_k,
-                       num_warps=t.num_warps, min_blocks=t.min_blocks, arch_number=arch_number(arch))
+        params.update(block_q=t.block_q, block_k=t.block_k, num_warps=t.num_warps, min_blocks=t.min_blocks,
+                      arch_number=arch_number(arch))
+    text = _render(KERNEL_TEMPLATE, template_dir, **params)
     return {KERNEL_SOURCE: text, VARIANT_INCLUDE: variant_inc, **headers(template_dir)}
 
 

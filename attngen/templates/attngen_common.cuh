@@ -1,8 +1,8 @@
 // attngen_common.cuh: types shared by the generated variant.inc, the kernel templates and the host ABI.
 //
 // Everything here is plain C++ that both the host compiler and nvcc's device pass accept: the structs
-// below ARE the C ABI (attngen/runtime.py packs them byte for byte), so field order, types and sizes
-// must only change together with ATTNGEN_ABI_VERSION and runtime.py.
+// below ARE the C ABI (attngen/launch.py packs them byte for byte), so field order, types and sizes
+// must only change together with ATTNGEN_ABI_VERSION and launch.py.
 #pragma once
 
 #include <stdint.h>
@@ -10,27 +10,41 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
-// Bump whenever AttngenFwdArgs, CapturedArgs or AttngenKernelInfo change layout or meaning.
+// The ABI's facts, also stated in attngen/abi.py (tests/test_abi.py checks they agree).
+// Bump ATTNGEN_ABI_VERSION whenever AttngenFwdArgs, CapturedArgs or AttngenKernelInfo change layout or meaning.
 #define ATTNGEN_ABI_VERSION 1
-
 #define ATTNGEN_MAX_CAPTURED 8
 #define ATTNGEN_MAX_SUMMARIES 8
+#define ATTNGEN_HEAD_DIMS {64, 128, 256}
 
-#if defined(_WIN32)
-#define ATTNGEN_EXPORT __declspec(dllexport)
-#else
+// Return codes of attngen_fwd beyond cudaError_t (all cudaError_t values are below 10000 except
+// cudaErrorApiFailureBase = 10000; these sit in between). The first two mean: this call cannot run on
+// the sm90 kernel, run the sm80 kernel (same variant, same summaries sized by ITS block sizes) instead.
+#define ATTNGEN_ERROR_SM90_TMA_LAYOUT 9001      // q/k/v cannot be described by a TMA tensor map
+#define ATTNGEN_ERROR_SM90_NO_TMA_ENCODER 9002  // the driver does not provide cuTensorMapEncodeTiled
+#define ATTNGEN_ERROR_SCALE_NOT_POSITIVE 9003   // no score_mod and scale <= 0 (or NaN): see score_mask.cuh
+
+// The libraries are ELF shared objects loaded by attngen/launch.py; only the C ABI is exported.
 #define ATTNGEN_EXPORT __attribute__((visibility("default")))
-#endif
-
-#if defined(__CUDACC__)
+// cuda_runtime.h defines the CUDA qualifiers as nothing for a host compiler, so these serve both.
 #define ATTNGEN_HD __host__ __device__
 #define ATTNGEN_DEV_INLINE __device__ __forceinline__
-#else
-#define ATTNGEN_HD
-#define ATTNGEN_DEV_INLINE inline
-#endif
 
-// Captured tensors and per-block summary arrays, filled by the host (runtime.py) through the C ABI.
+// Whether the kernels are built for head dim d (one of ATTNGEN_HEAD_DIMS).
+constexpr bool attngen_head_dim_supported(int d) {
+  constexpr int dims[] = ATTNGEN_HEAD_DIMS;
+  for (int x : dims)
+    if (x == d) return true;
+  return false;
+}
+
+namespace attngen {
+// The kernels' softmax runs in the log2 domain (ex2.approx); LSE is reported in natural log.
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+}  // namespace attngen
+
+// Captured tensors and per-block summary arrays, filled by the host (launch.py) through the C ABI.
 struct CapturedArgs {
   const void* ptr[ATTNGEN_MAX_CAPTURED];           // captured tensors, in TracedVariant.captured order
   long long stride[ATTNGEN_MAX_CAPTURED][4];       // element strides; dims beyond the rank are 0
@@ -65,10 +79,10 @@ struct AttngenFwdArgs {
   CapturedArgs captured;
 };
 
-// What a compiled library was built for; read once by runtime.py at load time.
+// What a compiled library was built for; read once by launch.py at load time.
 struct AttngenKernelInfo {
   int abi_version;
-  int args_size;        // sizeof(AttngenFwdArgs): runtime.py refuses a library whose layout differs
+  int args_size;        // sizeof(AttngenFwdArgs): launch.py refuses a library whose layout differs
   int head_dim;
   int dtype;            // 0 = float16, 1 = bfloat16
   int block_q;          // BQ: q rows per CTA (q-axis summaries have ceil(Lq / block_q) entries)

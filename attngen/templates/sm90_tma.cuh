@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <cuda_runtime.h>
 
+#include "attngen_common.cuh"
+
 // CUtensorMap and the encoder's enums: from <cuda.h> (types only, no driver symbol is linked). Some
 // toolkit installs (pip wheels) may ship cuda_runtime.h without cuda.h; the driver ABI below (CUDA 12.0,
 // unchanged since) is then declared here.
@@ -151,6 +153,21 @@ inline CUresult tma_encode_bhld_memo(TmaMapMemo& memo, CUtensorMap* map, const v
     memo.base = nullptr;
   }
   return r;
+}
+
+// The maps of one attention call's q, k and v (B, H, L, D) (Q boxes of q_rows rows, K/V boxes of kv_rows
+// rows), each re-encoded only when its tensor's address, shape or strides differ from this thread's
+// previous call (of this library: `static`). 0, or the attngen_fwd code that sends the call to the sm80
+// kernel.
+static int tma_encode_qkv(const AttngenFwdArgs& a, bool bf16, int D, int q_rows, int kv_rows, CUtensorMap& tm_q,
+                          CUtensorMap& tm_k, CUtensorMap& tm_v) {
+  if (tma_encode_fn() == nullptr) return ATTNGEN_ERROR_SM90_NO_TMA_ENCODER;
+  static thread_local TmaMapMemo memo_q, memo_k, memo_v;
+  if (tma_encode_bhld_memo(memo_q, &tm_q, a.q, bf16, D, a.B, a.Hq, a.Lq, a.q_stride, q_rows) != CUDA_SUCCESS ||
+      tma_encode_bhld_memo(memo_k, &tm_k, a.k, bf16, D, a.B, a.Hkv, a.Lk, a.k_stride, kv_rows) != CUDA_SUCCESS ||
+      tma_encode_bhld_memo(memo_v, &tm_v, a.v, bf16, D, a.B, a.Hkv, a.Lk, a.v_stride, kv_rows) != CUDA_SUCCESS)
+    return ATTNGEN_ERROR_SM90_TMA_LAYOUT;
+  return 0;
 }
 
 }  // namespace attngen

@@ -1,4 +1,4 @@
-"""Generated kernels through the public API vs a float64 reference (needs a CUDA GPU).
+"""Generated kernels through the public API vs the float64 golden, tests/reference64.py (needs a CUDA GPU).
 
 Judged as FlexAttention's and FlashAttention's tests judge bf16/fp16 kernels: the kernel's error
 against float64 may be at most ~2x the error of an eager implementation in the same dtype (plus a
@@ -6,33 +6,23 @@ tiny absolute slack). Fresh random inputs every case; outputs are poisoned by th
 no preallocated buffers, and any NaN/inf in a kept row fails.
 """
 import concurrent.futures as cf
+import functools
 import os
+import types
 
 import pytest
 import torch
 
 import attngen
+import reference64
 from attngen.mods import Variant
 
-pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytestmark = pytest.mark.requires_gpu
 
 DEV = "cuda"
 # ATTNGEN_TEST_BACKEND=sm90 runs the same suite against the SM90 (TMA + wgmma) template
 BACKEND = os.environ.get("ATTNGEN_TEST_BACKEND", "auto")
-_GEN = torch.Generator(device="cpu").manual_seed(1234)
-DOCS = torch.randint(0, 5, (2100,), generator=_GEN).sort().values.to(DEV)
-DOCS_B = torch.randint(0, 4, (2, 2100), generator=_GEN).sort(dim=1).values.to(DEV)
-SLOPES = torch.exp2(-torch.arange(1, 9, dtype=torch.float32)).to(DEV)
-BIAS = (torch.randn(8, 4200, generator=_GEN) * 0.5).to(DEV, torch.bfloat16)
-VALID = (torch.rand(2100, generator=_GEN) > 0.3).to(DEV)
-DOCS_2 = torch.randint(0, 9, (2100,), generator=_GEN).sort().values.to(DEV)
-PAD = attngen.MaskMod(lambda b, h, q, k: VALID[k], "valid")
-
-
-def _bias_mod(s, b, h, q, k):
-    return s + BIAS[h, q - k + 2100]
+NPOS = 2100  # positions covered by the captured tables below
 
 
 def _rowsink(b, h, q, k):
@@ -40,42 +30,70 @@ def _rowsink(b, h, q, k):
     return (q >= 100) & (k <= q)
 
 
-VARIANTS = {
-    "full": attngen.compile(backend=BACKEND),
-    "causal": attngen.compile(causal=True, backend=BACKEND),
-    "sliding_window": attngen.compile(window=256, backend=BACKEND),
-    "local": attngen.compile(window=(100, 50), backend=BACKEND),
-    "softcap": attngen.compile(softcap=30.0, backend=BACKEND),
-    "softcap_causal": attngen.compile(softcap=30.0, causal=True, backend=BACKEND),
-    "alibi_causal": attngen.compile(score_mod=attngen.alibi(8), causal=True, backend=BACKEND),
-    "alibi_tensor": attngen.compile(score_mod=attngen.alibi(SLOPES), backend=BACKEND),
-    "prefix_lm": attngen.compile(mask_mod=attngen.prefix_lm(300), backend=BACKEND),
-    "chunked": attngen.compile(mask_mod=attngen.chunked(192), backend=BACKEND),
-    "document": attngen.compile(mask_mod=attngen.document(DOCS), backend=BACKEND),
-    "document_batched_causal": attngen.compile(mask_mod=attngen.document(DOCS_B), causal=True, backend=BACKEND),
-    "block_diagonal": attngen.compile(mask_mod=attngen.block_diagonal(200), backend=BACKEND),
-    "dilated": attngen.compile(mask_mod=attngen.dilated(512, 3), backend=BACKEND),
-    "prefix_or_window_not_chunk": attngen.compile(mask_mod=(attngen.prefix_lm(64) | attngen.sliding_window(128)) & ~attngen.chunked(500), backend=BACKEND),
-    "bias_table": attngen.compile(score_mod=_bias_mod, causal=True, backend=BACKEND),
-    "masked_rows": attngen.compile(mask_mod=_rowsink, backend=BACKEND),
-    "key_padding_document": attngen.compile(mask_mod=attngen.document(DOCS) & PAD, causal=True, backend=BACKEND),
-    "two_documents": attngen.compile(mask_mod=attngen.document(DOCS) & attngen.document(DOCS_2), backend=BACKEND),
-}
+@functools.lru_cache(maxsize=None)
+def data() -> types.SimpleNamespace:
+    """The captured tensors (on the GPU) and the compiled variants, made on first use: the module imports (and
+    its tests skip) on a machine without a GPU, and collection compiles nothing."""
+    _GEN = torch.Generator(device="cpu").manual_seed(1234)
+    DOCS = torch.randint(0, 5, (NPOS,), generator=_GEN).sort().values.to(DEV)
+    DOCS_B = torch.randint(0, 4, (2, NPOS), generator=_GEN).sort(dim=1).values.to(DEV)
+    SLOPES = torch.exp2(-torch.arange(1, 9, dtype=torch.float32)).to(DEV)
+    BIAS = (torch.randn(8, 2 * NPOS, generator=_GEN) * 0.5).to(DEV, torch.bfloat16)
+    VALID = (torch.rand(NPOS, generator=_GEN) > 0.3).to(DEV)
+    DOCS_2 = torch.randint(0, 9, (NPOS,), generator=_GEN).sort().values.to(DEV)
+    PAD = attngen.MaskMod(lambda b, h, q, k: VALID[k], "valid")
+
+    def _bias_mod(s, b, h, q, k):
+        return s + BIAS[h, q - k + 2100]
+
+    VARIANTS = _variants(DOCS, DOCS_B, SLOPES, DOCS_2, PAD, _bias_mod)
+    assert list(VARIANTS) == VARIANT_NAMES
+    return types.SimpleNamespace(DOCS=DOCS, VARIANTS=VARIANTS)
+
+
+def _variants(DOCS, DOCS_B, SLOPES, DOCS_2, PAD, _bias_mod):
+    return {
+        "full": attngen.compile(backend=BACKEND),
+        "causal": attngen.compile(causal=True, backend=BACKEND),
+        "sliding_window": attngen.compile(window=256, backend=BACKEND),
+        "local": attngen.compile(window=(100, 50), backend=BACKEND),
+        "softcap": attngen.compile(softcap=30.0, backend=BACKEND),
+        "softcap_causal": attngen.compile(softcap=30.0, causal=True, backend=BACKEND),
+        "alibi_causal": attngen.compile(score_mod=attngen.alibi(8), causal=True, backend=BACKEND),
+        "alibi_tensor": attngen.compile(score_mod=attngen.alibi(SLOPES), backend=BACKEND),
+        "prefix_lm": attngen.compile(mask_mod=attngen.prefix_lm(300), backend=BACKEND),
+        "chunked": attngen.compile(mask_mod=attngen.chunked(192), backend=BACKEND),
+        "document": attngen.compile(mask_mod=attngen.document(DOCS), backend=BACKEND),
+        "document_batched_causal": attngen.compile(mask_mod=attngen.document(DOCS_B), causal=True, backend=BACKEND),
+        "block_diagonal": attngen.compile(mask_mod=attngen.block_diagonal(200), backend=BACKEND),
+        "dilated": attngen.compile(mask_mod=attngen.dilated(512, 3), backend=BACKEND),
+        "prefix_or_window_not_chunk": attngen.compile(mask_mod=(attngen.prefix_lm(64) | attngen.sliding_window(128)) & ~attngen.chunked(500), backend=BACKEND),
+        "bias_table": attngen.compile(score_mod=_bias_mod, causal=True, backend=BACKEND),
+        "masked_rows": attngen.compile(mask_mod=_rowsink, backend=BACKEND),
+        "key_padding_document": attngen.compile(mask_mod=attngen.document(DOCS) & PAD, causal=True, backend=BACKEND),
+        "two_documents": attngen.compile(mask_mod=attngen.document(DOCS) & attngen.document(DOCS_2), backend=BACKEND),
+    }
+
+
+VARIANT_NAMES = ["full", "causal", "sliding_window", "local", "softcap", "softcap_causal", "alibi_causal", "alibi_tensor",
+                 "prefix_lm", "chunked", "document", "document_batched_causal", "block_diagonal", "dilated",
+                 "prefix_or_window_not_chunk", "bias_table", "masked_rows", "key_padding_document", "two_documents"]
 # (variant, dtype, head dim) signatures exercised below; built in parallel up front
-MAIN = [(n, torch.bfloat16, 128) for n in VARIANTS]
+MAIN = [(n, torch.bfloat16, 128) for n in VARIANT_NAMES]
 DTYPE_DIM = [(n, dt, d) for n in ("full", "causal", "softcap_causal", "document")
              for dt, d in ((torch.float16, 128), (torch.bfloat16, 64), (torch.bfloat16, 256), (torch.float16, 64), (torch.float16, 256))]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def prebuilt():
+def prebuilt(requires_gpu):
     """Build every signature once, in parallel (each build runs nvcc in its own process)."""
-    from attngen.kernels import build_kernel
+    VARIANTS = data().VARIANTS
 
     todo = sorted(set(MAIN + DTYPE_DIM), key=lambda x: (x[0], str(x[1]), x[2]))
     with cf.ThreadPoolExecutor(max_workers=int(os.environ.get("ATTNGEN_TEST_BUILD_JOBS", "8"))) as ex:
         kernel = BACKEND if BACKEND in ("sm80", "sm90") else "auto"
-        futs = {ex.submit(build_kernel, VARIANTS[n], dt, d, None, kernel): (n, dt, d) for n, dt, d in todo}
+        futs = {ex.submit(lambda a, dt, d: a.spec(dt, d, kernel=kernel).build_cached(), VARIANTS[n], dt, d): (n, dt, d)
+                for n, dt, d in todo}
         for f in cf.as_completed(futs):
             f.result()
 
@@ -99,14 +117,12 @@ def _eager(q, k, v, variant: Variant, scale, q_offset=0):
 
 
 def _ref64(q, k, v, variant, scale, q_offset=0):
-    out, lse = attngen.reference.attention(q.double(), k.double(), v.double(), variant, scale=scale, return_lse=True,
-                                           q_offset=q_offset)
-    return out, lse
+    return reference64.attention(q, k, v, variant, scale=scale, q_offset=q_offset)
 
 
 def _run_case(name, dtype=torch.bfloat16, D=128, B=2, Hq=8, Hkv=8, Lq=777, Lk=777, q_offset=0, layout="bhld",
               scale=None):
-    attn = VARIANTS[name]
+    attn = data().VARIANTS[name]
     g = torch.Generator(device=DEV).manual_seed(hash((name, str(dtype), D, Lq, Lk, Hkv, q_offset)) % (2 ** 31))
     if layout == "blhd":  # (B, L, H, D) storage viewed as (B, H, L, D): non-contiguous strides
         q = torch.randn(B, Lq, Hq, D, device=DEV, dtype=dtype, generator=g).transpose(1, 2)
@@ -135,7 +151,7 @@ def _run_case(name, dtype=torch.bfloat16, D=128, B=2, Hq=8, Hkv=8, Lq=777, Lk=77
     return err, eager_err
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("name", VARIANT_NAMES)
 def test_every_variant_bf16_hd128(name):
     _run_case(name)
 
@@ -155,7 +171,7 @@ def test_gqa_mqa(name, Hq, Hkv):
                                              (300, 2000, 1700), (2000, 300, 0)])
 @pytest.mark.parametrize("name", ["full", "causal", "sliding_window", "prefix_lm", "document"])
 def test_odd_lengths_and_offsets(name, Lq, Lk, q_offset):
-    if name == "document" and q_offset + Lq > DOCS.numel():
+    if name == "document" and q_offset + Lq > NPOS:
         pytest.skip("doc ids shorter than the positions")
     _run_case(name, Lq=Lq, Lk=Lk, q_offset=q_offset)
 
@@ -175,19 +191,19 @@ def test_non_contiguous_layout(name):
 
 def test_captured_tensor_update_is_seen():
     """Captured tensors are runtime inputs: changing their values in place changes the result."""
-    docs = DOCS.clone()
+    docs = data().DOCS.clone()
     attn = attngen.compile(mask_mod=attngen.document(docs), backend=BACKEND)
     q, k, v = (torch.randn(1, 2, 600, 128, device=DEV, dtype=torch.bfloat16) for _ in range(3))
     a = attn(q, k, v).clone()
     docs.copy_(torch.randint(0, 3, (docs.numel(),), device=DEV).sort().values)
     b = attn(q, k, v)
-    ref = attngen.reference.attention(q.double(), k.double(), v.double(), attn.variant)
+    ref, _ = reference64.attention(q, k, v, attn.variant)
     assert (b.double() - ref).abs().max() < 2e-2
     assert not torch.equal(a, b)
 
 
 def test_bad_inputs_raise_clear_errors():
-    attn = VARIANTS["causal"]
+    attn = data().VARIANTS["causal"]
     q = torch.randn(1, 2, 64, 128, device=DEV, dtype=torch.bfloat16)
     with pytest.raises(attngen.InputError, match="float32"):
         attn(q.float(), q.float(), q.float())
@@ -203,20 +219,20 @@ def test_bad_inputs_raise_clear_errors():
 
 def test_hot_path_matches_first_call_and_still_checks():
     """After the first call, a variant without captured tensors launches straight through
-    runtime.forward (CompiledAttention._ready): same result, same input checks."""
+    launch.forward (CompiledAttention._ready): same result, same input checks."""
     attn = attngen.compile(causal=True, backend=BACKEND)
     q, k, v = (torch.randn(1, 2, 300, 128, device=DEV, dtype=torch.bfloat16) for _ in range(3))
     first = attn(q, k, v).clone()
     assert (torch.bfloat16, 128, q.get_device()) in attn._ready
     again = attn(q, k, v)
     assert torch.equal(first, again)
-    ref = attngen.reference.attention(q.double(), k.double(), v.double(), attn.variant)
+    ref, _ = reference64.attention(q, k, v, attn.variant)
     assert (again.double() - ref).abs().max() < 2e-2
     with pytest.raises(attngen.InputError, match="batch sizes differ"):
         attn(q, torch.cat([k, k]), torch.cat([v, v]))
     with pytest.raises(attngen.InputError, match="q_offset"):
         attn(q, k, v, q_offset=2 ** 31 - 100)
-    doc = attngen.compile(mask_mod=attngen.document(DOCS), backend=BACKEND)
+    doc = attngen.compile(mask_mod=attngen.document(data().DOCS), backend=BACKEND)
     doc(q, k, v)
     assert not doc._ready  # captured tensors: the full path checks their device and block summaries each call
 
@@ -224,12 +240,13 @@ def test_hot_path_matches_first_call_and_still_checks():
 def test_captured_tensor_strides():
     """A captured tensor traced with unit stride is indexed with a literal stride 1 (codegen): one with another
     stride gets the general code and the same results, and one whose layout changes after compile is refused."""
+    DOCS = data().DOCS
     q, k, v = (torch.randn(1, 2, 700, 128, device=DEV, dtype=torch.bfloat16) for _ in range(3))
     base = torch.zeros(2 * DOCS.numel(), dtype=DOCS.dtype, device=DEV)
     base[::2] = DOCS
     strided = attngen.compile(mask_mod=attngen.document(base[::2]), backend=BACKEND)
     assert strided.traced.captured[0].unit_stride_dims == ()
-    ref = attngen.reference.attention(q.double(), k.double(), v.double(), strided.variant)
+    ref, _ = reference64.attention(q, k, v, strided.variant)
     assert (strided(q, k, v).double() - ref).abs().max() < 2e-2
 
     docs = DOCS.clone()
@@ -247,17 +264,20 @@ def test_persistent_grid_counters():
     once and a CUDA graph replayed between eager calls all give the eager result (the kernel is deterministic)."""
     from pathlib import Path
 
-    from attngen import build
+    from attngen.jit import render
 
     attn = attngen.compile(backend=BACKEND)
     B, H, L = 2, 16, 1100  # 9 q-blocks x 32 heads = 288 tiles
     qs = [tuple(torch.randn(B, H, L, 128, device=DEV, dtype=torch.bfloat16) for _ in range(3)) for _ in range(2)]
     refs = [attn(*x).clone() for x in qs]
-    for lib in attn._kernels.values():  # an sm90 build must be the persistent one (its source header says so)
-        head = (Path(lib.path).parent / build.KERNEL_SOURCE).read_text()[:2000]
-        if "fwd_sm90.cu.j2" in head:
+    sm90_builds = 0
+    for lib in attn._libraries.values():  # an sm90 build must be the persistent one (its source header says so)
+        head = (Path(lib.path).parent / render.KERNEL_SOURCE).read_text()[:2000]
+        if "fwd_sm90.cuh" in head:
             assert "persistent True" in head
-    ref64 = attngen.reference.attention(*(t.double() for t in qs[0]), attn.variant)
+            sm90_builds += 1
+    assert sm90_builds == (1 if BACKEND != "sm80" and torch.cuda.get_device_capability() == (9, 0) else 0)
+    ref64, _ = reference64.attention(*qs[0], attn.variant)
     assert (refs[0].double() - ref64).abs().max() < 2e-2
     for _ in range(3):
         assert torch.equal(attn(*qs[0]), refs[0])

@@ -1,0 +1,325 @@
+// fwd_sm90.cuh: attention forward for sm_90a (Hopper), FlashAttention-3 style, warp specialized
+// (docs/architecture.md). A work tile is one (q-block of BQ = 128 rows, query head, batch); which CTA
+// runs which is sm90_scheduler.cuh's business. Warpgroup 0 is the producer: one thread loads each work
+// tile's Q, then its K and V tiles into a STAGES-deep shared-memory ring, with TMA ("full" mbarriers
+// complete on the copies' bytes, "empty" ones collect the consumers' releases), on few registers
+// (setmaxnreg.dec). Warpgroups 1 and 2 are the consumers, 64 q rows each, with the registers the
+// producer gave up: S = Q K^T with wgmma from shared memory (128-byte swizzled), scores and online
+// softmax in registers, O += P V with wgmma (P from registers). OVERLAP: S(next) and P(this) V(this) are
+// issued back to back and the softmax of S(next) runs under P V (FA3's intra-warpgroup overlap); without
+// it one tile at a time, which leaves more registers to score_mod / mask_mod. PINGPONG: the two
+// consumers issue their wgmmas in turns, so that one's softmax runs under the other's products.
+// Configuration (Elem, D, BQ, BK, STAGES, PINGPONG, OVERLAP, PERSISTENT, RESCALE_THRESHOLD, kDtypeCode,
+// kArch) and variant.inc come from the including attngen_fwd.cu (templates/attngen_fwd.cu.j2).
+#pragma once
+
+#include "attngen_common.cuh"
+#include "sm80_mma.cuh"  // smem_addr, pack2
+#include "sm90_mbarrier.cuh"
+#include "sm90_tma.cuh"  // also CUtensorMap (type only; nothing from libcuda is linked)
+#include "sm90_wgmma.cuh"
+#include "sm90_tile_counter.cuh"
+#include "sm90_scheduler.cuh"
+#include "sm90_layout.cuh"
+#include "block_range.cuh"
+#include "score_mask.cuh"
+#include "softmax.cuh"
+#include "epilogue.cuh"
+#include "host_abi.cuh"
+
+namespace {
+
+using namespace attngen;
+
+// ------------------------------------------------------------------------------------------- producer
+// One thread: for each work tile, Q once the consumers are done with the previous tile's (they release
+// it after their last Q K^T, so in a persistent CTA this load runs under the previous tile's last P V and
+// epilogue, as do the first K/V loads), then K and V of every visited kv tile. K and V slots are
+// released separately: a K slot is free half a tile before the P V that frees the V slot
+// (docs/performance.md). Work tiles are decoded here and in each consumer after setmaxnreg.
+__device__ __forceinline__ void produce(const AttngenFwdArgs& a, const CUtensorMap& tm_q, const CUtensorMap& tm_k,
+                                        const CUtensorMap& tm_v, const Smem& sm, unsigned int* tile_counter,
+                                        int heads_per_kv) {
+  tma_prefetch_map(&tm_q);
+  tma_prefetch_map(&tm_k);
+  tma_prefetch_map(&tm_v);
+  const CapturedArgs& C = a.captured;
+  const int ntiles = num_tiles<BQ>(a);
+  int stage = 0;
+  uint32_t phase = 0, q_phase = 0;  // the ring and the Q buffer carry on from work tile to work tile
+  int w = (int)blockIdx.x;  // every CTA's first tile (a persistent grid has at most one CTA per tile)
+  while (true) {
+    if (PERSISTENT) sm.mailbox().announce(w, q_phase);
+    if (w < 0) break;
+    int i;
+    const TileArgs t = tile_args<BQ>(a, w, i);
+    const KvRange r = kv_range<BQ, BK>(C, t, i);
+    mbar_wait(sm.bar_q_empty(), q_phase ^ 1u);
+    mbar_arrive_expect_tx(sm.bar_q(), Q_BYTES);
+#pragma unroll
+    for (int db = 0; db < DB; ++db)
+      tma_load_4d(sm.q() + db * Q_BLOCK_BYTES, &tm_q, sm.bar_q(), db * 64, i * BQ, t.h, t.b);
+    q_phase ^= 1u;
+    const int kvh = t.h / heads_per_kv;  // GQA / MQA: consecutive query heads share a kv head
+    for (int j = next_kv_tile<BQ, BK>(C, t, i, r.j_begin, r.j_end, r.f_lo, r.f_hi); j < r.j_end;
+         j = next_kv_tile<BQ, BK>(C, t, i, j + 1, r.j_end, r.f_lo, r.f_hi)) {
+      mbar_wait(sm.empty_k(stage), phase ^ 1u);
+      const uint32_t k_dst = sm.k(stage), v_dst = sm.v(stage);
+      mbar_arrive_expect_tx(sm.full_k(stage), KV_BYTES);
+#pragma unroll
+      for (int db = 0; db < DB; ++db)
+        tma_load_4d(k_dst + db * KV_BLOCK_BYTES, &tm_k, sm.full_k(stage), db * 64, j * BK, kvh, t.b);
+      mbar_wait(sm.empty_v(stage), phase ^ 1u);
+      mbar_arrive_expect_tx(sm.full_v(stage), KV_BYTES);
+#pragma unroll
+      for (int db = 0; db < DB; ++db)
+        tma_load_4d(v_dst + db * KV_BLOCK_BYTES, &tm_v, sm.full_v(stage), db * 64, j * BK, kvh, t.b);
+      if (++stage == STAGES) {
+        stage = 0;
+        phase ^= 1u;
+      }
+    }
+    w = next_work_tile<PERSISTENT>(tile_counter, sm.mailbox(), ntiles);
+  }
+  if (PERSISTENT && tile_counter != nullptr) counter_done(tile_counter);
+}
+
+// ------------------------------------------------------------------------------------------- consumers
+// One consumer warpgroup's fixed view of the pipeline (Q descriptor: its 64 rows, K-major, SBO = 8 rows x
+// 128 B; K: K-major; V: MN-major, LBO = distance between 64-column blocks, SBO = 8 kv rows).
+struct Consumer {
+  Smem sm;
+  int cw, lane;  // consumer index (q rows [64 cw, 64 cw + 64) of the tile), lane
+  uint64_t desc_q;
+  __device__ uint64_t desc_k(int st) const { return make_smem_desc_sw128(sm.k(st), 16, 1024); }
+  __device__ uint64_t desc_v(int st) const { return make_smem_desc_sw128(sm.v(st), KV_BLOCK_BYTES, 1024); }
+  // Each consumer warp releases a K (V) buffer once its wgmmas reading it are complete.
+  __device__ void release_k(int st) const {
+    if (lane == 0) mbar_arrive(sm.empty_k(st));
+  }
+  __device__ void release_v(int st) const {
+    if (lane == 0) mbar_arrive(sm.empty_v(st));
+  }
+  // Pingpong turn-taking between the two consumers (no-ops without PINGPONG).
+  __device__ void schedule_wait() const {
+    if (PINGPONG) named_bar_sync(BAR_SCHEDULE + cw, 256);
+  }
+  __device__ void schedule_pass() const {
+    if (PINGPONG) named_bar_arrive(BAR_SCHEDULE + (cw ^ 1), 256);
+  }
+};
+
+// A consumer thread's registers (references to its arrays): S, P (the 16-bit A fragments of P V's k16
+// steps), O, and per row the running max m (softmax domain), partial sum l and O's pending rescale alpha.
+struct Regs {
+  float (&s)[NS];
+  uint32_t (&p)[KSTEPS_PV][4];
+  float (&o)[NO];
+  float (&m)[2], (&l)[2], (&alpha)[2];
+};
+
+// What the scores of a work tile's kv tiles need (score_kv_tile's arguments besides the tile's indices).
+struct TileCtx {
+  const CapturedArgs& C;
+  const TileArgs& t;
+  int i;
+  const HeadCtx& hc;
+  const RowCtx (&rc)[MT][2];
+  const int (&qi)[MT][2];
+  int tig;
+  float scale;
+};
+
+// One step of the consumer loop, the same in both loop modes: with QK, S = Q K^T for kv tile jn (ring
+// slot k_stage; [f_lo, f_hi) are the FULL kv tiles), its scores and softmax, P packed; with PV,
+// O = alpha O + P V for the previous tile (slot v_stage). With both (the overlapped steady state) P V is
+// issued right behind Q K^T so that it runs under the softmax (ptxas puts the wait for it ahead of most of
+// the softmax; the other consumer's wgmmas fill that gap, and pinning the softmax between the two waits
+// measured slower: docs/performance.md).
+template <bool QK, bool PV>
+__device__ __forceinline__ void step(const Consumer& c, int k_stage, uint32_t k_phase, int v_stage, uint32_t v_phase,
+                                     int jn, int f_lo, int f_hi, const TileCtx& w, const Regs& r) {
+  if (QK) {
+    mbar_wait(c.sm.full_k(k_stage), k_phase);
+    c.schedule_wait();
+    wgmma_fence();
+    wgmma_ss_kmajor<Elem, BK, KSTEPS_QK, Q_BLOCK_BYTES, KV_BLOCK_BYTES>(r.s, c.desc_q, c.desc_k(k_stage));
+    wgmma_commit();
+  }
+  if (PV) {
+    rescale_o(r.o, r.alpha, RESCALE_THRESHOLD);  // O is not in flight; the fence below orders this before P V
+    mbar_wait(c.sm.full_v(v_stage), v_phase);
+    if (!QK) c.schedule_wait();
+    wgmma_fence();
+    wgmma_rs_mnmajor<Elem, D, KSTEPS_PV>(r.o, r.p, c.desc_v(v_stage));
+    wgmma_commit();
+  }
+  c.schedule_pass();
+  if (QK) {
+    wgmma_wait<PV ? 1 : 0>();  // S complete (its K slot is free); P V may still run
+    fence_regs(r.s);
+    c.release_k(k_stage);
+    score_kv_tile</*RAW=*/true, BQ, BK>(r.s, jn, f_lo, f_hi, w.scale, w.C, w.t, w.i, w.hc, w.rc, w.qi, w.tig);
+    online_softmax(r.s, raw_score_factor(w.scale), RESCALE_THRESHOLD, r.m, r.l, r.alpha);
+  }
+  if (PV) {
+    wgmma_wait<0>();  // P V complete: its V slot is free, p may be overwritten
+    fence_regs(r.o);
+    fence_regs(r.p);
+    c.release_v(v_stage);
+  }
+  if (QK) pack_a_frags<Elem, BK>(r.s, r.p);
+}
+
+// The consumer warpgroup wg's work: every work tile the producer announces (or this CTA's one tile).
+__device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm, int wg) {
+  const int cw = wg - 1;
+  const int tid = (int)threadIdx.x - 128 * wg;    // thread in the warpgroup
+  const int lane = tid & 31;
+  const int wq = tid >> 5;                        // warp in the warpgroup: rows 16 wq .. 16 wq + 15
+  const int g = lane >> 2;
+  const int tig = lane & 3;
+  const int r0 = cw * 64 + wq * 16 + g;           // this thread's tile rows: r0 and r0 + 8
+  const Consumer c{sm, cw, lane, make_smem_desc_sw128(sm.q() + cw * 64 * 128, 16, 1024)};
+  const CapturedArgs& C = a.captured;
+  const float scale = a.scale;
+  int stage = 0;
+  uint32_t phase = 0, q_phase = 0;  // the ring and the Q buffer carry on from work tile to work tile
+  if (PINGPONG && cw == 1) named_bar_arrive(BAR_SCHEDULE + 0, 256);  // consumer 0 takes the first turn
+
+  for (bool first = true;; first = false) {
+    int wt = first ? (int)blockIdx.x : -1;
+    if (PERSISTENT) wt = sm.mailbox().receive(q_phase);
+    if (wt < 0) break;
+    int i;
+    const TileArgs t = tile_args<BQ>(a, wt, i);
+    const int h = t.h, b = t.b;
+    const KvRange tr = kv_range<BQ, BK>(C, t, i);
+    const int j_end = tr.j_end, f_lo = tr.f_lo, f_hi = tr.f_hi;
+    const HeadCtx hc = head_ctx(C, b, h);
+    int qi[MT][2];
+    RowCtx rc[MT][2];
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+      // Rows past QLEN are computed (never stored) with the last valid row's index, so mods that load
+      // captured tensors at q_idx stay in bounds.
+      qi[0][rh] = min(i * BQ + r0 + rh * 8, t.QLEN - 1) + t.QOFF;
+      rc[0][rh] = row_ctx(C, hc, qi[0][rh]);
+    }
+    float o[NO];
+#pragma unroll
+    for (int n = 0; n < NO; ++n) o[n] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY};  // running row max (softmax domain, see online_softmax)
+    float l[2] = {0.f, 0.f};              // running partial row sums of 2^(c (x - m))
+    float alpha[2] = {1.f, 1.f};          // pending rescale of O (applied just before the next P V)
+    float s[NS];
+    uint32_t p[KSTEPS_PV][4];
+    const Regs r{s, p, o, m, l, alpha};
+    const TileCtx w{C, t, i, hc, rc, qi, tig, scale};
+
+    mbar_wait(sm.bar_q(), q_phase);
+    q_phase ^= 1u;
+    bool q_released = false;
+    int j = next_kv_tile<BQ, BK>(C, t, i, tr.j_begin, j_end, f_lo, f_hi);
+    if (OVERLAP) {
+      if (j < j_end) {
+        step<true, false>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
+        while (true) {
+          const int jn = next_kv_tile<BQ, BK>(C, t, i, j + 1, j_end, f_lo, f_hi);
+          if (jn >= j_end) break;
+          int nstage = stage;
+          uint32_t nphase = phase;
+          advance(nstage, nphase);
+          step<true, true>(c, nstage, nphase, stage, phase, jn, f_lo, f_hi, w, r);
+          j = jn;
+          stage = nstage;
+          phase = nphase;
+        }
+        // Every Q K^T of this tile is complete: the producer may load the next tile's Q under this P V.
+        if (lane == 0) mbar_arrive(sm.bar_q_empty());
+        q_released = true;
+        step<false, true>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
+        advance(stage, phase);  // the next work tile starts at the next slot
+      }
+    } else {
+      for (; j < j_end; j = next_kv_tile<BQ, BK>(C, t, i, j + 1, j_end, f_lo, f_hi)) {
+        step<true, false>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
+        step<false, true>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
+        advance(stage, phase);
+      }
+    }
+    // Every wgmma of this tile is complete: the producer may load the next tile's Q.
+    if (!q_released && lane == 0) mbar_arrive(sm.bar_q_empty());
+
+    // Epilogue: O straight from registers to global memory (staging it through shared memory would need
+    // the Q buffer, which the producer is already refilling for the next tile, or 32 KB more).
+    store_rows<Elem>(a, b, h, t.QLEN, i * BQ + r0, tig, o, m, l, raw_score_factor(scale));
+  }
+  // Consumer 1's initial pass left one extra arrival on consumer 0's barrier: consume it, so that every
+  // named barrier is balanced when the CTA exits.
+  if (PINGPONG && cw == 0) named_bar_sync(BAR_SCHEDULE + 0, 256);
+}
+
+__global__ void __launch_bounds__(NTHREADS, 1)
+    attngen_fwd_kernel(const __grid_constant__ AttngenFwdArgs a, const __grid_constant__ CUtensorMap tm_q,
+                       const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+                       unsigned int* tile_counter, int heads_per_kv /* Hq / Hkv, from the host: one division
+                       less for the 24-register producer, which spilled its hoisted quotient */) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // The runtime only promises 16-byte alignment of dynamic shared memory: align by hand.
+  const Smem sm{(smem_addr(smem_raw) + 1023u) & ~1023u};
+  if (threadIdx.x == 0) {
+    mbar_init(sm.bar_q(), 1);
+    mbar_init(sm.bar_q_empty(), 4 * NUM_CONSUMERS);     // consumers are done reading this Q tile
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(sm.full_k(s), 1);                       // the producer's arrive.expect_tx (+ TMA bytes)
+      mbar_init(sm.full_v(s), 1);
+      mbar_init(sm.empty_k(s), 4 * NUM_CONSUMERS);      // one arrival per consumer warp
+      mbar_init(sm.empty_v(s), 4 * NUM_CONSUMERS);
+    }
+    mbar_init(sm.mailbox().full, 1);                    // the producer wrote the tile id
+    mbar_init(sm.mailbox().empty, 128 * NUM_CONSUMERS);  // every consumer thread has read it
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  // Warp-uniform warpgroup index (the shuffle tells the compiler it is uniform).
+  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+  if (wg == 0) {
+    setmaxnreg_dec<PRODUCER_REGS>();
+    if (threadIdx.x == 0) produce(a, tm_q, tm_k, tm_v, sm, tile_counter, heads_per_kv);
+    return;
+  }
+  setmaxnreg_inc<CONSUMER_REGS>();
+  consume(a, sm, wg);
+}
+
+// ------------------------------------------------------------------------------------------- host side
+
+AttngenKernelInfo kernel_info() {
+  return {ATTNGEN_ABI_VERSION, (int)sizeof(AttngenFwdArgs), D, kDtypeCode, BQ, BK, NTHREADS, SMEM_BYTES, kArch};
+}
+
+// The row max is taken over raw q.k (score_tile, RAW): only a positive scale keeps its order.
+bool accepts_scale(float scale) { return ATTNGEN_HAS_SCORE_MOD || scale > 0.f; }
+
+int launch(const AttngenFwdArgs& a, cudaStream_t stream) {
+  // Tensor maps (host only, no GPU work): Q boxes of BQ rows, K/V boxes of BK rows.
+  CUtensorMap tm_q, tm_k, tm_v;
+  const int rc = tma_encode_qkv(a, kDtypeCode == 1, D, BQ, BK, tm_q, tm_k, tm_v);
+  if (rc != 0) return rc;
+  int dev = 0, sms = 0;
+  const cudaError_t err = prepare_device(attngen_fwd_kernel, SMEM_BYTES, dev, sms);
+  if (err != cudaSuccess) return (int)err;
+
+  // One CTA per SM walking work tiles (PERSISTENT), or one CTA per work tile.
+  const long long tiles = (long long)((a.Lq + BQ - 1) / BQ) * a.Hq * a.B;
+  if (tiles > 0x7fffffffLL) return (int)cudaErrorInvalidConfiguration;
+  const long long ctas = PERSISTENT ? (tiles < sms ? tiles : (long long)sms) : tiles;
+  // A grid of one CTA per tile has nothing left to take: it needs no counter.
+  unsigned int* counter = PERSISTENT && ctas < tiles ? counter_for_launch(dev, stream) : nullptr;
+  attngen_fwd_kernel<<<(unsigned)ctas, NTHREADS, SMEM_BYTES, stream>>>(a, tm_q, tm_k, tm_v, counter, a.Hq / a.Hkv);
+  return (int)cudaGetLastError();
+}
+
+}  // namespace

@@ -1,0 +1,104 @@
+// score_mask.cuh: Q K^T accumulators -> softmax scores, in registers: score_mod, mask_mod and the
+// bounds mask applied to an MMA accumulator fragment. Shared by the kernels: the mma.sync m16n8 (sm80)
+// and wgmma (sm90) accumulator layouts agree per 16-row slice of a warp, thread (g = lane / 4,
+// tig = lane % 4) holding rows g and g + 8 at columns 8 nt + 2 tig + {0, 1} of each n8 chunk nt
+// (sm80_mma.cuh, sm90_wgmma.cuh). A thread owns MT such slices (m16 tiles); its fragment is
+// float[MT][NT][4] (sm80) or float[4 NT] (sm90, MT = 1), element 2 rh + e of chunk nt being row
+// g + 8 rh, column 2 tig + e. Include after variant.inc.
+#pragma once
+
+#include "attngen_common.cuh"
+
+namespace attngen {
+
+// Element k (= 2 rh + e) of chunk nt of m16 slice mt, in either fragment shape.
+template <int N>
+ATTNGEN_DEV_INLINE float& frag_at(float (&s)[N], int /* mt: 0 */, int nt, int k) {
+  return s[nt * 4 + k];
+}
+template <int MT, int NT>
+ATTNGEN_DEV_INLINE float& frag_at(float (&s)[MT][NT][4], int mt, int nt, int k) {
+  return s[mt][nt][k];
+}
+
+// S (fp32 accumulators of Q K^T, unscaled) -> scores; a mask evaluating false gives -inf.
+// With a score_mod, x = score_mod(qk * scale) * log2(e). Without one, RAW keeps x = qk (the softmax
+// folds the factor scale * log2(e) into its exponent's FFMA, which needs scale > 0: attngen_fwd refuses
+// scale <= 0 with ATTNGEN_ERROR_SCALE_NOT_POSITIVE and the Python side rewrites the call), else
+// x = qk * scale * log2(e). MASK: evaluate mask_mod (the tile is not known FULL); BOUNDS: the tile
+// straddles KVLEN, columns past it are -inf. score_mod / mask_mod / col_ctx only see in-range indices:
+// past-the-end columns (and, via qi, past-the-end rows) are clamped to the last valid index and their
+// results discarded.
+template <bool MASK, bool BOUNDS, bool RAW, typename Frag, int MT>
+ATTNGEN_DEV_INLINE void score_tile(Frag& s, float scale, const CapturedArgs& C, const HeadCtx& hc,
+                                   const RowCtx (&rc)[MT][2], const int (&qi)[MT][2], int kv0, int KVLEN, int tig) {
+  constexpr int NT = sizeof(Frag) / (sizeof(float) * 4 * MT);  // n8 chunks
+#if !ATTNGEN_HAS_SCORE_MOD
+  const float scale_log2 = scale * LOG2E;
+#endif
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = kv0 + nt * 8 + tig * 2 + e;
+      const bool col_ok = !BOUNDS || col < KVLEN;
+      const int kv = BOUNDS ? min(col, KVLEN - 1) : col;
+#if ATTNGEN_HAS_SCORE_MOD || ATTNGEN_HAS_MASK
+      const ColCtx cc = col_ctx(C, hc, kv);
+#endif
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) {
+          float& x = frag_at(s, mt, nt, rh * 2 + e);
+#if ATTNGEN_HAS_SCORE_MOD
+          const float y = score_mod(x * scale, C, hc, rc[mt][rh], cc, qi[mt][rh], kv) * LOG2E;
+#else
+          const float y = RAW ? x : x * scale_log2;
+#endif
+          bool keep = col_ok;
+#if ATTNGEN_HAS_MASK
+          if (MASK) keep = keep & mask_mod(C, hc, rc[mt][rh], cc, qi[mt][rh], kv);
+#endif
+          x = keep ? y : -INFINITY;
+        }
+      }
+    }
+  }
+}
+
+// Factor c of the softmax domain of RAW scores (2^(c x) is the weight of score x).
+ATTNGEN_DEV_INLINE float raw_score_factor(float scale) {
+#if ATTNGEN_HAS_SCORE_MOD
+  return 1.f;
+#else
+  return scale * LOG2E;
+#endif
+}
+
+// The scores of visited kv tile j of q-block i in a (BQ x BK)-tiled kernel: mask_mod only where the
+// tile is not known FULL (outside [f_lo, f_hi) of its KvRange, and not proven FULL by the classifier's
+// tile_all), the bounds mask only on the tile that straddles KVLEN.
+template <bool RAW, int BQ, int BK, typename Frag, int MT>
+ATTNGEN_DEV_INLINE void score_kv_tile(Frag& s, int j, int f_lo, int f_hi, float scale, const CapturedArgs& C,
+                                      const TileArgs& t, int i, const HeadCtx& hc, const RowCtx (&rc)[MT][2],
+                                      const int (&qi)[MT][2], int tig) {
+  bool masked = false;
+#if ATTNGEN_HAS_MASK
+  masked = !(j >= f_lo && j < f_hi);
+#if ATTNGEN_NEEDS_CLASSIFIER
+  if (masked) masked = !tile_all<BQ, BK>(C, t, i, j);
+#endif
+#endif
+  const bool bounds = (j + 1) * BK > t.KVLEN;
+  const int kv0 = j * BK;
+  if (masked) {
+    if (bounds) score_tile<true, true, RAW>(s, scale, C, hc, rc, qi, kv0, t.KVLEN, tig);
+    else score_tile<true, false, RAW>(s, scale, C, hc, rc, qi, kv0, t.KVLEN, tig);
+  } else {
+    if (bounds) score_tile<false, true, RAW>(s, scale, C, hc, rc, qi, kv0, t.KVLEN, tig);
+    else score_tile<false, false, RAW>(s, scale, C, hc, rc, qi, kv0, t.KVLEN, tig);
+  }
+}
+
+}  // namespace attngen

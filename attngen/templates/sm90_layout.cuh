@@ -1,0 +1,84 @@
+// sm90_layout.cuh: the static facts of the sm90 kernel (fwd_sm90.cuh) that follow from its configuration:
+// warpgroup roles and register budgets, accumulator sizes, the shared-memory layout with its mbarriers,
+// and the checks that the configuration fits the hardware. Configuration (Elem, D, BQ, BK, STAGES) from
+// the including attngen_fwd.cu.
+#pragma once
+
+#include "attngen_common.cuh"
+#include "sm90_scheduler.cuh"  // TileMailbox
+
+namespace {
+
+using namespace attngen;
+
+constexpr int NUM_CONSUMERS = 2;
+constexpr int NTHREADS = 128 * (1 + NUM_CONSUMERS);
+// setmaxnreg budgets: 128 * 24 + 256 * 240 = 64512 <= 65536 registers per SM. The entry cap of
+// __launch_bounds__(384, 1) is 168; the producer hands back (168 - 24) * 128 = 18432 registers, exactly
+// what the consumers take ((240 - 168) * 256).
+constexpr int PRODUCER_REGS = 24;
+constexpr int CONSUMER_REGS = 240;
+
+constexpr int MT = 1;                            // m16 row slices per consumer thread (score_mask.cuh)
+constexpr int DB = D / 64;                       // 128-byte (64-column) blocks of a row
+constexpr int Q_BLOCK_BYTES = BQ * 128;          // one 64-column block of the Q tile: BQ rows x 128 B
+constexpr int Q_BYTES = DB * Q_BLOCK_BYTES;
+constexpr int KV_BLOCK_BYTES = BK * 128;
+constexpr int KV_BYTES = DB * KV_BLOCK_BYTES;    // one K (or V) tile
+constexpr int NS = BK / 2;                       // S accumulator floats per thread (64 x BK per warpgroup)
+constexpr int NO = D / 2;                        // O accumulator floats per thread (64 x D per warpgroup)
+constexpr int KSTEPS_QK = D / 16;                // k16 steps of Q K^T
+constexpr int KSTEPS_PV = BK / 16;               // k16 steps of P V
+
+// Shared memory (offsets from a 1024-byte aligned base; every tile is a multiple of 1024 bytes, so every
+// 8-row swizzle atom is 1024-aligned as the descriptors' base offset 0 requires):
+//   Q [DB][BQ][128 B] | K [STAGES][DB][BK][128 B] | V [STAGES][DB][BK][128 B] | mbarriers | tile id
+constexpr int OFF_K = Q_BYTES;
+constexpr int OFF_V = OFF_K + STAGES * KV_BYTES;
+constexpr int OFF_BAR = OFF_V + STAGES * KV_BYTES;
+// Q full, Q empty; K full, V full, K empty, V empty per stage; tile id full, tile id empty
+constexpr int NUM_MBARS = 2 + 4 * STAGES + 2;
+constexpr int OFF_TILE_ID = OFF_BAR + NUM_MBARS * 8;
+constexpr int SMEM_BYTES = 1024 /* alignment slack */ + OFF_TILE_ID + 8;
+constexpr int SMEM_LIMIT = 232448;               // 227 KB opt-in maximum per block on sm90
+
+constexpr uint32_t BAR_SCHEDULE = 1;  // named barrier (0 is __syncthreads) + consumer index: its turn
+
+static_assert(sizeof(Elem) == 2, "16-bit inputs only");
+static_assert(attngen_head_dim_supported(D), "head dim: one of ATTNGEN_HEAD_DIMS");
+static_assert(BQ == 64 * NUM_CONSUMERS, "each consumer warpgroup owns 64 q rows (wgmma M = 64)");
+static_assert(D % 64 == 0 && D <= 256, "head dim: multiple of 64 (128-byte swizzle rows), at most 256 (wgmma N)");
+static_assert(BK % 16 == 0 && BK >= 64 && BK <= 192, "BK: multiple of 16 (P V k-steps) in [64, 192] (wgmma_ss N)");
+static_assert(BK <= 256 && BQ <= 256, "TMA box rows are at most 256");
+static_assert(STAGES >= 2, "the overlapped loop holds two K/V tiles at once");
+static_assert(Q_BLOCK_BYTES % 1024 == 0 && KV_BLOCK_BYTES % 1024 == 0, "swizzle atoms must stay 1024-aligned");
+static_assert(SMEM_BYTES <= SMEM_LIMIT, "tiles do not fit in shared memory: lower BK or STAGES");
+static_assert(KV_BYTES < (1 << 20) && Q_BYTES < (1 << 20), "mbarrier transaction counts are 20-bit");
+static_assert(KV_BLOCK_BYTES / 16 < (1 << 14), "V descriptor LBO field is 14 bits (of bytes >> 4)");
+static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NUM_CONSUMERS <= 65536, "register budget");
+
+// Shared-memory addresses of the CTA's buffers and mbarriers.
+struct Smem {
+  uint32_t base;  // 1024-byte aligned
+  __device__ uint32_t q() const { return base; }
+  __device__ uint32_t k(int st) const { return base + OFF_K + st * KV_BYTES; }
+  __device__ uint32_t v(int st) const { return base + OFF_V + st * KV_BYTES; }
+  __device__ uint32_t bar(int n) const { return base + OFF_BAR + 8u * (uint32_t)n; }
+  __device__ uint32_t bar_q() const { return bar(0); }
+  __device__ uint32_t bar_q_empty() const { return bar(1); }
+  __device__ uint32_t full_k(int st) const { return bar(2 + st); }
+  __device__ uint32_t full_v(int st) const { return bar(2 + STAGES + st); }
+  __device__ uint32_t empty_k(int st) const { return bar(2 + 2 * STAGES + st); }
+  __device__ uint32_t empty_v(int st) const { return bar(2 + 3 * STAGES + st); }
+  __device__ TileMailbox mailbox() const { return {base + OFF_TILE_ID, bar(2 + 4 * STAGES), bar(2 + 4 * STAGES) + 8u}; }
+};
+
+// The next slot of the K/V ring (stage) and the parity of its use (phase; see sm90_mbarrier.cuh).
+__device__ __forceinline__ void advance(int& stage, uint32_t& phase) {
+  if (++stage == STAGES) {
+    stage = 0;
+    phase ^= 1u;
+  }
+}
+
+}  // namespace

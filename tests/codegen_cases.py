@@ -1,0 +1,136 @@
+"""Hand-built variant.inc cases shared by tests/test_codegen.py (structure, nvcc, host semantics, determinism
+across processes) and tests/gpu/test_codegen_gpu.py (device semantics): traced variants with hand-written block
+predicates, their captured tensors, and the harness pieces that compile several variant.inc files together."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import sympy
+import torch
+
+from attngen.ir import BlockPredicates, CapturedTensor, Summary, TracedVariant
+from attngen.mods import Variant
+from attngen.printer import torch_function
+from attngen.symbols import B, BK, BQ, H, I, J, KV, Q, QLEN, QOFF, SCORE, load
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_COMMON = REPO / "attngen" / "templates" / "attngen_common.cuh"
+VARIANT_MATH = REPO / "attngen" / "templates" / "variant_math.cuh"  # the ag_* helpers variant.inc includes
+
+# Minimal stand-in for attngen/templates/attngen_common.cuh (used while that file does not exist),
+# exactly the declarations of docs/kernel-interface.md.
+COMMON_STUB = (Path(__file__).parent / "data" / "common_host_stub.cuh").read_text()
+
+BIG = 2**30  # what an unbounded (+-oo) block bound prints as
+fl = sympy.floor
+
+
+# ---------------------------------------------------------------------------------------------------------
+# hand-built variants and predicates
+
+
+def causal_preds(needs_classifier=False):
+    return BlockPredicates(
+        kv_lo=sympy.Integer(0), kv_hi=fl((I * BQ + BQ - 1 + QOFF) / BK) + 1,
+        kv_full_lo=sympy.Integer(0), kv_full_hi=fl((I * BQ + QOFF + 1) / BK),
+        q_lo=fl((J * BK - QOFF) / BQ), q_hi=fl((QLEN + BQ - 1) / BQ),
+        q_full_lo=sympy.ceiling((J * BK + BK - 1 - QOFF) / BQ), q_full_hi=fl((QLEN + BQ - 1) / BQ),
+        tile_any=I * BQ + BQ - 1 + QOFF >= J * BK, tile_all=I * BQ + QOFF >= J * BK + BK - 1,
+        needs_classifier=needs_classifier,
+    )
+
+
+def full_preds():
+    return BlockPredicates(
+        kv_lo=sympy.Integer(0), kv_hi=sympy.oo, kv_full_lo=sympy.Integer(0), kv_full_hi=sympy.oo,
+        q_lo=sympy.Integer(0), q_hi=sympy.oo, q_full_lo=sympy.Integer(0), q_full_hi=sympy.oo,
+        tile_any=sympy.true, tile_all=sympy.true, needs_classifier=False,
+    )
+
+
+def doc_preds():
+    s0 = Summary("s0", "q", lambda *a: None, True, "min doc id per q-block")
+    s1 = Summary("s1", "kv", lambda *a: None, True, "max doc id per kv-block")
+    s2 = Summary("s2", "q", lambda *a: None, True, "max doc id per q-block")
+    s3 = Summary("s3", "kv", lambda *a: None, True, "min doc id per kv-block")
+    rng = sympy.Integer(0)
+    any_ = sympy.And(load("s0", I, integer=True) <= load("s1", J, integer=True),
+                     load("s3", J, integer=True) <= load("s2", I, integer=True))
+    all_ = sympy.And(sympy.Eq(load("s0", I, integer=True), load("s2", I, integer=True)),
+                     sympy.Eq(load("s3", J, integer=True), load("s1", J, integer=True)),
+                     sympy.Eq(load("s0", I, integer=True), load("s1", J, integer=True)))
+    return BlockPredicates(
+        kv_lo=rng, kv_hi=sympy.oo, kv_full_lo=rng, kv_full_hi=rng, q_lo=rng, q_hi=sympy.oo, q_full_lo=rng,
+        q_full_hi=rng, tile_any=any_, tile_all=all_, needs_classifier=True, summaries=(s0, s1, s2, s3))
+
+
+def make_tensors(seed):
+    g = torch.Generator().manual_seed(seed)
+    doc = torch.sort(torch.randint(0, 6, (200,), generator=g, dtype=torch.int32)).values
+    doc2 = torch.sort(torch.randint(0, 4, (2, 200), generator=g, dtype=torch.int64), dim=1).values
+    bias = torch.randn(4, 2048, generator=g).to(torch.bfloat16)
+    hbias = torch.randn(160, 4, generator=g, dtype=torch.float16).t()  # (4, 160), strides (1, 4)
+    return dict(doc=doc, doc2=doc2, bias=bias, hbias=hbias)
+
+
+def variants(tensors):
+    slope = 2 ** (-8 * (H + 1) / sympy.Integer(16))
+    V = {}
+    V["causal"] = (TracedVariant(Variant(), SCORE, Q >= KV), causal_preds())
+    V["softcap"] = (TracedVariant(Variant(), 30 * sympy.tanh(SCORE / 30), sympy.true), full_preds())
+    V["alibi"] = (TracedVariant(Variant(), SCORE + slope * (KV - Q), sympy.true), full_preds())
+    V["document"] = (
+        TracedVariant(Variant(), SCORE, sympy.Eq(load("t0", Q, integer=True), load("t0", KV, integer=True)),
+                      (CapturedTensor("t0", tensors["doc"], torch.int32, 1),)),
+        doc_preds())
+    V["chunked"] = (TracedVariant(Variant(), SCORE, sympy.And(sympy.Eq(fl(Q / 256), fl(KV / 256)), Q >= KV)),
+                    causal_preds(needs_classifier=True))
+    V["bias"] = (
+        TracedVariant(Variant(), SCORE + load("t0", H, Q + KV + 17), sympy.true,
+                      (CapturedTensor("t0", tensors["bias"], torch.bfloat16, 2),)),
+        full_preds())
+    # relative-position table: q - kv is negative above the diagonal and wraps as torch indexing does
+    V["relbias"] = (
+        TracedVariant(Variant(), SCORE + load("t0", H, Q - KV), sympy.true,
+                      (CapturedTensor("t0", tensors["bias"], torch.bfloat16, 2, wrapped_dims=((1, 2048),)),)),
+        full_preds())
+    # everything at once: softcap of alibi + a per-head fp16 bias, dilated head-dependent window,
+    # per-batch int64 documents
+    V["compound"] = (
+        TracedVariant(
+            Variant(),
+            30 * sympy.tanh((SCORE + slope * (KV - Q) + load("t1", H, sympy.Mod(Q, 160))) / 30),
+            sympy.And(Q >= KV, sympy.Eq(sympy.Mod(Q - KV, 3), 0), Q - KV < 16 * (H + 1),
+                      sympy.Eq(load("t0", B, Q, integer=True), load("t0", B, KV, integer=True))),
+            (CapturedTensor("t0", tensors["doc2"], torch.int64, 2), CapturedTensor("t1", tensors["hbias"], torch.float16, 2)),
+        ),
+        causal_preds(needs_classifier=True))
+    return V
+
+
+# ---------------------------------------------------------------------------------------------------------
+# harness pieces
+
+
+def write_includes(tmp: Path, rendered) -> list:
+    """Write each rendered variant.inc as <name>.inc into tmp; nvcc -I flags for them and the common header."""
+    if REAL_COMMON.exists():
+        inc = ["-I", str(REAL_COMMON.parent)]
+    else:
+        (tmp / "attngen_common.cuh").write_text(COMMON_STUB)
+        inc = ["-I", str(tmp)]
+    for k, text in rendered.items():
+        (tmp / f"{k}.inc").write_text(text)
+    return inc
+
+
+UNDEF = "#undef ATTNGEN_HAS_SCORE_MOD\n#undef ATTNGEN_HAS_MASK\n#undef ATTNGEN_NEEDS_CLASSIFIER\n"
+# These harnesses include several variant.inc files, each inside its own namespace. Each .inc includes
+# variant_math.cuh (#pragma once); included first at global scope, its helpers are visible to all of them.
+MATH = '#include "variant_math.cuh"'
+
+
+def py_eval(expr, args, tensors, *vals):
+    """What Python computes for `expr` (attngen.printer's torch evaluator; +-oo printed as +-BIG)."""
+    expr = sympy.sympify(expr).xreplace({sympy.oo: sympy.Integer(BIG), -sympy.oo: sympy.Integer(-BIG)})
+    return torch_function(expr, args)(*vals, tensors=tensors)
