@@ -5,13 +5,15 @@ Expressions use the vocabulary of ``attngen.symbols``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple
 
-import sympy
 import torch
 
 from .abi import MAX_CAPTURED, MAX_SUMMARIES  # noqa: F401  (re-exported: the C ABI's slot counts)
 from .mods import Variant
+
+if TYPE_CHECKING:  # sympy is imported by the stages that build expressions, not by the hand-off types
+    import sympy
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,8 @@ class TracedVariant:
 
     @property
     def has_mask(self) -> bool:
+        import sympy
+
         return self.mask is not sympy.true
 
     @property
@@ -79,6 +83,8 @@ class TracedVariant:
         different constants. Captured tensors enter by name, dtype, rank, the dims generated code indexes
         with a literal unit stride (unit_stride_dims) and the sizes it wraps negative indices with
         (wrapped_dims; absent when there are none, so other variants keep their keys), never by value."""
+        import sympy
+
         caps = ";".join(f"{c.name}:{c.dtype}:{c.rank}:{''.join(map(str, c.unit_stride_dims))}"
                         + "".join(f":w{d}={n}" for d, n in c.wrapped_dims) for c in self.captured)
         return f"score={sympy.srepr(self.score)}|mask={sympy.srepr(self.mask)}|captured={caps}"
@@ -88,15 +94,21 @@ class TracedVariant:
 class Summary:
     """A runtime per-block array the predicates read as ``ILoad(Symbol(name), I)`` (or J).
 
-    ``compute(tensors, BQ, BK, QLEN, KVLEN, QOFF)`` builds it on the tensors' device in O(N);
-    ``tensors`` maps captured names to live tensors. ``axis`` says which block index it is indexed by.
+    ``spec`` is a plain tuple naming what to compute (attngen/summaries.py), so an analysis record on disk
+    can describe it; ``compute(tensors, BQ, BK, QLEN, KVLEN, QOFF)`` builds it on the tensors' device in
+    O(N), ``tensors`` mapping captured names to live tensors. ``axis`` says which block index it is indexed by.
     """
 
     name: str
     axis: str  # 'q' (indexed by I, length ceil(QLEN/BQ)) or 'kv' (by J, length ceil(KVLEN/BK))
-    compute: Callable = field(compare=False, repr=False)
+    spec: Tuple = ()
     integer: bool = True
     key: str = ""  # canonical description of what is computed (enters cache keys)
+
+    def compute(self, tensors, BQ, BK, QLEN, KVLEN, QOFF):
+        from .summaries import compute_fn
+
+        return compute_fn(self.spec)(tensors, BQ, BK, QLEN, KVLEN, QOFF)
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,10 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import sympy
-import torch
 from sympy.logic.boolalg import And, Not, Or
 
 from . import symbols as S
 from .abi import MAX_SUMMARIES
-from .errors import InputError
 from .trace import index_nonnegative
 from .ir import BlockPredicates, CapturedTensor, Summary, TracedVariant
 
@@ -190,7 +188,7 @@ class _Summaries:
             s = Summary(
                 name=f"s{len(self.list)}",
                 axis=axis,
-                compute=_block_reduce(name, axis, which, len(idx)),
+                spec=("reduce", name, axis, which, len(idx)),
                 integer=bool(load.is_integer),
                 key=f"{which}({name}) per {axis}-block",
             )
@@ -234,7 +232,7 @@ class _Summaries:
                 what = "block fully equal to" if full else "block with equal"
                 s = Summary(
                     name=f"s{len(self.list)}", axis=axis,
-                    compute=_equal_range(name, var == S.KV, which, len(lv.args) - 1, full),
+                    spec=("equal_range", name, var == S.KV, which, len(lv.args) - 1, full),
                     integer=True, key=f"{which} {what} {name} per {axis}-block, along {var}",
                 )
                 self.list.append(s)
@@ -245,63 +243,6 @@ class _Summaries:
             out.append(S.load(self._index[key], lead * nblocks + blk, integer=True))
         vblk, base = (S.BK, 0) if var == S.KV else (S.BQ, S.QOFF)
         return out[0] * vblk + base, out[1] * vblk - 1 + base
-
-
-def _blocks_of(t2, start, length, blk):
-    """(min, max) per block of t2[:, start:start+length], each (rows, nblocks)."""
-    nb = -(-length // blk)
-    seg = t2[:, start : start + length]
-    if seg.shape[1] < length:
-        raise InputError(
-            f"a captured tensor has {t2.shape[1]} positions but the mask reads index {start + length - 1}; "
-            "make it cover q_offset + q_len and kv_len"
-        )
-    pad = nb * blk - length
-    fill = seg[:, -1:].expand(-1, pad) if pad else seg[:, :0]
-    segp = torch.cat([seg, fill], dim=1).reshape(seg.shape[0], nb, blk)
-    return segp.amin(dim=2), segp.amax(dim=2)
-
-
-def _equal_range(name, along_kv, which, rank, full=False):
-    def compute(tensors, BQ, BK, QLEN, KVLEN, QOFF):
-        t = tensors[name]
-        t2 = t.reshape(1, -1) if rank == 1 else t
-        qmin, qmax = _blocks_of(t2, QOFF, QLEN, BQ)
-        kmin, kmax = _blocks_of(t2, 0, KVLEN, BK)
-        if not along_kv:  # q-blocks per kv-block: swap roles
-            qmin, qmax, kmin, kmax = kmin, kmax, qmin, qmax
-        if full:
-            # blocks whose every value equals our single value v: kmin >= v and kmax <= v. Binary
-            # search needs sorted per-block extremes, so an unsorted row gets an empty range (sound).
-            kmin, kmax = kmin.contiguous(), kmax.contiguous()
-            side = dict(right=False) if which == "lo" else dict(right=True)
-            r = torch.searchsorted(kmin if which == "lo" else kmax, qmin.contiguous(), **side)
-            ok = (qmin == qmax) & (kmin[:, 1:] >= kmin[:, :-1]).all(1, keepdim=True) & (kmax[:, 1:] >= kmax[:, :-1]).all(1, keepdim=True)
-            return torch.where(ok, r, torch.zeros_like(r)).reshape(-1).to(torch.int32).contiguous()
-        if which == "lo":  # first block whose running max reaches the smallest value of ours
-            seq = torch.cummax(kmax, dim=1).values.contiguous()
-            r = torch.searchsorted(seq, qmin.contiguous(), right=False)
-        else:  # one past the last block whose suffix min is within our largest value
-            seq = torch.flip(torch.cummin(torch.flip(kmin, [1]), dim=1).values, [1]).contiguous()
-            r = torch.searchsorted(seq, qmax.contiguous(), right=True)
-        return r.reshape(-1).to(torch.int32).contiguous()
-
-    return compute
-
-
-def _block_reduce(name, axis, which, rank):
-    """Host/GPU-side O(N) computation of a per-block min or max of a captured tensor."""
-
-    def compute(tensors, BQ, BK, QLEN, KVLEN, QOFF):
-        t = tensors[name]
-        t2 = t.reshape(1, -1) if rank == 1 else t
-        start, length, blk = (QOFF, QLEN, BQ) if axis == "q" else (0, KVLEN, BK)
-        bmin, bmax = _blocks_of(t2, start, length, blk)
-        red = bmin if which == "min" else bmax
-        dt = torch.int32 if not red.dtype.is_floating_point else torch.float32
-        return red.reshape(-1).to(dt).contiguous()
-
-    return compute
 
 
 def _split_terms(e):

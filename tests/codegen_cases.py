@@ -49,10 +49,10 @@ def full_preds():
 
 
 def doc_preds():
-    s0 = Summary("s0", "q", lambda *a: None, True, "min doc id per q-block")
-    s1 = Summary("s1", "kv", lambda *a: None, True, "max doc id per kv-block")
-    s2 = Summary("s2", "q", lambda *a: None, True, "max doc id per q-block")
-    s3 = Summary("s3", "kv", lambda *a: None, True, "min doc id per kv-block")
+    s0 = Summary("s0", "q", ("reduce", "t0", "q", "min", 1), True, "min doc id per q-block")
+    s1 = Summary("s1", "kv", ("reduce", "t0", "q", "min", 1), True, "max doc id per kv-block")
+    s2 = Summary("s2", "q", ("reduce", "t0", "q", "min", 1), True, "max doc id per q-block")
+    s3 = Summary("s3", "kv", ("reduce", "t0", "q", "min", 1), True, "min doc id per kv-block")
     rng = sympy.Integer(0)
     any_ = sympy.And(load("s0", I, integer=True) <= load("s1", J, integer=True),
                      load("s3", J, integer=True) <= load("s2", I, integer=True))
