@@ -35,6 +35,7 @@ from .printer import (
     BOOL,
     C_TYPES,
     FLOAT,
+    CheckIndex,
     INT,
     LL,
     CudaPrinter,
@@ -55,6 +56,9 @@ _PREFIX = {HEAD: "hc.h", ROW: "rc.r", COL: "cc.k"}
 # Block bounds are ints in C; an unbounded side (+-oo) prints as +-2**30, far outside any block count
 # and safe to add small constants to.
 _BIG = 2**30
+
+
+_FLIP = {">=": "<=", ">": "<", "<=": ">=", "<": ">", "==": "==", "!=": "!="}
 
 
 def _join(a: int, b: int) -> int:
@@ -160,6 +164,67 @@ class _Hoister:
         new_add = sympy.Add(ToFloat(sympy.Add(*row)), ToFloat(sympy.Add(*col)))
         return sympy.Mul(*[f for f in e.args if f is not add], new_add)
 
+    def _row_col_square(self, f):
+        """(row + col)**2 of integers inside a float expression -> (float(row) + float(col))**2: the int->float
+        conversions move to the row / column contexts. Same value while |q_idx|, |kv_idx| < 2**24: the float sum
+        is exact and the product rounds once, as the conversion of the exact int square does (which, unlike
+        the float square, overflows int32 past a difference of 46340)."""
+        if not (f.is_Pow and f.exp == 2 and f.base.is_Add and f.base.is_integer and self.level(f) == ELEM):
+            return f
+        if any(self.level(t) == ELEM for t in f.base.args):
+            return f
+        col = [t for t in f.base.args if self.level(t) == COL]
+        row = [t for t in f.base.args if self.level(t) != COL]
+        return sympy.Pow(sympy.Add(ToFloat(sympy.Add(*row)), ToFloat(sympy.Add(*col))), 2)
+
+    def _split_relation(self, e):
+        """An element-level integer relation rewritten so that its row and column parts are hoisted apart:
+        * ``E + C + R op 0`` -> ``E + C op -R`` (C: per-column terms, R: per-row / per-head / constant terms):
+          ``kv - q + 512 >= 0`` -> ``kv_idx >= rc.r0`` with ``rc.r0 = q_idx - 512``, one compare per element;
+        * ``K - |X| >= 0`` (K not per-element) -> ``K - X >= 0 & K + X >= 0``, each then split as above;
+        * ``(C + R) % m == r`` (m > 0, 0 <= r < m constants) -> ``C % m == (r - R) % m`` (Python's % is in [0, m):
+          congruence of the parts), e.g. ``(q - kv) % 2 == 0`` -> ``cc.k0 == rc.r0``.
+        Exact integer rewrites. Returns None when nothing applies."""
+        if not isinstance(e, sympy.core.relational.Relational) or e.rel_op not in _FLIP:
+            return None
+        d = e.lhs - e.rhs
+        if not d.is_integer:
+            return None  # moving float terms across would change rounding
+        op = e.rel_op
+        terms = list(d.args) if d.is_Add else [d]
+        if op in (">=", ">"):
+            neg_abs = [t for t in terms if t.is_Mul and len(t.args) == 2 and t.args[0] == -1
+                       and isinstance(t.args[1], sympy.Abs)]
+            if len(neg_abs) == 1:
+                X = neg_abs[0].args[1].args[0]
+                K = d + neg_abs[0].args[1]
+                if X.is_integer and self.level(K) != ELEM:
+                    rel = sympy.Ge if op == ">=" else sympy.Gt
+                    return sympy.And(rel(K - X, 0), rel(K + X, 0))
+        if op in ("==", "!="):
+            mods = [t for t in terms if isinstance(t, sympy.Mod)]
+            rest = d - mods[0] if len(mods) == 1 else None
+            if rest is not None and rest.is_Integer and mods[0].args[1].is_Integer and mods[0].args[1] > 0:
+                X, m = mods[0].args
+                r = -rest
+                xs = list(X.args) if X.is_Add else [X]
+                col = [t for t in xs if self.level(t) == COL]
+                other = [t for t in xs if self.level(t) not in (COL, ELEM)]
+                if 0 <= r < m and col and other and len(col) + len(other) == len(xs):
+                    C, R = sympy.Add(*col), sympy.Add(*other)
+                    if C.could_extract_minus_sign():
+                        C, R, r = -C, -R, -r
+                    return e.func(sympy.Mod(C, m), sympy.Mod(r - R, m))
+        lhs = [t for t in terms if self.level(t) in (ELEM, COL)]
+        rhs = [-t for t in terms if self.level(t) not in (ELEM, COL)]
+        if not lhs or not rhs or not any(self.level(t) != CONST for t in rhs) and len(rhs) == 1 and len(lhs) == 1:
+            return None
+        L, Rr = sympy.Add(*lhs), sympy.Add(*rhs)
+        if L.could_extract_minus_sign():
+            L, Rr, op = -L, -Rr, _FLIP[op]
+        new = sympy.core.relational.Relational(L, Rr, op)
+        return None if new == e else new
+
     def lower(self, e, T: int):
         if e.is_Atom or not e.args:
             return e
@@ -167,6 +232,16 @@ class _Hoister:
             d = self._distribute(e)
             if d is not e and d != e:
                 return self.lower(d, T)
+        if T == ELEM and (e.is_Mul or e.is_Add) and not e.is_integer:
+            args = [self._row_col_square(a) for a in e.args]
+            if args != list(e.args):
+                e = e.func(*args)
+        if T == ELEM and isinstance(e, sympy.core.relational.Relational):
+            r = self._split_relation(e)
+            if isinstance(r, sympy.core.relational.Relational):
+                return r.func(*[self.sub(a, T) for a in r.args])
+            if r is not None:
+                return self.lower(r, T)
         if isinstance(e, self._GROUPABLE):
             return self._group(e, T)
         return e.func(*[self.sub(a, T) for a in e.args])
@@ -277,6 +352,21 @@ def _wrap_indices(expr, captured):
     return sympy.sympify(expr).replace(lambda e: isinstance(e, Load), rep)
 
 
+def _check_indices(expr, captured, slot: int):
+    """Debug builds: every captured-tensor index ``i`` (after wrapping) becomes ``CheckIndex(i, n, d, slot)``,
+    checked at run time against the size launch.py writes into the bounds record (ATTNGEN_DEBUG=1), passed
+    as captured tensor ``slot``."""
+    number = {c.name: n for n, c in enumerate(captured)}
+
+    def rep(e):
+        n = number.get(e.args[0].name)
+        if n is None:
+            return e  # summary arrays: sized by the kernel's own block counts
+        return e.func(e.args[0], *[CheckIndex(i, n, d, slot) for d, i in enumerate(e.args[1:])])
+
+    return sympy.sympify(expr).replace(lambda e: isinstance(e, Load), rep)
+
+
 def _flatten_loads(expr, strides):
     """Load(t, i0, i1) -> FlatLoad(t, i0*s0 + i1*s1), distributed so per-row/-column parts separate."""
 
@@ -299,7 +389,8 @@ def _flatten_loads(expr, strides):
 class _Emitter:
     """Holds the printing context shared by all generated functions."""
 
-    def __init__(self, traced: TracedVariant, preds: BlockPredicates, fast_tanh: bool, fast_exp2: bool):
+    def __init__(self, traced: TracedVariant, preds: BlockPredicates, fast_tanh: bool, fast_exp2: bool,
+                 fast_div: bool = False):
         self.captured = [(c.name, c.dtype) for c in traced.captured]
         self.summaries = [(s.name, s.integer) for s in preds.summaries]
         names = [n for n, _ in self.captured] + [n for n, _ in self.summaries]
@@ -311,12 +402,12 @@ class _Emitter:
                 f"summaries (ATTNGEN_MAX_CAPTURED/ATTNGEN_MAX_SUMMARIES), got {len(self.captured)} and "
                 f"{len(self.summaries)}; index fewer captured tensors by q_idx/kv_idx (or merge them into one)"
             )
-        self.fast_tanh, self.fast_exp2 = fast_tanh, fast_exp2
+        self.fast_tanh, self.fast_exp2, self.fast_div = fast_tanh, fast_exp2, fast_div
         self.types: Dict[sympy.Symbol, str] = {}
 
     def printer(self, names: Dict[sympy.Symbol, str]) -> CudaPrinter:
         return CudaPrinter(self.fast_tanh, self.fast_exp2, captured=dict(self.captured), summaries=dict(self.summaries),
-                           symbol_names=names, local_types=self.types)
+                           symbol_names=names, local_types=self.types, fast_div=self.fast_div)
 
     def body(self, p: CudaPrinter, outputs: Sequence[Tuple[sympy.Basic, str]], indent: str = "  ") -> Tuple[List[str], List[str]]:
         """CSE over ``outputs`` ((expr, type) pairs). Returns (temporary declarations, output texts)."""
@@ -352,13 +443,14 @@ def _elem_body(p: CudaPrinter, temps, expr, indent="  ") -> List[str]:
 
 
 def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_tanh: bool = True,
-                       fast_exp2: bool = True) -> str:
+                       fast_exp2: bool = True, debug: bool = False, fast_div: bool = True) -> str:
     """The ``variant.inc`` of docs/kernel-interface.md for ``traced`` and its block predicates.
 
-    fast_tanh / fast_exp2 select ``tanh.approx.f32`` / ``ex2.approx.ftz.f32`` (see ``CudaPrinter``).
+    fast_tanh / fast_exp2 select ``tanh.approx.f32`` / ``ex2.approx.ftz.f32`` (see ``CudaPrinter``), fast_div
+    ``__fdividef`` for a mod's float division.
     Raises BuildError for expressions the printers cannot express, naming the node.
     """
-    em = _Emitter(traced, preds, fast_tanh, fast_exp2)
+    em = _Emitter(traced, preds, fast_tanh, fast_exp2, fast_div)
     cap_names = [n for n, _ in em.captured]
     sum_names = [n for n, _ in em.summaries]
     score = sympy.sympify(traced.score)
@@ -376,8 +468,15 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
     levels = {SCORE: ELEM, Q: ROW, KV: COL, B: HEAD, H: HEAD}
     levels.update({s: HEAD for ss in strides.values() for s in ss})
     hoist = _Hoister(levels)
-    score_l = hoist.top(_flatten_loads(lower_int_division(_wrap_indices(score, traced.captured)), strides))
-    mask_l = hoist.top(_flatten_loads(lower_int_division(_wrap_indices(mask, traced.captured)), strides))
+    score_w, mask_w = _wrap_indices(score, traced.captured), _wrap_indices(mask, traced.captured)
+    debug_slot = len(traced.captured)  # debug builds: the bounds record rides in the first free captured slot
+    if debug and traced.captured:
+        if debug_slot >= MAX_CAPTURED:
+            raise BuildError(f"a debug build (ATTNGEN_DEBUG=1) needs a free captured-tensor slot for its bounds record, "
+                             f"but the variant captures {MAX_CAPTURED} tensors; build it without ATTNGEN_DEBUG")
+        score_w, mask_w = (_check_indices(x, traced.captured, debug_slot) for x in (score_w, mask_w))
+    score_l = hoist.top(_flatten_loads(lower_int_division(score_w), strides))
+    mask_l = hoist.top(_flatten_loads(lower_int_division(mask_w), strides))
 
     ctx_names = {SCORE: "score", Q: "q_idx", KV: "kv_idx", B: "hc.b", H: "hc.h"}
     out: List[str] = []
@@ -428,6 +527,19 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         f"__device__ __forceinline__ bool mask_mod({elem_params}) {{\n"
         + "".join(x + "\n" for x in m_lines) + f"  return {m_text};\n}}"
     )
+    # score_mod(s) = a * s with a per-head (or constant) factor: the kernel folds a into the per-tile factor
+    # scale * log2(e) and multiplies once per element (score_mask.cuh) instead of calling score_mod
+    head_scale = None
+    if score_l.is_Mul and SCORE in score_l.args:
+        a = score_l / SCORE
+        if SCORE not in a.free_symbols and hoist.level(a) in (CONST, HEAD):
+            head_scale = a
+    if head_scale is not None:
+        ph = em.printer(ctx_names)
+        funcs.append(
+            "__device__ __forceinline__ float score_head_scale(const CapturedArgs& c, const HeadCtx& hc) {\n"
+            f"  return {ph.doprint(head_scale, as_type=FLOAT)};\n}}"
+        )
 
     # ---- tile level ------------------------------------------------------------------------------------
     # The kernels read the kv-block ranges of each q-block and the tile classifier; the transposed q-block
@@ -477,7 +589,7 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         f"full [{_comment(preds.kv_full_lo)}, {_comment(preds.kv_full_hi)})",
         f"// tile_any: {_comment(preds.tile_any)}",
         f"// tile_all: {_comment(preds.tile_all)}",
-        f"// fast paths: tanh.approx={int(fast_tanh)} ex2.approx={int(fast_exp2)}",
+        f"// fast paths: tanh.approx={int(fast_tanh)} ex2.approx={int(fast_exp2)} fdividef={int(fast_div)}",
         "// Needs attngen_common.cuh (CapturedArgs, TileArgs, py_floordiv, py_mod) included first, and",
         "// variant_math.cuh (the ag_* helpers) beside it.",
         "#pragma once",
@@ -487,10 +599,15 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         '#include "variant_math.cuh"',
         "",
         f"#define ATTNGEN_HAS_SCORE_MOD {has_score}",
+        f"#define ATTNGEN_SCORE_HEAD_SCALE {int(head_scale is not None)}",
         f"#define ATTNGEN_HAS_MASK {has_mask}",
         f"#define ATTNGEN_NEEDS_CLASSIFIER {int(bool(preds.needs_classifier))}",
         "",
     ]
+    if debug and traced.captured:
+        out += ["// debug build (ATTNGEN_DEBUG=1): captured-tensor indices are checked by ag_chk; launch.py passes the",
+                "// bounds record in this captured-tensor slot (host_abi.cuh exports it as attngen_debug_slot).",
+                f"#define ATTNGEN_DEBUG_SLOT {debug_slot}", ""]
     out += ["// ---- per-head / per-row / per-column terms (hoisted out of the element functions)"]
     for s in structs:
         out += [s]

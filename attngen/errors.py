@@ -13,6 +13,11 @@ class InputError(AttngenError, ValueError):
     """Tensors passed to an attention call do not match what the kernel accepts."""
 
 
+class ModSignatureError(InputError, TypeError):
+    """A mod whose signature does not fit where it was passed (a score_mod given as mask_mod, or the
+    reverse). Also a TypeError: calling it with the wrong argument count used to raise one."""
+
+
 class BuildError(AttngenError, RuntimeError):
     """Generating, compiling or loading a kernel failed (compiler output attached)."""
 

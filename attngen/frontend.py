@@ -1,8 +1,10 @@
 """``attngen.compile``: declare a variant, get a callable that runs it.
 
-Tracing and predicate derivation run once per variant (analysis.py); a kernel library is built lazily
-on the first CUDA call per (dtype, head dim, device) from its spec (jit/spec.py), cached on disk, and
-memoised on the compiled object, so a later call costs a dict lookup plus the launch (launch.py).
+Tracing and predicate derivation run once per variant (analysis.py), and their sympy-free facts are
+recorded on disk by the mods' fingerprint (analysis_cache.py), so a new process compiling a variant it has
+seen before neither traces nor imports sympy. A kernel library is built lazily on the first CUDA call per
+(dtype, head dim, device) from its spec (jit/spec.py), cached on disk, and memoised on the compiled
+object, so a later call costs a dict lookup plus the launch (launch.py).
 """
 from __future__ import annotations
 
@@ -12,10 +14,11 @@ from typing import Optional, Tuple, Union
 import torch
 
 from .abi import SM90_FALLBACK_CODES
-from .analysis import analyze
+from .analysis_cache import variant_facts
 from .errors import InputError, KernelLaunchError
 from .jit.spec import KernelSpec
 from .jit.toolchain import current_arch
+from .ir import check_extents
 from .launch import forward, load_library
 from .mods import Variant, as_mask_mod, compose
 from .reference import _check_offset
@@ -68,10 +71,29 @@ class CompiledAttention:
         self.variant = variant
         self.backend = backend
         self.fast_math = fast_math
-        self.traced, self.predicates = analyze(variant)
+        # facts: what calls and cache keys need (captured tensors, summaries, canonical text); the analysis
+        # (traced variant, predicates) when it ran here, else None until something asks for it
+        self.facts, self._analysis = variant_facts(variant)
         self._libraries = {}  # (dtype, head dim, device index, kernel) -> loaded library
         self._ready = {}      # (dtype, head dim, device index) -> the library a call launches: the hot path
         self._summaries = _SummaryCache()
+
+    @property
+    def traced(self):
+        """The traced variant (TracedVariant); traced on first use when the facts came from the disk."""
+        return self._analyze()[0]
+
+    @property
+    def predicates(self):
+        """The block predicates (BlockPredicates); derived on first use when the facts came from the disk."""
+        return self._analyze()[1]
+
+    def _analyze(self):
+        if self._analysis is None:
+            from .analysis import analyze  # sympy: only for what needs the expressions
+
+            self._analysis = analyze(self.variant)
+        return self._analysis
 
     @property
     def name(self) -> str:
@@ -85,9 +107,9 @@ class CompiledAttention:
         """The kernel spec of this variant for one signature (``arch`` defaults to the current GPU's)."""
         if kernel is None:
             kernel = self.backend if self.backend in ("sm80", "sm90") else "auto"
-        return KernelSpec.create(self.traced, self.predicates, name=self.variant.name, dtype=dtype,
-                                 head_dim=head_dim, arch=arch or current_arch(), kernel=kernel,
-                                 fast_math=self.fast_math)
+        return KernelSpec.for_facts(self.facts, self._analyze, name=self.variant.name, dtype=dtype,
+                                    head_dim=head_dim, arch=arch or current_arch(), kernel=kernel,
+                                    fast_math=self.fast_math)
 
     def library(self, dtype: torch.dtype, head_dim: int, device_index: int, kernel: Optional[str] = None):
         """The loaded library for one signature on one device, built (or found in the cache) on first use."""
@@ -99,7 +121,7 @@ class CompiledAttention:
                 if lib is None:
                     spec = self.spec(dtype, head_dim, current_arch(device_index), kernel)
                     lib = self._libraries[key] = load_library(spec.build_cached())
-            if kernel is None and not self.traced.captured:
+            if kernel is None and not self.facts.captured:
                 # the hot path: variants that read no captured tensors need no per-call layout checks
                 self._ready[(dtype, head_dim, device_index)] = lib
         return lib
@@ -121,6 +143,9 @@ class CompiledAttention:
         if self.backend == "reference" or not q.is_cuda:
             from . import reference
 
+            if q.dim() == 4 and k.dim() == 4 and self.facts.captured:
+                check_extents(self.facts.captured, [c.tensor for c in self.facts.captured], q.shape[0],
+                              q.shape[1], q.shape[2], k.shape[2], q_offset)
             return reference.attention(q, k, v, self.variant, scale=scale, return_lse=return_lse, q_offset=q_offset)
         if q.dim() != 4:
             raise InputError(f"q must have shape (B, H, L, D), got {tuple(q.shape)}")
@@ -138,10 +163,10 @@ class CompiledAttention:
             return self._launch(portable, q, k, v, scale, return_lse, q_offset)
 
     def _launch(self, lib, q, k, v, scale, return_lse, q_offset):
-        if not self.traced.captured:
+        if not self.facts.captured:
             return forward(lib, q, k, v, scale=scale, q_offset=q_offset, return_lse=return_lse)
-        captured = [c.tensor for c in self.traced.captured]
-        for c, t in zip(self.traced.captured, captured):
+        captured = [c.tensor for c in self.facts.captured]
+        for c, t in zip(self.facts.captured, captured):
             if t.device != q.device:
                 raise InputError(
                     f"captured tensor {c.name} ({t.dtype}, shape {tuple(t.shape)}) is on {t.device} but q is on "
@@ -150,6 +175,7 @@ class CompiledAttention:
             problem = c.check_layout(t)
             if problem is not None:
                 raise InputError(problem)
+        check_extents(self.facts.captured, captured, q.shape[0], q.shape[1], q.shape[2], k.shape[2], int(q_offset))
         summaries = self._summaries.get(self, captured, lib, q.shape[2], k.shape[2], int(q_offset))
         return forward(lib, q, k, v, scale=scale, q_offset=int(q_offset), return_lse=return_lse,
                        captured=captured, summaries=summaries)
@@ -174,14 +200,14 @@ class _SummaryCache:
         self.value = ()
 
     def get(self, attn, captured, lib, Lq, Lk, q_offset):
-        preds = attn.predicates
-        if not preds.summaries:
+        summaries = attn.facts.summaries
+        if not summaries:
             return ()
         key = (lib.block_q, lib.block_k, Lq, Lk, q_offset,
                tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in captured))
         if key != self.key:
-            tensors = {c.name: t for c, t in zip(attn.traced.captured, captured)}
-            self.value = tuple(s.compute(tensors, lib.block_q, lib.block_k, Lq, Lk, q_offset) for s in preds.summaries)
+            tensors = {c.name: t for c, t in zip(attn.facts.captured, captured)}
+            self.value = tuple(s.compute(tensors, lib.block_q, lib.block_k, Lq, Lk, q_offset) for s in summaries)
             self.key = key
         return self.value
 

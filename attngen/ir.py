@@ -32,6 +32,12 @@ class CapturedTensor:
     # wraps such an index as torch does (-1 is the last element) with the size baked in as a constant,
     # since the kernel ABI carries no shapes; every call checks the size is unchanged (check_layout).
     wrapped_dims: Tuple[Tuple[int, int], ...] = ()
+    # (dim, axis, c) for every index of the form axis + c, axis one of 'b', 'h', 'q', 'kv' (q_idx is
+    # absolute: q_offset + row). Recorded at trace time so each call checks the tensor is long enough with
+    # a few integer comparisons (check_extents), instead of an IndexError on the CPU path or an
+    # out-of-bounds read in the kernel. Other index forms are not bounded here (ATTNGEN_DEBUG=1 checks them).
+    extent_rules: Tuple[Tuple[int, str, int], ...] = field(default=(), compare=False)
+    source: str = field(default="", compare=False)  # the mod that first indexed it, e.g. "mask_mod 'document'"
 
     @property
     def integer(self) -> bool:
@@ -55,6 +61,43 @@ class CapturedTensor:
                         f"negative indices of that dim with that size (torch semantics: -1 is the last element); "
                         f"now the size is {t.shape[d]}. {keep}")
         return None
+
+
+_AXIS_INDEX = {"b": "b", "h": "h", "q": "q_idx", "kv": "kv_idx"}
+_AXIS_FIX = {
+    "b": "one entry per batch element (q.shape[0])",
+    "h": "one entry per query head (q.shape[1])",
+    "q": "one entry per absolute query position (q_offset + q.shape[2])",
+    "kv": "one entry per key position (k.shape[2])",
+}
+
+
+def check_extents(captured, tensors, B: int, H: int, q_len: int, kv_len: int, q_offset: int) -> None:
+    """Raise InputError when a captured tensor is too short for the indices its extent rules describe at
+    this call's sizes (``CapturedTensor.extent_rules``); ``tensors`` are the live tensors, in order."""
+    for c, t in zip(captured, tensors):
+        for dim, axis, const in c.extent_rules:
+            if axis == "q":
+                first, count = q_offset, q_len
+            else:
+                first, count = 0, {"b": B, "h": H, "kv": kv_len}[axis]
+            if count <= 0 or dim >= t.dim():
+                continue
+            lo, hi = first + const, first + count - 1 + const
+            need = max(hi + 1, -lo)  # torch indexing reaches -n .. n-1
+            if t.shape[dim] >= need:
+                continue
+            from .errors import InputError
+
+            index = _AXIS_INDEX[axis] + (f" + {const}" if const > 0 else f" - {-const}" if const < 0 else "")
+            sizes = f"q_offset={q_offset}, q_len={q_len}" if axis == "q" else f"{_AXIS_INDEX[axis]} < {count}"
+            origin = f" from {c.source}" if c.source else ""
+            raise InputError(
+                f"captured tensor {c.name}{origin} ({t.dtype}, shape {tuple(t.shape)}) is indexed in dim {dim} with "
+                f"`{index}`, which reaches {hi if hi + 1 >= -lo else lo} at this call ({sizes}): dim {dim} needs "
+                f"size >= {need}, it has {t.shape[dim]}. Fix: give the tensor {_AXIS_FIX[axis]} in dim {dim} "
+                "(e.g. pad it) and compile the variant with that tensor, or pass inputs the tensor covers"
+            )
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,13 @@ class KernelLibrary:
         self._err = handle.attngen_error_string
         self._err.argtypes = [ctypes.c_int]
         self._err.restype = ctypes.c_char_p
+        # debug builds (ATTNGEN_DEBUG=1) export the captured slot of their bounds record; None otherwise
+        self.debug_slot = None
+        debug_slot_fn = getattr(handle, "attngen_debug_slot", None)
+        if debug_slot_fn is not None:
+            debug_slot_fn.argtypes = []
+            debug_slot_fn.restype = ctypes.c_int
+            self.debug_slot = int(debug_slot_fn())
 
     def error_string(self, code: int) -> str:
         s = self._err(int(code))
@@ -312,6 +319,9 @@ def forward(
     ``captured``: tensors the mods read, in TracedVariant.captured order; ``summaries``: the per-block
     arrays of BlockPredicates.summaries, computed for lib.block_q / lib.block_k. ``out`` / ``lse_out``:
     optional preallocated outputs (out: any strides with a contiguous last dim; lse_out contiguous)."""
+    if lib.debug_slot is not None and captured and len(captured) == lib.debug_slot:
+        return _forward_debug(lib, q, k, v, captured, dict(scale=scale, q_offset=q_offset, return_lse=return_lse,
+                                                           summaries=summaries, out=out, lse_out=lse_out))
     # Fast path: one conjunction that implies every check of _check_qkv; only when it fails does the
     # detailed (slower) checker run, to raise the right message (or to accept a corner it allows).
     dt = lib.dtype
@@ -399,3 +409,31 @@ def forward(
             code=rc,
         )
     return (out, lse) if return_lse else out
+
+
+_DEBUG_RECORD = 4 * MAX_CAPTURED  # where ag_chk's {flag, tensor, dim, index} start in the bounds record
+
+
+def _forward_debug(lib: KernelLibrary, q, k, v, captured, kwargs):
+    """A call on a debug build (ATTNGEN_DEBUG=1): pass the bounds record ag_chk reads (int32 sizes of each
+    captured tensor) and writes (the first out-of-range read) in captured slot lib.debug_slot, wait for the
+    kernel, and raise InputError naming the read if there was one (the kernel read element 0 instead)."""
+    sizes = [0] * (_DEBUG_RECORD + 4)
+    for n, t in enumerate(captured):
+        if isinstance(t, torch.Tensor) and t.numel() == 0:
+            raise InputError(f"captured tensor t{n} ({t.dtype}, shape {tuple(t.shape)}) is empty, but the mod reads it; "
+                             "give it at least one element per index the mod reads")
+        for d, size in enumerate(getattr(t, "shape", ())[:4]):
+            sizes[4 * n + d] = min(int(size), 2**31 - 1)
+    record = torch.tensor(sizes, dtype=torch.int32).to(q.device)
+    result = forward(lib, q, k, v, captured=list(captured) + [record], **kwargs)
+    flag, n, d, index = record[_DEBUG_RECORD:].tolist()  # waits for the kernel
+    if flag:
+        t = captured[n]
+        raise InputError(
+            f"captured tensor t{n} ({t.dtype}, shape {tuple(t.shape)}) was read at index {index} of dim {d}, which "
+            f"has size {t.shape[d]} (a debug build, ATTNGEN_DEBUG=1, caught the read; a normal build reads out of "
+            "bounds). Fix: make the tensor cover every index the mod computes at these sizes, or clamp the index in "
+            "the mod, e.g. table[torch.clamp(i, 0, n - 1)]"
+        )
+    return result

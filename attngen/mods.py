@@ -8,12 +8,15 @@ MaskMod and ScoreMod only add names and composition on top of a plain function.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import types
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
+
+from .errors import ModSignatureError
 
 
 def _is_symbolic(x) -> bool:
@@ -41,6 +44,11 @@ MATH_SHIMS = {
     math.sin: _shim("sin", torch.sin, math.sin),
     math.cos: _shim("cos", torch.cos, math.cos),
     math.fabs: _shim("fabs", torch.abs, math.fabs),
+    math.tan: _shim("tan", torch.tan, math.tan),
+    math.atan: _shim("atan", torch.atan, math.atan),
+    math.log1p: _shim("log1p", torch.log1p, math.log1p),
+    math.expm1: _shim("expm1", torch.expm1, math.expm1),
+    math.erf: _shim("erf", torch.erf, math.erf),
 }
 if hasattr(math, "exp2"):
     MATH_SHIMS[math.exp2] = _shim("exp2", torch.exp2, math.exp2)
@@ -78,10 +86,97 @@ def with_math_shim(fn: Callable) -> Callable:
     return new
 
 
+MASK_SIGNATURE = "mask_mod(b, h, q_idx, kv_idx) -> bool"
+SCORE_SIGNATURE = "score_mod(score, b, h, q_idx, kv_idx) -> score"
+_ROLE_ARGS = {"mask_mod": 4, "score_mod": 5}
+_ROLE_SIGNATURE = {"mask_mod": MASK_SIGNATURE, "score_mod": SCORE_SIGNATURE}
+
+
+def positional_arity(fn) -> Optional[Tuple[int, float]]:
+    """(fewest, most) positional arguments ``fn`` accepts; most is inf with ``*args``. Handles plain
+    functions, lambdas, functools.partial and callable objects; None when Python cannot tell (some builtins),
+    so that callers never reject what they cannot inspect."""
+    if isinstance(fn, MaskMod):
+        return 4, 4
+    if isinstance(fn, ScoreMod):
+        return 5, 5
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    fewest, most = 0, 0
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            most += 1
+            fewest += p.default is p.empty
+        elif p.kind is p.VAR_POSITIONAL:
+            most = math.inf
+    return fewest, most
+
+
+def mod_role(fn) -> Optional[str]:
+    """'mask_mod' or 'score_mod' by signature: a function taking 4 positional arguments is a mask_mod,
+    one taking 5 a score_mod (FlexAttention's signatures). None when the signature fits both or neither
+    (``*args``) or cannot be inspected."""
+    arity = positional_arity(fn)
+    if arity is None:
+        return None
+    fewest, most = arity
+    fits = [role for role, n in _ROLE_ARGS.items() if fewest <= n <= most]
+    if len(fits) == 1:
+        return fits[0]
+    if len(fits) == 2 and fewest == 4:  # def f(b, h, q_idx, kv_idx, extra=0): its required arguments decide
+        return "mask_mod"
+    return None
+
+
+def _arity_text(fewest, most) -> str:
+    if most == math.inf:
+        return f"{fewest} or more positional arguments"
+    count = f"{fewest}" if fewest == most else f"{fewest} to {most}"
+    return f"{count} positional argument{'' if most == 1 else 's'}"
+
+
+def _describe(fn) -> str:
+    name = getattr(fn, "name", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    return f"{name!r}"
+
+
+def check_mod_signature(fn, role: str) -> None:
+    """Raise ModSignatureError when ``fn`` cannot be called as ``role`` ('mask_mod' or 'score_mod') with
+    FlexAttention's positional arguments; naming the fix when it fits the other role (swapped mods)."""
+    if isinstance(fn, (MaskMod, ScoreMod)):
+        given = "mask_mod" if isinstance(fn, MaskMod) else "score_mod"
+        if given != role:
+            raise ModSignatureError(
+                f"{_describe(fn)} is a {type(fn).__name__}, {_ROLE_SIGNATURE[given]}, but it was passed as {role}, "
+                f"which is called as {_ROLE_SIGNATURE[role]}. Fix: pass it as {given}=... "
+                f"(attngen.compile({given}=...) or attngen.Variant({given}=...))"
+            )
+        return
+    arity = positional_arity(fn)
+    if arity is None:
+        return
+    fewest, most = arity
+    n = _ROLE_ARGS[role]
+    if fewest <= n <= most:
+        return
+    other = "score_mod" if role == "mask_mod" else "mask_mod"
+    msg = (f"{_describe(fn)} was passed as {role}, which is called as {_ROLE_SIGNATURE[role]} ({n} positional "
+           f"arguments), but it takes {_arity_text(fewest, most)}.")
+    if fewest <= _ROLE_ARGS[other] <= most:
+        msg += (f" It looks like a {other}, {_ROLE_SIGNATURE[other]}. Fix: pass it as {other}=... "
+                f"(attngen.compile({other}=...) or attngen.Variant({other}=...))")
+    else:
+        msg += f" Fix: give it the signature {_ROLE_SIGNATURE[role]}"
+    raise ModSignatureError(msg)
+
+
 class MaskMod:
     """A named mask_mod(b, h, q_idx, kv_idx) -> bool. Combine with ``&``, ``|``, ``~``."""
 
     def __init__(self, fn: Callable, name: Optional[str] = None):
+        check_mod_signature(fn, "mask_mod")
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "mask")
 
@@ -110,6 +205,7 @@ class ScoreMod:
     """A named score_mod(score, b, h, q_idx, kv_idx) -> score. ``a.then(b)`` applies a, then b."""
 
     def __init__(self, fn: Callable, name: Optional[str] = None):
+        check_mod_signature(fn, "score_mod")
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "score")
 
@@ -140,6 +236,7 @@ def as_mask_mod(fn) -> MaskMod:
         return fn
     if not callable(fn):
         raise TypeError(f"expected a mask_mod(b, h, q_idx, kv_idx) callable, got {type(fn).__name__}")
+    check_mod_signature(fn, "mask_mod")
     return MaskMod(with_math_shim(fn), getattr(fn, "__name__", "mask"))
 
 
@@ -148,6 +245,7 @@ def as_score_mod(fn) -> ScoreMod:
         return fn
     if not callable(fn):
         raise TypeError(f"expected a score_mod(score, b, h, q_idx, kv_idx) callable, got {type(fn).__name__}")
+    check_mod_signature(fn, "score_mod")
     return ScoreMod(with_math_shim(fn), getattr(fn, "__name__", "score"))
 
 
@@ -172,7 +270,8 @@ class Variant:
 
 
 def as_variant(obj) -> Variant:
-    """Accept a Variant, a compiled attention object, a MaskMod or a ScoreMod (or None: full attention)."""
+    """Accept a Variant, a compiled attention object, a MaskMod or a ScoreMod (or None: full attention), or a
+    plain function, by signature: 4 positional parameters make a mask_mod, 5 a score_mod."""
     if obj is None:
         return Variant()
     if isinstance(obj, Variant):
@@ -184,6 +283,17 @@ def as_variant(obj) -> Variant:
         return Variant(mask_mod=obj)
     if isinstance(obj, ScoreMod):
         return Variant(score_mod=obj)
+    if callable(obj) and not isinstance(obj, type):
+        role = mod_role(obj)
+        if role is not None:
+            return Variant(**{role: obj})
+        arity = positional_arity(obj)
+        takes = "" if arity is None else f" (it takes {_arity_text(*arity)})"
+        raise ModSignatureError(
+            f"cannot tell from its signature whether {_describe(obj)} is a {MASK_SIGNATURE} (4 parameters) or a "
+            f"{SCORE_SIGNATURE} (5 parameters){takes}; wrap it: attngen.MaskMod(fn) or attngen.ScoreMod(fn), "
+            "or attngen.Variant(score_mod=..., mask_mod=...)"
+        )
     raise TypeError(
         f"expected a variant (attngen.Variant, attngen.compile(...), a MaskMod or a ScoreMod), got {type(obj).__name__}; "
         "wrap plain functions with attngen.Variant(score_mod=fn, mask_mod=fn) or attngen.compile(score_mod=fn, mask_mod=fn)"

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import sympy
+from sympy.functions.elementary.piecewise import ExprCondPair
 from sympy.logic.boolalg import And, Not, Or
 
 from . import symbols as S
@@ -44,7 +45,7 @@ def _atom(e, kind):
     if e.is_integer and kind == "gt":
         e, kind = e - 1, "ge"
     if e.is_number:
-        v = {"ge": e >= 0, "gt": e > 0, "eq": sympy.Eq(e, 0), "ne": sympy.Ne(e, 0)}[kind]
+        v = {"ge": e >= 0, "gt": e > 0, "eq": sympy.Eq(e, 0), "ne": _ne(e, 0)}[kind]
         return true if bool(v) else false
     if kind == "ge":
         return sympy.Ge(e, 0, evaluate=False)
@@ -81,11 +82,70 @@ def _first_piecewise_term(e):
     return None
 
 
+def _polarity(e, node) -> Optional[int]:
+    """+1 when ``e`` is non-decreasing in ``node`` (every occurrence), -1 when non-increasing, None when
+    neither is evident from its structure (sums, positive or negative constant multiples, floor, ceiling,
+    min and max are monotone; anything else is not looked into)."""
+    if e == node:
+        return 1
+    if not e.has(node):
+        return 0
+    if isinstance(e, (sympy.Add, sympy.Min, sympy.Max, sympy.floor, sympy.ceiling)):
+        signs = {_polarity(a, node) for a in e.args} - {0}
+        return signs.pop() if len(signs) == 1 and None not in signs else None
+    if isinstance(e, sympy.Mul):
+        coeff, rest = e.as_coeff_Mul()
+        if coeff.is_number and coeff != 0 and not rest.is_Mul:
+            p = _polarity(rest, node)
+            return None if p is None else p * (1 if coeff > 0 else -1)
+    return None
+
+
+def _monotone_split(f):
+    """Rewrite a relation whose expression is monotone in an outermost ``min``/``max``/``abs`` node into
+    relations on the node's arguments, without case conditions: for ``e`` non-decreasing in the node,
+    ``e(max(a, b)) >= 0  <=>  e(a) >= 0 | e(b) >= 0`` and ``e(min(a, b)) >= 0  <=>  e(a) >= 0 & e(b) >= 0``
+    (strict alike; mirrored when non-increasing; ``abs(x) = max(x, -x)``; ``==`` is two ``>=``, ``!=`` two
+    ``>``). The atom count grows with the number of such nodes, never with case conditions between them.
+    None when no node qualifies."""
+    if isinstance(f, (sympy.Eq, sympy.Ne)):
+        e = f.lhs - f.rhs
+        if _outer_monotone_node(e) is None:
+            return None
+        if isinstance(f, sympy.Eq):
+            return And(sympy.Ge(e, 0, evaluate=False), sympy.Ge(-e, 0, evaluate=False))
+        return Or(sympy.Gt(e, 0, evaluate=False), sympy.Gt(-e, 0, evaluate=False))
+    if isinstance(f, (sympy.Ge, sympy.Gt)):
+        e, rel = f.lhs - f.rhs, type(f)
+    elif isinstance(f, (sympy.Le, sympy.Lt)):
+        e, rel = f.rhs - f.lhs, sympy.Ge if isinstance(f, sympy.Le) else sympy.Gt
+    else:
+        return None
+    found = _outer_monotone_node(e)
+    if found is None:
+        return None
+    node, pol = found
+    args = (node.args[0], -node.args[0]) if isinstance(node, sympy.Abs) else node.args
+    is_max = isinstance(node, (sympy.Max, sympy.Abs))
+    parts = [rel(e.xreplace({node: a}), 0, evaluate=False) for a in args]
+    return Or(*parts) if is_max == (pol > 0) else And(*parts)
+
+
+def _outer_monotone_node(e):
+    """(node, polarity) for the outermost min/max/abs node of ``e`` in which ``e`` is monotone, or None."""
+    for node in sympy.preorder_traversal(e):
+        if isinstance(node, (sympy.Abs, sympy.Min, sympy.Max)) and not node.has(S.SCORE):
+            pol = _polarity(e, node)
+            if pol:
+                return node, pol
+    return None
+
+
 def _cases(node) -> List[Tuple[sympy.Basic, sympy.Basic]]:
     """(condition, replacement) pairs covering every case of a piecewise-defined node."""
     if isinstance(node, sympy.Abs):
         x = node.args[0]
-        return [(sympy.Ge(x, 0), x), (sympy.Lt(x, 0), -x)]
+        return [(sympy.Ge(x, 0), x), (_lt(x, 0), -x)]
     if isinstance(node, (sympy.Min, sympy.Max)):
         args = list(node.args)
         out = []
@@ -119,6 +179,9 @@ def nnf(f, negate=False):
     if isinstance(f, (sympy.Xor, sympy.Equivalent, sympy.Implies, sympy.ITE)):
         return nnf(sympy.simplify_logic(f, form="dnf", deep=False) if len(f.atoms(Rel)) <= 6 else f.to_nnf(), negate)
     if isinstance(f, Rel):
+        split = _monotone_split(f)
+        if split is not None:
+            return nnf(split, negate)
         node = _first_piecewise_term(f.lhs - f.rhs)
         if node is not None:
             # M(x) == OR_k (cond_k & M(x_k)); keeps exactness
@@ -142,7 +205,7 @@ class Box:
     kb: sympy.Expr
 
     def nonempty(self):
-        return And(sympy.Le(self.qa, self.qb), sympy.Le(self.ka, self.kb))
+        return And(_le(self.qa, self.qb), _le(self.ka, self.kb))
 
     def rng(self, var):
         return (self.qa, self.qb) if var == S.Q else (self.ka, self.kb)
@@ -156,9 +219,9 @@ class Box:
 def tile_box() -> Box:
     return Box(
         S.I * S.BQ + S.QOFF,
-        sympy.Min((S.I + 1) * S.BQ, S.QLEN) - 1 + S.QOFF,
+        _min((S.I + 1) * S.BQ, S.QLEN) - 1 + S.QOFF,
         S.J * S.BK,
-        sympy.Min((S.J + 1) * S.BK, S.KVLEN) - 1,
+        _min((S.J + 1) * S.BK, S.KVLEN) - 1,
     )
 
 
@@ -196,7 +259,7 @@ class _Summaries:
             self._index[sname] = s.name
         sym = self._index[sname]
         blk = S.I if axis == "q" else S.J
-        nblocks = sympy.ceiling(S.QLEN / S.BQ) if axis == "q" else sympy.ceiling(S.KVLEN / S.BK)
+        nblocks = _ceil(S.QLEN / S.BQ) if axis == "q" else _ceil(S.KVLEN / S.BK)
         lead = sympy.Integer(0)
         if len(idx) == 2:  # (batch-or-head index, position): one row of summaries per leading index
             lead = idx[0]
@@ -238,7 +301,7 @@ class _Summaries:
                 self.list.append(s)
                 self._index[key] = s.name
             blk = S.I if axis == "q" else S.J
-            nblocks = sympy.ceiling(S.QLEN / S.BQ) if axis == "q" else sympy.ceiling(S.KVLEN / S.BK)
+            nblocks = _ceil(S.QLEN / S.BQ) if axis == "q" else _ceil(S.KVLEN / S.BK)
             lead = lv.args[1] if len(lv.args) == 3 else 0
             out.append(S.load(self._index[key], lead * nblocks + blk, integer=True))
         vblk, base = (S.BK, 0) if var == S.KV else (S.BQ, S.QOFF)
@@ -265,16 +328,87 @@ def _split_terms(e):
 INF = sympy.oo
 
 
+# ----------------------------------------------------------------------------------------------
+# construction without sympy's evaluation: min/max/floor/relations of symbolic bounds are built as they
+# are (sympy compares every pair of min/max arguments through its assumption system on construction,
+# which dominates derivation time); numbers still fold, infinities drop out
+# ----------------------------------------------------------------------------------------------
+
+def _minmax(cls, args, pick):
+    flat = []
+    for a in args:
+        a = sympy.sympify(a)
+        flat.extend(a.args if isinstance(a, cls) else (a,))
+    absorbing, neutral = (INF, -INF) if cls is sympy.Max else (-INF, INF)
+    if any(a == absorbing for a in flat):
+        return absorbing
+    nums = [a for a in flat if a.is_Number and a != neutral]
+    rest = []
+    for a in flat:
+        if not a.is_Number and a not in rest:
+            rest.append(a)
+    if nums:
+        rest.append(pick(nums))
+    if not rest:
+        return neutral
+    if len(rest) == 1:
+        return rest[0]
+    return cls(*rest, evaluate=False)
+
+
+def _max(*args):
+    return _minmax(sympy.Max, args, max)
+
+
+def _min(*args):
+    return _minmax(sympy.Min, args, min)
+
+
+def _floor(x):
+    x = sympy.sympify(x)
+    return sympy.floor(x) if x.is_Number else sympy.floor(x, evaluate=False)
+
+
+def _ceil(x):
+    x = sympy.sympify(x)
+    return sympy.ceiling(x) if x.is_Number else sympy.ceiling(x, evaluate=False)
+
+
+def _rel(cls):
+    def build(a, b):
+        a, b = sympy.sympify(a), sympy.sympify(b)
+        if (a.is_Number or a.is_infinite) and (b.is_Number or b.is_infinite):
+            return cls(a, b)
+        if a == b:
+            return cls(0, 0)
+        return cls(a, b, evaluate=False)
+
+    return build
+
+
+_le, _lt, _ge, _gt, _ne = _rel(sympy.Le), _rel(sympy.Lt), _rel(sympy.Ge), _rel(sympy.Gt), _rel(sympy.Ne)
+
+
+
 def _pw(*args):
-    # evaluate=False: sympy's Piecewise folding runs simplify_logic on every construction (seconds)
-    return sympy.Piecewise(*args, evaluate=False)
+    """Piecewise((value, condition), ...) built as is: sympy's constructor folds conditions that contain
+    Piecewise (simplify_logic on every construction, exponential in nesting depth)."""
+    pairs = []
+    for value, cond in args:
+        cond = true if cond is True else cond
+        pairs.append(sympy.Tuple.__new__(ExprCondPair, sympy.sympify(value), cond))
+        if cond is true:
+            break
+    if len(pairs) == 1:
+        return pairs[0].args[0]
+    return sympy.Basic.__new__(sympy.Piecewise, *pairs)
 
 
 def _mod_bounds(a, b, m):
     """Bounds of Mod(x, m) for integer x in [a, b]: within one period Mod is monotone, so
     [Mod(a), Mod(b)]; across a period boundary every residue may occur, [0, m-1]. Written with
     an indicator (1 when one period) instead of Piecewise, which sympy folds very slowly."""
-    one_period = 1 - sympy.Min(1, sympy.floor(b / m) - sympy.floor(a / m))
+    one_period = 1 - _min(1, _floor(b / m) - _floor(a / m))
     return sympy.Mod(a, m) * one_period, m - 1 - (m - 1 - sympy.Mod(b, m)) * one_period
 
 
@@ -299,12 +433,12 @@ def term_bounds(t, var, lo, hi, summ: Optional[_Summaries]):
             num, den = sympy.fraction(sympy.together(inner))
             if den.is_number and den > 0:
                 a, b = term_bounds(sympy.expand(num), var, lo, hi, summ)
-                return sympy.floor(a / den), sympy.floor(b / den)
+                return _floor(a / den), _floor(b / den)
         a, b = term_bounds(inner, var, lo, hi, summ)
-        return sympy.floor(a), sympy.floor(b)
+        return _floor(a), _floor(b)
     if isinstance(t, sympy.ceiling):
         a, b = term_bounds(t.args[0], var, lo, hi, summ)
-        return sympy.ceiling(a), sympy.ceiling(b)
+        return _ceil(a), _ceil(b)
     if isinstance(t, sympy.Mod) and t.args[1].is_number and t.args[1] > 0:
         m = t.args[1]
         a, b = term_bounds(t.args[0], var, lo, hi, summ)
@@ -341,7 +475,7 @@ def _both_bounds(t, box, summ):
         num, den = sympy.fraction(sympy.together(t.args[0]))
         if den.is_number and den > 0:
             a, b = expr_bounds(sympy.expand(num), box, summ)
-            return sympy.floor(a / den), sympy.floor(b / den)
+            return _floor(a / den), _floor(b / den)
     if isinstance(t, sympy.Mod) and t.args[1].is_number and t.args[1] > 0:
         m = t.args[1]
         a, b = expr_bounds(t.args[0], box, summ)
@@ -407,8 +541,8 @@ def _monotone_single(atom):
         return None
     var, a, g, r = mf
     # a*g + r >= 0  <=>  g >= ceil(-r/a) (a > 0)  or  g <= floor(r/-a) (a < 0)
-    glo = sympy.ceiling(-r / a) if a > 0 else None
-    ghi = sympy.floor(r / (-a)) if a < 0 else None
+    glo = _ceil(-r / a) if a > 0 else None
+    ghi = _floor(r / (-a)) if a < 0 else None
     if g == var:
         return var, glo, ghi
     C, c = _chunk_of(g, var)
@@ -500,28 +634,28 @@ def _group_any(form, cons, box, summ):
             if kind == "gt":
                 bound = bound + (1 if sign == 1 else -1)
             if sign == 1:
-                L = sympy.Max(L, bound)
+                L = _max(L, bound)
             else:
-                U = sympy.Min(U, bound)
+                U = _min(U, bound)
         elif kind == "eq":
             val = -const if sign == 1 else const
-            L, U = sympy.Max(L, val), sympy.Min(U, val)
+            L, U = _max(L, val), _min(U, val)
         else:
             special.append((kind, sign, const, m, r))
-    conds = [sympy.Le(L, U)]
-    conds += [sympy.Gt(U, s) for s in strict_lo] + [sympy.Lt(L, s) for s in strict_hi]
+    conds = [_le(L, U)]
+    conds += [_gt(U, s) for s in strict_lo] + [_lt(L, s) for s in strict_hi]
     if len(special) == 1:
         kind, sign, const, m, r = special[0]
         if kind == "ne":
             val = -const if sign == 1 else const
-            conds.append(Or(sympy.Lt(L, U), sympy.Ne(L, val)))
+            conds.append(Or(_lt(L, U), _ne(L, val)))
         else:
             # Mod(sign*v + const, m) == r  <=>  v == s (mod m) for one residue s
             s = sympy.Mod(sign * (r - const), m)
             if kind == "mod":
-                conds.append(sympy.Ge(sympy.floor((U - s) / m) * m + s, L))
+                conds.append(_ge(_floor((U - s) / m) * m + s, L))
             else:
-                conds.append(Or(sympy.Lt(L, U), sympy.Ne(sympy.Mod(L, m), s)))
+                conds.append(Or(_lt(L, U), _ne(sympy.Mod(L, m), s)))
     elif special:
         # several congruences / disequalities on one form: each alone (sound, maybe loose)
         for kind, sign, const, m, r in special:
@@ -549,11 +683,11 @@ def tile_any(f, box: Box, summ=None, splits: int = 0, chunk_cuts: int = 0):
             var, lo, hi = ms
             vlo, vhi = box.rng(var)
             if lo is not None:
-                b_true = box.with_range(var, sympy.Max(vlo, lo), vhi)
-                b_false = box.with_range(var, vlo, sympy.Min(vhi, lo - 1))
+                b_true = box.with_range(var, _max(vlo, lo), vhi)
+                b_false = box.with_range(var, vlo, _min(vhi, lo - 1))
             else:
-                b_true = box.with_range(var, vlo, sympy.Min(vhi, hi))
-                b_false = box.with_range(var, sympy.Max(vlo, hi + 1), vhi)
+                b_true = box.with_range(var, vlo, _min(vhi, hi))
+                b_false = box.with_range(var, _max(vlo, hi + 1), vhi)
             return Or(
                 And(b_true.nonempty(), tile_any(_substitute_atom(f, atom, true), b_true, summ, splits + 1, chunk_cuts)),
                 And(b_false.nonempty(), tile_any(_substitute_atom(f, atom, false), b_false, summ, splits + 1, chunk_cuts)),
@@ -565,11 +699,11 @@ def tile_any(f, box: Box, summ=None, splits: int = 0, chunk_cuts: int = 0):
     term = _q_chunk_term(f) if chunk_cuts < 1 and _has_other_two_var_form(f) else None
     if term is not None:
         C, c = _chunk_of(term, S.Q)
-        w = sympy.floor((box.qa + c) / C)
+        w = _floor((box.qa + c) / C)
         end1 = C * (w + 1) - c - 1  # last row of the first chunk
-        b1 = box.with_range(S.Q, box.qa, sympy.Min(box.qb, end1))
+        b1 = box.with_range(S.Q, box.qa, _min(box.qb, end1))
         b2 = box.with_range(S.Q, end1 + 1, box.qb)
-        one_chunk = sympy.Le(box.qb, end1 + C)
+        one_chunk = _le(box.qb, end1 + C)
         sub = lambda k: tile_any(f.xreplace({term: w + k}), b1 if k == 0 else b2, summ, splits, chunk_cuts + 1)  # noqa: E731
         return Or(
             And(b1.nonempty(), sub(0)),
@@ -632,7 +766,7 @@ def _invert_monotone(g, var, glo, ghi):
             return _invert_monotone(rest, var, None if glo is None else glo / coeff, None if ghi is None else ghi / coeff)
         return _invert_monotone(rest, var, None if ghi is None else ghi / coeff, None if glo is None else glo / coeff)
     if g == var:
-        return (None if glo is None else sympy.ceiling(glo)), (None if ghi is None else sympy.floor(ghi))
+        return (None if glo is None else _ceil(glo)), (None if ghi is None else _floor(ghi))
     if isinstance(g, sympy.Add):
         parts, const = _split_terms(g)
         if const != 0 and len(g.args) > 1:
@@ -643,8 +777,8 @@ def _invert_monotone(g, var, glo, ghi):
             # floor(n/den) >= glo <=> n >= den*ceil(glo); floor(n/den) <= ghi <=> n <= den*floor(ghi) + den - 1
             return _invert_monotone(
                 sympy.expand(num), var,
-                None if glo is None else den * sympy.ceiling(glo),
-                None if ghi is None else den * sympy.floor(ghi) + den - 1,
+                None if glo is None else den * _ceil(glo),
+                None if ghi is None else den * _floor(ghi) + den - 1,
             )
     return None
 
@@ -707,18 +841,18 @@ def hull(f, var, other, obox: Box, dom: Tuple, summ, kernel=False):
             lo, hi = hull(a, var, other, obox, dom, summ, kernel)
             los.append(lo)
             his.append(hi)
-        return sympy.Max(*los), sympy.Min(*his)
+        return _max(*los), _min(*his)
     if isinstance(f, Or):
         parts = [hull(a, var, other, obox, dom, summ, kernel) for a in f.args]
         if not kernel:
-            return sympy.Min(*[p[0] for p in parts]), sympy.Max(*[p[1] for p in parts])
+            return _min(*[p[0] for p in parts]), _max(*[p[1] for p in parts])
         # union of intervals is an interval only when they overlap: take it then, else the first
         lo, hi = parts[0]
         for plo, phi in parts[1:]:
-            overlap = And(sympy.Le(plo, hi + 1), sympy.Le(lo, phi + 1), sympy.Le(lo, hi), sympy.Le(plo, phi))
+            overlap = And(_le(plo, hi + 1), _le(lo, phi + 1), _le(lo, hi), _le(plo, phi))
             lo, hi = (
-                _pw((sympy.Min(lo, plo), overlap), (lo, sympy.Le(lo, hi)), (plo, True)),
-                _pw((sympy.Max(hi, phi), overlap), (hi, sympy.Le(lo, hi)), (phi, True)),
+                _pw((_min(lo, plo), overlap), (lo, _le(lo, hi)), (plo, True)),
+                _pw((_max(hi, phi), overlap), (hi, _le(lo, hi)), (phi, True)),
             )
         return lo, hi
     # an atom
@@ -733,7 +867,7 @@ def hull(f, var, other, obox: Box, dom: Tuple, summ, kernel=False):
     if r is None:
         return empty if kernel else dom
     lo, hi = r
-    return (dlo if lo is None else sympy.Max(dlo, lo)), (dhi if hi is None else sympy.Min(dhi, hi))
+    return (dlo if lo is None else _max(dlo, lo)), (dhi if hi is None else _min(dhi, hi))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -743,23 +877,23 @@ def hull(f, var, other, obox: Box, dom: Tuple, summ, kernel=False):
 def _block_range_from_hull(lo, hi, blk, n_blocks):
     """Blocks [floor(lo/blk), floor(hi/blk) + 1) covering elements [lo, hi]; empty when hi < lo."""
     # when hi < lo the range may keep one spurious block; tile_any then skips it
-    return sympy.floor(lo / blk), sympy.floor(hi / blk) + 1
+    return _floor(lo / blk), _floor(hi / blk) + 1
 
 
 def _full_blocks(lo, hi, blk, length, n_blocks):
     """Blocks whose every element lies in [lo, hi] (the last block may be short)."""
     # hi never exceeds length-1; when it reaches it, the short last block counts too:
     # last = floor((hi + 1 + (blk - 1)*[hi == length-1]) / blk). Empty (hi < lo) gives last <= first.
-    at_end = 1 - sympy.Min(1, length - 1 - hi)
-    return sympy.ceiling(lo / blk), sympy.floor((hi + 1 + (blk - 1) * at_end) / blk)
+    at_end = 1 - _min(1, length - 1 - hi)
+    return _ceil(lo / blk), _floor((hi + 1 + (blk - 1) * at_end) / blk)
 
 
 def derive(traced: TracedVariant) -> BlockPredicates:
     """Block predicates of a traced variant. Runtime range summaries are dropped (sound, less skipping)
     when a variant would need more per-block arrays than the kernel ABI has slots."""
     mask = traced.mask
-    nqb = sympy.ceiling(S.QLEN / S.BQ)
-    nkb = sympy.ceiling(S.KVLEN / S.BK)
+    nqb = _ceil(S.QLEN / S.BQ)
+    nkb = _ceil(S.KVLEN / S.BK)
     if mask is true:
         return BlockPredicates(
             kv_lo=sympy.Integer(0), kv_hi=nkb, kv_full_lo=sympy.Integer(0), kv_full_hi=nkb,
@@ -774,8 +908,8 @@ def derive(traced: TracedVariant) -> BlockPredicates:
 
 
 def _derive(traced: TracedVariant, ranges: int) -> BlockPredicates:
-    nqb = sympy.ceiling(S.QLEN / S.BQ)
-    nkb = sympy.ceiling(S.KVLEN / S.BK)
+    nqb = _ceil(S.QLEN / S.BQ)
+    nkb = _ceil(S.KVLEN / S.BK)
     summ = _Summaries(traced.captured, ranges)
     pos = nnf(traced.mask)
     neg = nnf(traced.mask, negate=True)

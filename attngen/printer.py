@@ -33,7 +33,7 @@ import torch
 from sympy.logic.boolalg import BooleanAtom
 
 from .errors import BuildError
-from .symbols import ILoad, Load
+from .symbols import B as _B, H as _H, KV as _KV, Q as _Q, ILoad, Load
 
 __all__ = [
     "CudaPrinter",
@@ -44,6 +44,7 @@ __all__ = [
     "FlatILoad",
     "ToFloat",
     "WrapIndex",
+    "CheckIndex",
     "lower_int_division",
     "BOOL",
     "INT",
@@ -112,6 +113,19 @@ class WrapIndex(sympy.Function):
         return None
 
 
+class CheckIndex(sympy.Function):
+    """CheckIndex(i, n, d, slot): index ``i`` of dim ``d`` of captured tensor ``n``, checked against the
+    tensor's size in debug builds (ATTNGEN_DEBUG=1). The CUDA target prints ``ag_chk`` (variant_math.cuh),
+    which reads the sizes from the bounds record in captured slot ``slot`` and, for an index out of range,
+    records it there and returns 0 instead; the torch target prints the index unchanged."""
+
+    is_integer = True
+
+    @classmethod
+    def eval(cls, i, n, d, slot):
+        return None
+
+
 def lower_int_division(expr: sympy.Basic) -> sympy.Basic:
     """Rewrite ``floor(n/d)`` / ``ceiling(n/d)`` of integer n, d into ``FloorDiv`` (sympy assumptions
     decide integrality). Exact, and keeps the division atomic for CSE."""
@@ -147,6 +161,20 @@ R = namedtuple("R", "text prec type")  # a rendered node
 
 _INT32_MIN, _INT32_MAX = -(2**31) + 1, 2**31 - 1  # -2**31 itself is not an int literal in C
 _INT64_MIN, _INT64_MAX = -(2**63) + 1, 2**63 - 1
+
+
+def _positive_int(x) -> int:
+    """x as a Python int if it is a positive integer constant below 2**31, else 0."""
+    x = sympy.sympify(x)
+    return int(x) if x.is_Integer and 0 < int(x) < 2**31 else 0
+
+
+# b, h, q_idx and kv_idx are never negative in a kernel (q_idx includes the non-negative q offset)
+_NONNEG_INDEX = {s: sympy.Symbol(s.name, integer=True, nonnegative=True) for s in (_B, _H, _Q, _KV)}
+
+
+def _index_nonnegative(x) -> bool:
+    return sympy.sympify(x).xreplace(_NONNEG_INDEX).is_nonnegative is True
 
 
 def _arith(*types: str) -> str:
@@ -261,7 +289,8 @@ class _Printer:
     def _unsupported(self, e, why: str = "") -> BuildError:
         return BuildError(
             f"cannot print {type(e).__name__} node `{e}` for the {self.TARGET} target{': ' + why if why else ''}. "
-            "Supported: + - * / // %, powers, floor/ceiling, Min/Max/Abs, tanh/exp/exp2/log/log2/sqrt/sin/cos, "
+            "Supported: + - * / // %, powers, floor/ceiling, Min/Max/Abs/sign, tanh/exp/exp2/expm1/log/log2/log1p/sqrt/"
+            "sin/cos/tan/atan/erf, "
             "comparisons, & | ~, where (Piecewise) and captured-tensor loads; rewrite the mod with those."
         )
 
@@ -413,7 +442,7 @@ class _Printer:
             return R(text, prec, T)
         dfactors = [self._emit_as(f, FLOAT) for f in den]
         d = R(*self.op("mul", dfactors), FLOAT) if len(dfactors) > 1 else dfactors[0]
-        return R(*self.op("div", R(text, prec, T), d), FLOAT)
+        return R(*self.op("fdiv", R(text, prec, T), d), FLOAT)
 
     def _e_Pow(self, e) -> R:
         b, x = e.base, e.exp
@@ -430,7 +459,7 @@ class _Printer:
                 return self._powi(rb if rb.type != BOOL else self._to(rb, INT), b, n)
             one = self._lit(1, FLOAT)
             denom = self._powi(self._to(rb, FLOAT), b, -n)
-            return R(*self.op("div", one, denom), FLOAT)
+            return R(*self.op("fdiv", one, denom), FLOAT)
         if x in (sympy.Rational(1, 2), sympy.Float(0.5)):
             return R(*self.op("call", "sqrt", self._emit_as(b, FLOAT)), FLOAT)
         if x in (sympy.Rational(-1, 2), sympy.Float(-0.5)):
@@ -478,7 +507,15 @@ class _Printer:
     _e_sinh = _float_fn("sinh")
     _e_cosh = _float_fn("cosh")
     _e_erf = _float_fn("erf")
+    _e_log1p = _float_fn("log1p")
+    _e_expm1 = _float_fn("expm1")
     del _float_fn
+
+    def _e_sign(self, e) -> R:
+        # torch.sign: -1, 0 or 1 in the argument's type (an int for an int index expression), NaN for NaN
+        ra = self._emit(e.args[0])
+        T = _arith(ra.type)
+        return R(*self.op("sign", self._to(ra, T), T), T)
 
     def _int_ratio(self, x) -> Optional[Tuple[sympy.Expr, sympy.Expr]]:
         """x == n/d with integer-typed n, d (by this printer's typing), else None."""
@@ -502,6 +539,10 @@ class _Printer:
 
     def _e_FloorDiv(self, e) -> R:
         return self._floordiv(*e.args)
+
+    def _e_CheckIndex(self, e) -> R:
+        i, n, d, slot = e.args
+        return R(*self.op("chk", self._emit_as(i, LL), int(n), int(d), int(slot)), LL)
 
     def _e_WrapIndex(self, e) -> R:
         ri = self._emit(e.args[0])
@@ -706,6 +747,13 @@ _C_OPS = {
     "add": _c_add,
     "mul": _c_mul,
     "div": lambda p, a, b: (f"{p.par(a, P_MUL)} / {p.par(b, P_MUL + 1)}", P_MUL),
+    "fdiv": lambda p, a, b: (f"{p.par(a, P_MUL)} / {p.par(b, P_MUL + 1)}", P_MUL),  # a score's true division
+    # Python // and % by a positive constant, reduced (CudaPrinter): bit ops for powers of two, C's / and %
+    # for a provably non-negative dividend; parenthesised because & and >> bind looser than == and +
+    "bitand": lambda p, a, b: (f"({p.par(a, P_UNARY)} & {b.text})", P_ATOM),
+    "shr": lambda p, a, k: (f"({p.par(a, P_UNARY)} >> {k})", P_ATOM),
+    "cdiv": lambda p, a, b: (f"{p.par(a, P_MUL)} / {p.par(b, P_MUL + 1)}", P_MUL),
+    "cmod": lambda p, a, b: (f"{p.par(a, P_MUL)} % {p.par(b, P_MUL + 1)}", P_MUL),
     "floordiv": lambda p, a, b: (f"py_floordiv({a.text}, {b.text})", P_ATOM),
     "mod": lambda p, a, b: (f"py_mod({a.text}, {b.text})", P_ATOM),
     "fmod": lambda p, a, b: (f"ag_fmod_py({a.text}, {b.text})", P_ATOM),
@@ -715,19 +763,21 @@ _C_OPS = {
     "min": _c_helper("min"),
     "max": _c_helper("max"),
     "abs": lambda p, r, t: (f"fabsf({r.text})", P_ATOM) if t == FLOAT else _c_helper("abs")(p, r, t),
+    "sign": _c_helper("sign"),
     "cmp": _c_cmp,
     "and": lambda p, rs: (" && ".join(p.par(r, P_AND + 1) for r in rs), P_AND),
     "or": lambda p, rs: (" || ".join(p.par(r, P_AND + 1) for r in rs), P_OR),
     "not": lambda p, r: ("!" + p.par(r, P_UNARY), P_UNARY),
     "where": lambda p, c, a, b: (f"{p.par(c, P_TERN + 1)} ? {p.par(a, P_TERN + 1)} : {p.par(b, P_TERN + 1)}", P_TERN),
     "wrap": lambda p, i, n: (f"ag_wrap({i.text}, {n.text})", P_ATOM),  # i < 0 ? i + n : i
+    "chk": lambda p, i, n, d, slot: (f"ag_chk({p.captured_var}.ptr[{slot}], {n}, {d}, {i.text})", P_ATOM),
 }
 
 _C_FUNCS = {
     "tanh": "tanhf", "exp": "expf", "exp2": "exp2f", "log": "logf", "log2": "log2f", "log10": "log10f",
     "sqrt": "sqrtf", "rsqrt": "ag_rsqrt", "sin": "sinf", "cos": "cosf", "tan": "tanf", "asin": "asinf",
     "acos": "acosf", "atan": "atanf", "atan2": "atan2f", "sinh": "sinhf", "cosh": "coshf", "erf": "erff",
-    "pow": "powf", "floor": "floorf", "ceil": "ceilf",
+    "pow": "powf", "floor": "floorf", "ceil": "ceilf", "log1p": "log1pf", "expm1": "expm1f",
 }  # fmt: skip
 
 _LOG2E = 1.0 / math.log(2.0)
@@ -747,15 +797,43 @@ class CudaPrinter(_Printer):
     OPS = _C_OPS
 
     def __init__(self, fast_tanh: bool = True, fast_exp2: bool = True, *, captured=None, summaries=None,
-                 symbol_names=None, local_types=None, captured_var: str = "c"):
+                 symbol_names=None, local_types=None, captured_var: str = "c", fast_div: bool = False):
         super().__init__(captured=captured, summaries=summaries, symbol_names=symbol_names, local_types=local_types)
-        self.fast_tanh, self.fast_exp2 = fast_tanh, fast_exp2
+        self.fast_tanh, self.fast_exp2, self.fast_div = fast_tanh, fast_exp2, fast_div
         self.captured_var = captured_var
         self.FUNCS = dict(_C_FUNCS)
         if fast_tanh:
             self.FUNCS["tanh"] = "ag_tanh"
         if fast_exp2:
             self.FUNCS["exp2"] = "ag_exp2"
+        if fast_div:  # IEEE division is a multi-instruction sequence with a slow-path branch per element
+            self.OPS = dict(self.OPS, fdiv=lambda p, a, b: (f"ag_fdiv({a.text}, {b.text})", P_ATOM))
+
+    # Python's // and % by a positive constant without py_floordiv / py_mod's sign fix-ups: for 2**k a shift /
+    # a bit mask (two's complement: exact for either sign), else C's truncating / and % where the dividend is
+    # provably >= 0 (q_idx, kv_idx, b, h and their sums and products).
+    def _e_Mod(self, e) -> R:
+        a, b = e.args
+        T = _arith(self._emit(a).type, self._emit(b).type)
+        m = _positive_int(b)
+        if T in (INT, LL) and m:
+            ra = self._emit_as(a, T)
+            if m & (m - 1) == 0:
+                return R(*self.op("bitand", ra, self._lit(m - 1, T)), T)
+            if _index_nonnegative(a):
+                return R(*self.op("cmod", ra, self._lit(m, T)), T)
+        return super()._e_Mod(e)
+
+    def _floordiv(self, n, d) -> R:
+        T = _arith(self._emit(n).type, self._emit(d).type)
+        m = _positive_int(d)
+        if T in (INT, LL) and m:
+            rn = self._emit_as(n, T)
+            if m & (m - 1) == 0:
+                return R(*self.op("shr", rn, m.bit_length() - 1), T)
+            if _index_nonnegative(n):
+                return R(*self.op("cdiv", rn, self._lit(m, T)), T)
+        return super()._floordiv(n, d)
 
     def _e_exp(self, e) -> R:
         if not self.fast_exp2:
@@ -883,6 +961,8 @@ for _n, _tf, _mf in (
     ("asin", torch.asin, math.asin), ("acos", torch.acos, math.acos), ("atan", torch.atan, math.atan),
     ("sinh", torch.sinh, math.sinh), ("cosh", torch.cosh, math.cosh), ("erf", torch.erf, math.erf),
     ("floor", torch.floor, lambda x: float(math.floor(x))), ("ceil", torch.ceil, lambda x: float(math.ceil(x))),
+    ("log1p", torch.log1p, math.log1p), ("expm1", torch.expm1, math.expm1),
+    ("sign", torch.sign, lambda x: x if x != x else type(x)((x > 0) - (x < 0))),
 ):  # fmt: skip
     setattr(_TorchOps, _n, _torch_unary(_tf, _mf))
 _TorchOps.atan2 = staticmethod(
@@ -916,6 +996,7 @@ _TORCH_OPS = {
     "add": lambda p, parts: ("(" + parts[0][1].text + "".join(f" {s} {r.text}" for s, r in parts[1:]) + ")", P_ATOM),
     "mul": lambda p, rs: ((rs[0].text if len(rs) == 1 else "(" + " * ".join(r.text for r in rs) + ")"), P_ATOM),
     "div": lambda p, a, b: (f"({a.text} / {b.text})", P_ATOM),
+    "fdiv": lambda p, a, b: (f"({a.text} / {b.text})", P_ATOM),
     "floordiv": lambda p, a, b: (f"({a.text} // {b.text})", P_ATOM),
     "mod": lambda p, a, b: (f"({a.text} % {b.text})", P_ATOM),  # torch.remainder: Python's sign rule
     "fmod": lambda p, a, b: (f"({a.text} % {b.text})", P_ATOM),
@@ -925,12 +1006,14 @@ _TORCH_OPS = {
     "min": lambda p, a, b, t: (f"_ag.min({a.text}, {b.text})", P_ATOM),
     "max": lambda p, a, b, t: (f"_ag.max({a.text}, {b.text})", P_ATOM),
     "abs": lambda p, r, t: (f"abs({r.text})", P_ATOM),
+    "sign": lambda p, r, t: (f"_ag.sign({r.text})", P_ATOM),
     "cmp": lambda p, op, a, b: (f"({a.text} {op} {b.text})", P_ATOM),
     "and": lambda p, rs: ("(" + " & ".join(r.text for r in rs) + ")", P_ATOM),
     "or": lambda p, rs: ("(" + " | ".join(r.text for r in rs) + ")", P_ATOM),
     "not": lambda p, r: (f"_ag.not_({r.text})", P_ATOM),
     "where": lambda p, c, a, b: (f"_ag.where({c.text}, {a.text}, {b.text})", P_ATOM),
     "wrap": lambda p, i, n: (f"_ag.wrap({i.text}, {n.text})", P_ATOM),
+    "chk": lambda p, i, n, d, slot: (i.text, i.prec),  # the torch evaluator indexes with torch's own checks
 }
 
 

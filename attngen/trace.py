@@ -59,12 +59,14 @@ class _Tracer:
     def __init__(self):
         self.captured: List[CapturedTensor] = []
         self._by_id: Dict[int, CapturedTensor] = {}
+        self.current_mod = ""  # "mask_mod 'name'" while that mod runs: CapturedTensor.source
 
     def capture(self, t: torch.Tensor) -> CapturedTensor:
         c = self._by_id.get(id(t))
         if c is None:
             c = CapturedTensor(name=f"t{len(self.captured)}", tensor=t, dtype=t.dtype, rank=t.dim(),
-                               unit_stride_dims=tuple(d for d in range(t.dim()) if t.stride(d) == 1))
+                               unit_stride_dims=tuple(d for d in range(t.dim()) if t.stride(d) == 1),
+                               source=self.current_mod)
             self.captured.append(c)
             self._by_id[id(t)] = c
         return c
@@ -194,6 +196,18 @@ def _sigmoid(x):
     return 1 / (1 + sympy.exp(-x))
 
 
+def _log1p(x):
+    from sympy.codegen.cfunctions import log1p
+
+    return log1p(x)  # a node of its own, so it prints as log1pf (exact near 0), not logf(1 + x)
+
+
+def _expm1(x):
+    from sympy.codegen.cfunctions import expm1
+
+    return expm1(x)
+
+
 # torch function -> (sympy builder, arity). Methods (score.tanh()) map through _METHODS by name.
 _UNARY = {
     "tanh": sympy.tanh,
@@ -206,6 +220,13 @@ _UNARY = {
     "sigmoid": _sigmoid,
     "sin": sympy.sin,
     "cos": sympy.cos,
+    "tan": sympy.tan,
+    "atan": sympy.atan,
+    "arctan": sympy.atan,
+    "log1p": _log1p,
+    "expm1": _expm1,
+    "erf": sympy.erf,
+    "sign": sympy.sign,
     "abs": sympy.Abs,
     "absolute": sympy.Abs,
     "neg": lambda x: -x,
@@ -621,6 +642,33 @@ def with_wrapped_dims(captured, *exprs) -> Tuple[CapturedTensor, ...]:
     )
 
 
+_AXES = ((S.B, "b"), (S.H, "h"), (S.Q, "q"), (S.KV, "kv"))
+
+
+def _extent_rule(index) -> Optional[Tuple[str, int]]:
+    """(axis, c) when ``index`` is exactly one of b, h, q_idx, kv_idx plus an integer constant, else None."""
+    index = sympy.expand(index)
+    for sym, axis in _AXES:
+        rest = index - sym
+        if rest.is_Integer:
+            return axis, int(rest)
+    return None
+
+
+def with_extent_rules(captured, *exprs) -> Tuple[CapturedTensor, ...]:
+    """``captured`` with ``extent_rules`` recorded: (dim, axis, c) for every load index ``axis + c`` in
+    ``exprs``, so each call can check the tensor covers the positions it reads (ir.check_extents)."""
+    rules: Dict[str, set] = {}
+    for e in exprs:
+        for ld in sympy.sympify(e).atoms(S.Load):
+            for d, i in enumerate(ld.args[1:]):
+                rule = _extent_rule(i)
+                if rule is not None:
+                    rules.setdefault(ld.args[0].name, set()).add((d,) + rule)
+    return tuple(dataclasses.replace(c, extent_rules=tuple(sorted(rules[c.name]))) if c.name in rules else c
+                 for c in captured)
+
+
 # ----------------------------------------------------------------------------------------------
 # entry point
 # ----------------------------------------------------------------------------------------------
@@ -645,6 +693,7 @@ def trace(variant) -> TracedVariant:
         b, h, q, kv = Sym(S.B), Sym(S.H), Sym(S.Q), Sym(S.KV)
         mask = sympy.true
         if variant.mask_mod is not None:
+            tracer.current_mod = f"mask_mod {variant.mask_mod.name!r}"
             mask = _call_traced(variant.mask_mod, (b, h, q, kv))
             if not _is_bool(mask):
                 raise UnsupportedOperation(
@@ -653,6 +702,7 @@ def trace(variant) -> TracedVariant:
                 )
         score = S.SCORE
         if variant.score_mod is not None:
+            tracer.current_mod = f"score_mod {variant.score_mod.name!r}"
             score = _call_traced(variant.score_mod, (Sym(S.SCORE), b, h, q, kv))
             if _is_bool(score):
                 raise UnsupportedOperation(
@@ -666,4 +716,5 @@ def trace(variant) -> TracedVariant:
     if neg is not sympy.false:
         mask = sympy.And(mask, sympy.Not(neg))
     mask = simplify_mask(mask)
-    return TracedVariant(variant=variant, score=score, mask=mask, captured=with_wrapped_dims(tracer.captured, score, mask))
+    captured = with_extent_rules(with_wrapped_dims(tracer.captured, score, mask), score, mask)
+    return TracedVariant(variant=variant, score=score, mask=mask, captured=captured)

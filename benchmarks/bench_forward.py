@@ -3,7 +3,7 @@
 
 Everything runs in ONE process (plus two short subprocesses for the warm/cold build figures):
 
-  anchors   B=2, H=16, S=8192, D=128, bf16: full, causal, sliding_window(1024), softcap(30),
+  anchors   (--set anchors, the default) B=2, H=16, S=8192, D=128, bf16: full, causal, sliding_window(1024), softcap(30),
             softcap(30)+causal, alibi(16)+causal, document (8 sorted random ids per position, as the anchor
             probe), document_cuts (8 documents at random cut points), prefix_lm(2048).
             attngen's output is checked against flex's (max abs error printed) before timing.
@@ -45,6 +45,9 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 
 ANCHORS = ["full", "causal", "sliding_window", "softcap", "softcap_causal", "alibi_causal", "document", "document_cuts",
            "prefix_lm"]
+# issue 15 point 4: variants whose cost is in the partial tiles (mask / score evaluated per element); --set issue15
+ISSUE15 = ["dilated_window", "div_score", "head_scale", "document_unsorted", "local_global"]
+SETS = {"anchors": ANCHORS, "issue15": ISSUE15}
 # table labels where the variant's own name does not tell two anchors apart
 LABELS = {"document": "document(8 docs of ~S/8, anchor probe)", "document_cuts": "document(8 docs, random cuts)"}
 WARMUP_MS, REP_MS = 50, 200
@@ -92,7 +95,48 @@ def make_variant(key: str, S: int, H: int, device, seed: int = 0):
         return None, V.document(doc_ids.to(device))
     if key == "prefix_lm":
         return None, V.prefix_lm(2048)
-    raise KeyError(f"unknown variant {key!r}; choose from {', '.join(ANCHORS)}")
+    if key in ISSUE15:
+        return _issue15_variant(key, S, H, device, seed)
+    raise KeyError(f"unknown variant {key!r}; choose from {', '.join(ANCHORS + ISSUE15)}")
+
+
+def _issue15_variant(key: str, S: int, H: int, device, seed: int):
+    """Issue 15 point 4's partial-tile variants, written as a user writes them for flex (plain functions)."""
+    import torch
+
+    from attngen.mods import MaskMod, ScoreMod
+
+    if key == "dilated_window":
+        def dilated_window(b, h, q_idx, kv_idx):
+            return (torch.abs(q_idx - kv_idx) <= 1024) & ((q_idx - kv_idx) % 2 == 0)
+
+        return None, MaskMod(dilated_window, "dilated_window(1024, 2)")
+    if key == "div_score":
+        def div_score(score, b, h, q_idx, kv_idx):
+            return score / (1 + 1e-4 * (q_idx - kv_idx) ** 2)
+
+        return ScoreMod(div_score, "div_score"), None
+    if key == "head_scale":
+        scale = (0.5 + torch.rand(H, generator=torch.Generator().manual_seed(seed))).to(device)
+
+        def head_scale(score, b, h, q_idx, kv_idx):
+            return score * scale[h]
+
+        return ScoreMod(head_scale, "head_scale"), None
+    if key == "document_unsorted":
+        # 5 ids drawn at random per position, not sorted: every tile is partial, none can be skipped
+        doc = torch.randint(0, 5, (S,), generator=torch.Generator().manual_seed(seed)).to(torch.int32).to(device)
+
+        def document_unsorted(b, h, q_idx, kv_idx):
+            return doc[q_idx] == doc[kv_idx]
+
+        return None, MaskMod(document_unsorted, "document_unsorted(5 ids)")
+    if key == "local_global":
+        def local_global(b, h, q_idx, kv_idx):
+            return (torch.abs(q_idx - kv_idx) <= 512) | (kv_idx < 64) | (q_idx < 64)
+
+        return None, MaskMod(local_global, "local_global(512, 64)")
+    raise KeyError(key)
 
 
 def variant_name(score_mod, mask_mod) -> str:
@@ -300,11 +344,12 @@ def run_anchors(args, dtype, device):
             fns["attngen"] = lambda: attn(q, k, v)
         except Exception as e:  # noqa: BLE001
             row["attngen_error"] = err_line("attngen", e)
-        if score_mod is None and key in ("full", "causal"):
+        if (score_mod is None and key in ("full", "causal")) or key in ISSUE15:
+            # issue 15's variants: SDPA without the mod, as the dense reference (its TFLOP/s count every pair)
             sd, backend = sdpa_for(q, k, v, key == "causal")
             if sd is not None:
                 fns["sdpa"] = lambda sd=sd: sd(q, k, v)
-                row["sdpa_backend"] = backend
+                row["sdpa_backend"] = backend + (" dense" if key in ISSUE15 else "")
         heat_gpu(device, 1.0)
         times = {n: [] for n in fns}
         for _ in range(ROUNDS):
@@ -330,13 +375,17 @@ def run_anchors(args, dtype, device):
 
 def _fill_rates(row):
     d = row.get("density", float("nan"))
+    dense_sdpa = "dense" in (row.get("sdpa_backend") or "")  # SDPA without the variant's mask: all pairs
     for impl in ("attngen", "flex", "sdpa"):
         ms = row.get(f"{impl}_ms")
         if ms is not None:
-            row[f"{impl}_tflops"] = tflops(row["B"], row["H"], row["S"], row["D"], d, ms)
+            row[f"{impl}_tflops"] = tflops(row["B"], row["H"], row["S"], row["D"],
+                                           1.0 if impl == "sdpa" and dense_sdpa else d, ms)
     a = row.get("attngen_ms")
     for other in ("flex", "sdpa"):
         o = row.get(f"{other}_ms")
+        if other == "sdpa" and dense_sdpa and d != 1.0:
+            continue  # a time ratio against dense work would mislead
         if a and o:
             row[f"attngen_over_{other}"] = o / a  # > 1: attngen is faster
 
@@ -589,8 +638,10 @@ def compile_table(res) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--variants", nargs="+", default=ANCHORS, choices=ANCHORS, metavar="NAME",
-                   help=f"subset of anchor variants (default: all): {' '.join(ANCHORS)}")
+    p.add_argument("--variants", nargs="+", default=None, choices=ANCHORS + ISSUE15, metavar="NAME",
+                   help=f"variants to time (default: the --set): {' '.join(ANCHORS + ISSUE15)}")
+    p.add_argument("--set", default="anchors", choices=sorted(SETS),
+                   help="named set of variants when --variants is not given: anchors (default) or issue15")
     p.add_argument("--seq", type=int, default=8192, help="sequence length S (q and kv), default 8192")
     p.add_argument("--batch", type=int, default=2, help="batch B, default 2")
     p.add_argument("--heads", type=int, default=16, help="heads H, default 16")
@@ -611,6 +662,8 @@ def parse_args(argv=None):
 def main(argv=None):
     global BACKEND
     args = parse_args(argv)
+    if args.variants is None:
+        args.variants = list(SETS[args.set])
     BACKEND = args.backend
     import torch
 

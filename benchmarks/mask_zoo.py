@@ -246,6 +246,22 @@ ZOO = {
 }
 
 
-def make(name: str, L: int):
+# the same masks at test scale (L = 2048, brute-forced in tests/test_mask_zoo.py): windows, chunks and image
+# sizes shrunk so every family keeps its shape (several image rows per tile or tiles per image row, borders)
+SMALL = {
+    "sliding_window": dict(W=200), "local": dict(left=100, right=37), "prefix_lm": dict(P=300),
+    "block_diagonal": dict(S=96), "chunked_causal": dict(C=160), "chunked_window": dict(C=256, W=64),
+    "sink_window": dict(W=150, G=4), "sliding_prefix": dict(W=150, P=200), "local_global": dict(W=100, G=40),
+    "window_global": dict(W=150, G=8), "alibi_window_global": dict(W=150, G=8), "dilated_window": dict(W=150, D=2),
+    "dilated_causal": dict(W=300, D=4), "strided": dict(S=48), "natten_1d": dict(K=40),
+    "natten_1d_where": dict(K=40), "natten_1d_start_end": dict(K=40), "natten_2d": dict(W=64, K=3),
+    "natten_2d_narrow": dict(W=32, K=2), "tiled_natten_2d": dict(W=64, T=4, K=2), "dilated_natten_1d": dict(K=20, D=4),
+    "document_causal": dict(n_docs=6), "document_unsorted": dict(n_ids=5),
+}
+
+
+def make(name: str, L: int, small: bool = False):
+    """The mask_mod of zoo entry ``name`` for sequences of ``L`` positions; ``small`` picks the test-scale
+    parameters (SMALL)."""
     factory, _ = ZOO[name]
-    return factory(L)
+    return factory(L, **(SMALL.get(name, {}) if small else {}))

@@ -105,6 +105,17 @@ def variants(tensors):
             (CapturedTensor("t0", tensors["doc2"], torch.int64, 2), CapturedTensor("t1", tensors["hbias"], torch.float16, 2)),
         ),
         causal_preds(needs_classifier=True))
+    # the float functions beyond tanh/exp/log (issue 15): arguments kept where fp32 is well conditioned
+    from sympy.codegen.cfunctions import expm1, log1p
+
+    V["mathfns"] = (
+        TracedVariant(
+            Variant(),
+            sympy.atan(SCORE) + sympy.tan(sympy.tanh(SCORE / 40)) + log1p(sympy.Abs(SCORE) / 10)
+            + expm1(-sympy.Abs(SCORE) / 30) + sympy.erf(SCORE / 8) + sympy.sign(SCORE) * sympy.sign(Q - KV)
+            + (sympy.Abs(SCORE) / 10) ** sympy.Float(1.5) + sympy.Abs(SCORE) ** sympy.Float(0.25),
+            sympy.true),
+        full_preds())
     return V
 
 

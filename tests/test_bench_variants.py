@@ -32,3 +32,12 @@ def test_document_anchor_densities():
     # documents of exactly S / 8 tokens on tile boundaries (not an anchor): density exactly 1/8
     assert dens["document_aligned"] == 0.125
     assert len(bench_forward.ANCHORS) == len(set(bench_forward.ANCHORS))
+
+
+@pytest.mark.parametrize("key", bench_forward.ISSUE15)
+def test_issue15_variant_traces(key):
+    # issue 15 point 4's partial-tile set (--set issue15): plain functions as flex users write them
+    score_mod, mask_mod = bench_forward.make_variant(key, 2048, 4, "cpu")
+    attn = attngen.compile(score_mod=score_mod, mask_mod=mask_mod)
+    assert attn.traced.has_mask == (mask_mod is not None)
+    assert bench_forward.SETS["issue15"] == bench_forward.ISSUE15

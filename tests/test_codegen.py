@@ -35,6 +35,9 @@ from helpers import run_with_hash_seeds
 GXX = shutil.which("g++")
 
 
+_HEAD_SCALE = torch.tensor([0.5, -1.25, 2.0, 0.75])
+
+
 def derived_variants():
     """Library variants through the real tracer and predicate derivation (no captured tensors), so the
     printed tile functions the kernels run are checked against the same expressions block_map evaluates."""
@@ -47,6 +50,13 @@ def derived_variants():
         "d_prefix_or_window_not_bd": (attngen.prefix_lm(20) | attngen.sliding_window(48)) & ~attngen.block_diagonal(70),
         "d_dilated": attngen.dilated(90, 3),
         "d_abs_min": attngen.MaskMod(lambda b, h, q, k: (abs(q - k) <= 30) & (torch.minimum(q, k) >= 10), "abs_min"),
+        # issue 15's partial-tile masks: row/column splits of windows and congruences, global tokens
+        "d_dilated_window": attngen.MaskMod(lambda b, h, q, k: (torch.abs(q - k) <= 40) & ((q - k) % 2 == 0), "dw"),
+        "d_local_global": attngen.MaskMod(lambda b, h, q, k: (torch.abs(q - k) <= 20) | (k < 7) | (q < 9), "lg"),
+        "d_congruences": attngen.MaskMod(lambda b, h, q, k: ((q - k + 3) % 5 == 2) | ((2 * k - q) % 4 != 1)
+                                         | ((k - q) // 8 == 1) | (k % 3 == q // 16 % 3), "congr"),
+        "d_div_square": Variant(score_mod=attngen.ScoreMod(lambda s, b, h, q, k: s / (1 + 1e-3 * (q - k) ** 2), "div")),
+        "d_head_scale": Variant(score_mod=attngen.ScoreMod(lambda s, b, h, q, k: s * _HEAD_SCALE[h], "hs")),
     }
     return {k: analyze(m) for k, m in mods.items()}
 
@@ -71,10 +81,27 @@ def test_macros(rendered):
     def macros(text):
         return {m.group(1): int(m.group(2)) for m in re.finditer(r"#define ATTNGEN_(\w+) (\d)", text)}
 
-    assert macros(rendered["causal"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 0}
-    assert macros(rendered["softcap"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 0, "NEEDS_CLASSIFIER": 0}
-    assert macros(rendered["document"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 1}
-    assert macros(rendered["compound"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 1}
+    assert macros(rendered["causal"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 0, "SCORE_HEAD_SCALE": 0}
+    assert macros(rendered["softcap"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 0, "NEEDS_CLASSIFIER": 0, "SCORE_HEAD_SCALE": 0}
+    assert macros(rendered["document"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 1, "SCORE_HEAD_SCALE": 0}
+    assert macros(rendered["compound"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 1, "SCORE_HEAD_SCALE": 0}
+
+
+def test_issue15_partial_tile_reductions():
+    """Per-element work of issue 15's partial-tile variants: row and column parts hoisted apart, congruences as
+    one compare, a per-head factor folded into the kernel's per-tile multiplier, fast division."""
+    V = derived_variants()
+    r = {k: render_variant_inc(*V[k]) for k in ("d_dilated_window", "d_local_global", "d_div_square", "d_head_scale")}
+    mm = body(r["d_dilated_window"], "mask_mod").strip()
+    assert mm == "return cc.k0 == rc.r0 && kv_idx >= rc.r2 && kv_idx <= rc.r1;", mm
+    assert "(q_idx & 1)" in body(r["d_dilated_window"], "row_ctx") and "(kv_idx & 1)" in body(r["d_dilated_window"], "col_ctx")
+    mm = body(r["d_local_global"], "mask_mod")
+    assert "ag_abs" not in mm and "kv_idx >= rc." in mm and "kv_idx <= rc." in mm, mm
+    sm = body(r["d_div_square"], "score_mod")
+    assert "ag_fdiv(score," in sm and "(float)" not in sm and "ag_powi(cc.k0 + rc.r0, 2)" in sm, sm
+    assert "#define ATTNGEN_SCORE_HEAD_SCALE 1" in r["d_head_scale"]
+    assert body(r["d_head_scale"], "score_head_scale").strip() == "return hc.h0;"
+    assert "/" not in body(render_variant_inc(*V["d_div_square"], fast_div=False), "score_mod").replace("score / ", "")
 
 
 def test_every_contract_function_is_defined(rendered):
@@ -114,8 +141,8 @@ def test_work_is_hoisted_out_of_the_element_functions(rendered):
     assert "ag_ld_i32" in body(r["document"], "row_ctx") and "ag_ld_i32" in body(r["document"], "col_ctx")
     # chunked: the chunk index of q and of kv is computed once per row / column
     assert "py_floordiv" not in body(r["chunked"], "mask_mod")
-    assert "py_floordiv(q_idx, 256)" in body(r["chunked"], "row_ctx")
-    assert "py_floordiv(kv_idx, 256)" in body(r["chunked"], "col_ctx")
+    assert "(q_idx >> 8)" in body(r["chunked"], "row_ctx")
+    assert "(kv_idx >> 8)" in body(r["chunked"], "col_ctx")
     # bias table: the 64-bit offset is split into a per-row and a per-column part
     sm = body(r["bias"], "score_mod")
     assert sm.count("ag_ld_bf16(") == 1 and "stride" not in sm and "long long" not in sm and "ag_wrap" not in sm, sm
@@ -127,7 +154,7 @@ def test_work_is_hoisted_out_of_the_element_functions(rendered):
     sm = body(r["compound"], "score_mod")
     assert "exp2" not in sm and sm.count("ag_tanh(") == 1 and sm.count("ag_ld_f16(") == 0, sm
     mm = body(r["compound"], "mask_mod")
-    assert "ag_ld" not in mm and "py_mod(" in mm, mm
+    assert "ag_ld" not in mm and "py_mod(" not in mm and "cc.k1 == rc." in mm, mm  # congruences split by row / column
 
 
 @pytest.mark.heavy  # fresh interpreters (torch import each): ~8 s on 2 cores

@@ -132,8 +132,10 @@ def draw_expressions(rng, n_int=150, n_bool=50):
 
 
 def draw_points(rng, n=16):
-    pts = [(rng.randint(-300, 300), rng.randint(-300, 300), rng.randint(0, 15), rng.randint(0, 3)) for _ in range(n)]
-    pts += [(0, 0, 0, 0), (-1, 1, 1, 0), (255, 256, 7, 1), (-256, -257, 2, 3)]  # boundaries of // and %
+    # q_idx, kv_idx, h, b are never negative in a kernel (the CUDA printer relies on it: q_idx // 3 prints as
+    # C's q_idx / 3); differences and negated terms of the drawn expressions still reach negative values
+    pts = [(rng.randint(0, 600), rng.randint(0, 600), rng.randint(0, 15), rng.randint(0, 3)) for _ in range(n)]
+    pts += [(0, 0, 0, 0), (0, 1, 1, 0), (255, 256, 7, 1), (256, 257, 2, 3), (511, 0, 0, 0)]  # boundaries of // and %
     return pts
 
 
@@ -386,9 +388,15 @@ def test_loads_match_torch_indexing(tmp_path):
 
 def test_integer_division_is_never_c_truncation():
     p = CudaPrinter()
-    assert p.doprint(sympy.floor(Q / 256)) == "py_floordiv(q_idx, 256)"
+    assert p.doprint(sympy.floor(Q / 255)) == "q_idx / 255"  # C's / only where the dividend is provably >= 0
+    assert p.doprint(sympy.floor((Q - KV) / 255)) == "py_floordiv(q_idx - kv_idx, 255)"
     assert p.doprint(sympy.Mod(Q - KV, 7)) == "py_mod(q_idx - kv_idx, 7)"
+    assert p.doprint(sympy.Mod(Q * KV + H, 7)) == "(h + kv_idx * q_idx) % 7"
     assert p.doprint(sympy.ceiling(Q / 3)) == "-py_floordiv(-q_idx, 3)"
+    assert p.doprint(sympy.Mod(Q - KV, -8)) == "-((kv_idx - q_idx) & 7)"  # sympy: x % -m == -((-x) % m)
+    # by powers of two, either sign: an arithmetic shift and a mask (two's complement)
+    assert p.doprint(sympy.floor((Q - KV) / 256)) == "((q_idx - kv_idx) >> 8)"
+    assert p.doprint(sympy.Eq(sympy.Mod(Q - KV, 2), 0)) == "((q_idx - kv_idx) & 1) == 0"
     assert p.doprint(sympy.floor((I * BQ + BQ - 1 + QOFF) / BK) + 1) == "py_floordiv(i * BQ + BQ + QOFF - 1, BK) + 1"
     # true division is float, whatever the operands
     assert p.typeof(Q / 3) == FLOAT and "/" not in p.doprint(Q / 3)
@@ -430,7 +438,7 @@ def test_every_helper_the_printer_calls_is_in_variant_math():
     import attngen.printer as printer_module
 
     called = set(re.findall(r"\bag_\w+(?=\()|\bag_\w+(?=\")", Path(printer_module.__file__).read_text()))
-    called |= {"ag_" + name for name in ("min", "max", "abs")}  # printed through _c_helper(name)
+    called |= {"ag_" + name for name in ("min", "max", "abs", "sign")}  # printed through _c_helper(name)
     called |= {"ag_ld_" + suffix for suffix, _ in printer_module._DTYPES.values()}  # printed as f"ag_ld_{suffix}"
     called.discard("ag_ld_")
     defined = set(re.findall(r"\b(ag_\w+)\(", VARIANT_MATH.read_text()))
@@ -502,3 +510,38 @@ def test_printer_output_is_deterministic_across_hash_seeds():
         assert rc == 0, f"PYTHONHASHSEED={seed}: {err}"
         outs.add(out)
     assert len(outs) == 1
+
+
+@pytest.mark.heavy  # builds and runs C++ with g++: full lane
+@needs_gxx
+def test_reduced_division_by_constants_matches_python(tmp_path):
+    """The reductions of // and % by a positive constant (shift / mask for 2**k at either sign, C's / and % for
+    a non-negative dividend), printed and run on the host over dividends of both signs near the boundaries."""
+    exprs = []
+    for m in (1, 2, 3, 4, 7, 8, 64, 100, 1024):
+        for x in (Q - KV, KV - Q - 5, Q, 3 * Q + KV, -Q, H * 64 + KV):
+            exprs += [sympy.floor(x / m), sympy.Mod(x, m), sympy.ceiling(x / m), sympy.Eq(sympy.Mod(x, m), m - 1)]
+    pts = [(q, kv, h, 0) for q in (0, 1, 5, 63, 64, 127, 1023, 1024, 4099) for kv in (0, 1, 7, 64, 1025, 8191)
+           for h in (0, 3)]
+    p = CudaPrinter()
+    texts = [p.doprint(e) for e in exprs]
+    assert not any("py_" in t for t, e in zip(texts, exprs) if isinstance(e, sympy.Mod) and e.args[1] in (2, 8, 64, 1024))
+    funcs = [f"static long long f{k}(int q_idx, int kv_idx, int h, int b) {{ return (long long)({t}); }}"
+             for k, t in enumerate(texts)]
+    calls = "\n".join(f'    printf("%lld\\n", f{k}(P[n][0], P[n][1], P[n][2], P[n][3]));' for k in range(len(exprs)))
+    src = (HOST_PRELUDE + "\n".join(funcs)
+           + f"\nstatic const int P[{len(pts)}][4] = {{{', '.join('{%d, %d, %d, %d}' % pt for pt in pts)}}};\n"
+           + f"int main() {{\n  for (int n = 0; n < {len(pts)}; ++n) {{\n{calls}\n  }}\n  return 0;\n}}\n")
+    got = [int(x) for x in compile_and_run(tmp_path, src).split()]
+    bad = [f"{e} | C: {texts[k]} | at {pt}: C {got[n * len(exprs) + k]} vs Python {truth(e, pt)}"
+           for n, pt in enumerate(pts) for k, e in enumerate(exprs) if got[n * len(exprs) + k] != truth(e, pt)]
+    assert not bad, f"{len(bad)} mismatches, first:\n" + "\n".join(bad[:10])
+
+
+def test_fast_division_only_under_fast_div():
+    assert CudaPrinter().doprint(SCORE / (Q + 1)) == "score / (float)(q_idx + 1)"
+    p = CudaPrinter(fast_div=True)
+    assert p.doprint(SCORE / (Q + 1)) == "ag_fdiv(score, (float)(q_idx + 1))"
+    assert p.doprint(1 / SCORE) == "ag_fdiv(1.0f, score)"
+    # floor of a float quotient keeps the exact division (an approximate quotient can cross an integer)
+    assert "ag_fdiv" not in p.doprint(sympy.floor(SCORE / 3))

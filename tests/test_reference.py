@@ -341,7 +341,7 @@ def test_bad_options_raise():
         for w in words:
             assert w in str(ei.value)
     with pytest.raises(TypeError, match="Variant"):
-        attention(q, k, v, lambda b, h, qi, kv: qi >= kv)  # a bare function: wrap it in MaskMod/Variant
+        attention(q, k, v, object())  # not a variant, a mod or a function
     with pytest.raises(InputError, match="bool tensor"):
         attention(q, k, v, MaskMod(lambda b, h, qi, kv: (qi >= kv) * 1, "int_mask"))
 

@@ -4,19 +4,23 @@
                              arch="sm_90a")
     path = spec.build_cached()          # the cache's library path; built (spill ladder) on a miss
 
-The spec is everything that changes the binary; the cache stores one library per spec key.
+The spec is everything that changes the binary; the cache stores one library per spec key. Its key needs
+only the variant's ``VariantFacts`` (sympy-free); the traced variant and predicates are asked for only when
+the library is built, so a process that finds its libraries in the cache never traces (``for_facts``).
 """
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Tuple
 
 from ..abi import SUPPORTED_HEAD_DIMS, __version__
+from ..analysis_cache import VariantFacts
 from ..cache import cache_key, default_cache
-from ..codegen import render_variant_inc
 from ..errors import InputError
 from ..ir import BlockPredicates, TracedVariant
 from .ninja import LIBRARY_NAME, ptxas_spill_bytes, run_ninja, write_build_ninja
@@ -40,37 +44,55 @@ def choose_kernel(arch: str, kernel: str = "auto") -> str:
 
 @dataclass(frozen=True, eq=False)
 class KernelSpec:
-    traced: TracedVariant
-    predicates: BlockPredicates
+    facts: VariantFacts  # the variant's canonical text, mask / score_mod presence, captures, summaries
     name: str       # the variant's readable name
     dtype: str      # 'bfloat16' or 'float16'
     head_dim: int
     arch: str       # 'sm_90a', 'sm_80', ...
     kernel: str     # 'sm90' or 'sm80'
     fast_math: bool = True
+    debug: bool = False  # ATTNGEN_DEBUG=1 when the spec was made: captured-tensor reads are bounds-checked
+    # () -> (traced variant, predicates): what a build generates code from (the full analysis)
+    analysis: Callable[[], Tuple[TracedVariant, BlockPredicates]] = field(default=None, repr=False)
 
     @classmethod
     def create(cls, traced: TracedVariant, predicates: BlockPredicates, *, name: str, dtype, head_dim: int,
                arch: str, kernel: str = "auto", fast_math: bool = True) -> "KernelSpec":
         """Validate a signature and pick the kernel family for it."""
+        return cls.for_facts(VariantFacts.of(traced, predicates), lambda: (traced, predicates), name=name,
+                             dtype=dtype, head_dim=head_dim, arch=arch, kernel=kernel, fast_math=fast_math)
+
+    @classmethod
+    def for_facts(cls, facts: VariantFacts, analysis: Callable[[], Tuple[TracedVariant, BlockPredicates]], *,
+                  name: str, dtype, head_dim: int, arch: str, kernel: str = "auto",
+                  fast_math: bool = True) -> "KernelSpec":
+        """``create`` from a variant's facts; ``analysis`` runs only if the library has to be built."""
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise InputError(f"head dim {head_dim} is not supported: expected one of {list(SUPPORTED_HEAD_DIMS)}")
         if str(dtype).replace("torch.", "") not in ("bfloat16", "float16"):
             raise InputError(f"the kernels take torch.bfloat16 or torch.float16, got {dtype}")
-        return cls(traced, predicates, name, dtype_info(dtype)[2], head_dim, arch, choose_kernel(arch, kernel),
-                   fast_math)
+        return cls(facts, name, dtype_info(dtype)[2], head_dim, arch, choose_kernel(arch, kernel), fast_math,
+                   debug_build_requested(), analysis)
+
+    @property
+    def traced(self) -> TracedVariant:
+        return self.analysis()[0]
+
+    @property
+    def predicates(self) -> BlockPredicates:
+        return self.analysis()[1]
 
     def tile_choices(self):
         """sm90: the ladder of tile settings the build tries (all of it changes the binary); sm80: one setting."""
         if self.kernel == "sm90":
-            return sm90_ladder(self.head_dim, self.traced.has_mask, self.traced.has_score_mod)
+            return sm90_ladder(self.head_dim, self.facts.has_mask, self.facts.has_score_mod)
         return tile_config(self.head_dim, self.arch)
 
     def fields(self) -> dict:
         """Everything that changes the binary: the cache key is a hash of these."""
         return {
-            "variant": self.traced.canonical(),
-            "summaries": [s.key for s in self.predicates.summaries],
+            "variant": self.facts.canonical,
+            "summaries": [s.key for s in self.facts.summaries],
             "dtype": self.dtype,
             "head_dim": self.head_dim,
             "arch": self.arch,
@@ -80,16 +102,22 @@ class KernelSpec:
             "templates": template_hash(),
             "attngen": __version__,
             "nvcc": list(nvcc_version()),
+            # present only in debug builds, so normal builds keep their keys and the two never share one
+            **({"debug": True} if self.debug else {}),
         }
 
     @property
     def uri(self) -> str:
         """Readable name of the library: every key field a person would look for."""
         dt = {"bfloat16": "bf16", "float16": "fp16"}[self.dtype]
-        return f"{self.name} {dt} hd{self.head_dim} {self.arch} {self.kernel}"
+        return f"{self.name} {dt} hd{self.head_dim} {self.arch} {self.kernel}" + (" debug" if self.debug else "")
 
     def variant_inc(self) -> str:
-        return render_variant_inc(self.traced, self.predicates, fast_tanh=self.fast_math, fast_exp2=self.fast_math)
+        from ..codegen import render_variant_inc  # sympy: only when a library is built
+
+        traced, predicates = self.analysis()
+        return render_variant_inc(traced, predicates, fast_tanh=self.fast_math, fast_exp2=self.fast_math,
+                                  fast_div=self.fast_math, debug=self.debug)
 
     def build(self, build_dir: Path) -> dict:
         """Render, write build.ninja and compile into build_dir; returns what the cache records about it."""
@@ -106,21 +134,27 @@ class KernelSpec:
             run_ninja(build_dir)
         for p in list(build_dir.glob("*.o")) + list(build_dir.glob("*.o.d")):
             p.unlink()
-        return {"compiler": find_nvcc(), "build_seconds": round(time.perf_counter() - t0, 3), **info}
+        return {"compiler": find_nvcc(), "build_seconds": round(time.perf_counter() - t0, 3),
+                "expressions": self.expressions(), **info}
+
+    def expressions(self) -> dict:
+        """The variant's expressions as text, recorded in the library's meta.json."""
+        traced, predicates = self.analysis()
+        return {"score": str(traced.score), "mask": str(traced.mask),
+                "kv_range": [str(predicates.kv_lo), str(predicates.kv_hi)]}
 
     def build_cached(self) -> Path:
-        """The library of this spec from the on-disk cache, built on a miss (needs nvcc, not a GPU)."""
+        """The library of this spec from the on-disk cache, built on a miss (needs nvcc, not a GPU). A hit
+        needs only the key fields: no analysis, no sympy (the expressions go into meta.json with the build)."""
         fields = self.fields()
-        meta = {
-            "fields": fields,
-            "expressions": {
-                "score": str(self.traced.score),
-                "mask": str(self.traced.mask),
-                "kv_range": [str(self.predicates.kv_lo), str(self.predicates.kv_hi)],
-            },
-        }
-        return default_cache().get_or_build(cache_key(fields), self.uri, lambda d: self.build(Path(d)), meta=meta,
-                                            artifact=LIBRARY_NAME)
+        return default_cache().get_or_build(cache_key(fields), self.uri, lambda d: self.build(Path(d)),
+                                            meta={"fields": fields}, artifact=LIBRARY_NAME)
+
+
+def debug_build_requested() -> bool:
+    """True when ATTNGEN_DEBUG is set to a true value (1, true, yes, on): kernels built now check every
+    captured-tensor read against the tensor's size (docs/user-guide.md, "Debugging out-of-range indices")."""
+    return os.environ.get("ATTNGEN_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def build_first_without_spills(build_dir: Path, variant_inc: str, dtype, head_dim: int, arch: str, ladder):

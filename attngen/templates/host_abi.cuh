@@ -72,6 +72,12 @@ extern "C" ATTNGEN_EXPORT const char* attngen_error_string(int code) {
   return cudaGetErrorString(static_cast<cudaError_t>(code));
 }
 
+#ifdef ATTNGEN_DEBUG_SLOT
+// Debug builds only (ATTNGEN_DEBUG=1): the captured-tensor slot launch.py fills with the bounds record ag_chk writes
+// (templates/variant_math.cuh); its presence tells launch.py the library is a debug build.
+extern "C" ATTNGEN_EXPORT int attngen_debug_slot(void) { return ATTNGEN_DEBUG_SLOT; }
+#endif
+
 extern "C" ATTNGEN_EXPORT int attngen_fwd(const AttngenFwdArgs* a, void* stream) {
   if (a == nullptr) return (int)cudaErrorInvalidValue;
   if (a->D != kernel_info().head_dim || a->B < 0 || a->Hq < 0 || a->Lq < 0 || a->Lk < 0)

@@ -35,6 +35,9 @@ ATTNGEN_DEV_INLINE void score_tile(Frag& s, float scale, const CapturedArgs& C, 
   constexpr int NT = sizeof(Frag) / (sizeof(float) * 4 * MT);  // n8 chunks
 #if !ATTNGEN_HAS_SCORE_MOD
   const float scale_log2 = scale * LOG2E;
+#elif ATTNGEN_SCORE_HEAD_SCALE
+  // score_mod(s) = a s with a per-head factor a: one multiply per element
+  const float head_log2 = scale * score_head_scale(C, hc) * LOG2E;
 #endif
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -51,7 +54,9 @@ ATTNGEN_DEV_INLINE void score_tile(Frag& s, float scale, const CapturedArgs& C, 
 #pragma unroll
         for (int rh = 0; rh < 2; ++rh) {
           float& x = frag_at(s, mt, nt, rh * 2 + e);
-#if ATTNGEN_HAS_SCORE_MOD
+#if ATTNGEN_HAS_SCORE_MOD && ATTNGEN_SCORE_HEAD_SCALE
+          const float y = x * head_log2;
+#elif ATTNGEN_HAS_SCORE_MOD
           const float y = score_mod(x * scale, C, hc, rc[mt][rh], cc, qi[mt][rh], kv) * LOG2E;
 #else
           const float y = RAW ? x : x * scale_log2;

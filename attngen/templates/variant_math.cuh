@@ -48,6 +48,16 @@ __host__ __device__ __forceinline__ float ag_rsqrt(float x) {
 #endif
 }
 
+// a / b of a score mod under fast_math: __fdividef (MUFU.RCP + FMUL; 2 ulp for 2^-126 <= |b| <= 2^126,
+// 0 for larger |b|) instead of IEEE division, a multi-instruction sequence with a slow-path branch per element
+__host__ __device__ __forceinline__ float ag_fdiv(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fdividef(a, b);
+#else
+  return a / b;
+#endif
+}
+
 // ---- Python semantics that C spells differently
 
 __host__ __device__ __forceinline__ int ag_min(int a, int b) { return a < b ? a : b; }
@@ -58,6 +68,10 @@ __host__ __device__ __forceinline__ long long ag_max(long long a, long long b) {
 __host__ __device__ __forceinline__ float ag_max(float a, float b) { return fmaxf(a, b); }
 __host__ __device__ __forceinline__ int ag_abs(int a) { return a < 0 ? -a : a; }
 __host__ __device__ __forceinline__ long long ag_abs(long long a) { return a < 0 ? -a : a; }
+// torch.sign: -1, 0 or 1; a float NaN (or zero) passes through, as torch's does
+__host__ __device__ __forceinline__ int ag_sign(int a) { return (a > 0) - (a < 0); }
+__host__ __device__ __forceinline__ long long ag_sign(long long a) { return (long long)((a > 0) - (a < 0)); }
+__host__ __device__ __forceinline__ float ag_sign(float a) { return a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : a); }
 // x ** n for a literal n > 4 (smaller powers of a symbol print as products)
 __host__ __device__ __forceinline__ int ag_powi(int x, int n) { int r = 1; for (int k = 0; k < n; ++k) r *= x; return r; }
 __host__ __device__ __forceinline__ long long ag_powi(long long x, int n) { long long r = 1; for (int k = 0; k < n; ++k) r *= x; return r; }
@@ -75,6 +89,27 @@ __host__ __device__ __forceinline__ float ag_fmod_py(float a, float b) {
 // baked in at trace time (CapturedTensor.wrapped_dims) and checked at every call.
 __host__ __device__ __forceinline__ int ag_wrap(int i, int n) { return i < 0 ? i + n : i; }
 __host__ __device__ __forceinline__ long long ag_wrap(long long i, long long n) { return i < 0 ? i + n : i; }
+
+// Debug builds (ATTNGEN_DEBUG=1) check every captured-tensor index with ag_chk. `rec` is the debug record
+// launch.py passes in captured slot ATTNGEN_DEBUG_SLOT: int32 sizes[ATTNGEN_MAX_CAPTURED][4], then the first
+// out-of-range read as {flag, tensor, dim, index (saturated to int32)}. An index out of [0, size) is
+// recorded and replaced by 0, so the kernel never reads out of bounds; launch.py raises InputError after it.
+#define AG_DEBUG_RECORD (ATTNGEN_MAX_CAPTURED * 4)
+__host__ __device__ __forceinline__ long long ag_chk(const void* rec, int n, int d, long long i) {
+  int* r = (int*)rec;
+  if (i >= 0 && i < (long long)r[n * 4 + d]) return i;
+  const int saturated = i > 2147483647LL ? 2147483647 : i < -2147483647LL ? -2147483647 : (int)i;
+#ifdef __CUDA_ARCH__
+  if (atomicCAS(r + AG_DEBUG_RECORD, 0, 1) == 0) {
+    r[AG_DEBUG_RECORD + 1] = n; r[AG_DEBUG_RECORD + 2] = d; r[AG_DEBUG_RECORD + 3] = saturated;
+  }
+#else
+  if (r[AG_DEBUG_RECORD] == 0) {
+    r[AG_DEBUG_RECORD] = 1; r[AG_DEBUG_RECORD + 1] = n; r[AG_DEBUG_RECORD + 2] = d; r[AG_DEBUG_RECORD + 3] = saturated;
+  }
+#endif
+  return 0;
+}
 
 // ---- captured-tensor element loads: p + off (element offset), converted to the printer's value type
 

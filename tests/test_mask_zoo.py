@@ -1,0 +1,52 @@
+"""The block maps of the masks researchers write (benchmarks/mask_zoo.py: the cookbook's, the NATTEN family,
+local + global tokens, windows with prefixes, chunks, dilation) against brute force: sound for every mask,
+equal to brute force for the families marked exact."""
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import attngen  # noqa: E402
+from attngen import reference  # noqa: E402
+from attngen.mods import MaskMod, Variant  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import mask_zoo  # noqa: E402
+
+EMPTY, PARTIAL, FULL = 0, 1, 2
+L = 2048  # the sequence length the masks are built for (NATTEN clamps at its borders)
+# (q_len, kv_len, BQ, BK, q_offset): square maps at the kernel's tile sizes, plus ragged, offset and
+# rectangular ones
+SHAPES = [(L, L, 128, 128, 0), (L, L, 64, 128, 0), (L, L, 128, 64, 0), (1000, L, 128, 128, 1000),
+          (L - 5, L - 3, 128, 128, 0), (L, L, 192, 80, 0), (300, 700, 64, 64, 37)]
+
+
+def _brute(mask_mod, q_len, kv_len, BQ, BK, q_offset):
+    m = reference.dense_mask(Variant(mask_mod=mask_mod), 1, 1, q_len, kv_len, q_offset=q_offset)[0, 0]
+    nqb, nkb = -(-q_len // BQ), -(-kv_len // BK)
+    padded = torch.full((nqb * BQ, nkb * BK), -1, dtype=torch.int8)
+    padded[:q_len, :kv_len] = m.to(torch.int8)
+    tiles = padded.reshape(nqb, BQ, nkb, BK).permute(0, 2, 1, 3).reshape(nqb, nkb, -1)
+    any_kept = (tiles == 1).any(-1)
+    all_kept = ~(tiles == 0).any(-1)
+    return torch.where(all_kept, FULL, torch.where(any_kept, PARTIAL, EMPTY)).to(torch.int8)
+
+
+@pytest.mark.parametrize("name", list(mask_zoo.ZOO))
+def test_zoo_block_map_against_brute_force(name):
+    _, exact = mask_zoo.ZOO[name]
+    mask_mod = MaskMod(mask_zoo.make(name, L, small=True), name)
+    attn = attngen.compile(mask_mod=mask_mod, backend="reference")
+    for q_len, kv_len, BQ, BK, q_offset in SHAPES:
+        got = attngen.block_map(attn, q_len, kv_len, (BQ, BK), q_offset=q_offset)
+        want = _brute(mask_mod, q_len, kv_len, BQ, BK, q_offset)
+        ctx = f"{name}: q_len={q_len} kv_len={kv_len} block=({BQ},{BK}) q_offset={q_offset}"
+        bad_empty = (got == EMPTY) & (want != EMPTY)
+        bad_full = (got == FULL) & (want != FULL)
+        assert not bad_empty.any(), f"tile marked EMPTY has kept elements at {bad_empty.nonzero()[:5].tolist()} ({ctx})"
+        assert not bad_full.any(), f"tile marked FULL has masked elements at {bad_full.nonzero()[:5].tolist()} ({ctx})"
+        if exact:
+            diff = got != want
+            assert not diff.any(), (f"inexact at {diff.nonzero()[:5].tolist()}: got {got[diff][:5].tolist()} "
+                                    f"want {want[diff][:5].tolist()} ({ctx})")
