@@ -172,6 +172,7 @@ def explain(variant, q_len: int = 32768, kv_len: Optional[int] = None, block: Tu
         f"  kv blocks provably full:         [{_fmt(preds.kv_full_lo)}, {_fmt(preds.kv_full_hi)})",
         f"  q blocks per kv-block j (bwd):   [{_fmt(preds.q_lo)}, {_fmt(preds.q_hi)})",
     ]
+    lines += [f"  note: {n}" for n in preds.notes]
     if preds.summaries:
         lines.append("  runtime per-block summaries: " + "; ".join(f"{s.name} = {s.key}" for s in preds.summaries))
     ta = _fmt(preds.tile_any)

@@ -178,3 +178,5 @@ class BlockPredicates:
     tile_all: sympy.Basic
     needs_classifier: bool = True
     summaries: Tuple[Summary, ...] = ()
+    notes: Tuple[str, ...] = ()  # what a reader of explain or the build log should know (a coarse map)
+    analysis_steps: int = 0  # work the derivation did, in predicates.WORK_BUDGET's steps

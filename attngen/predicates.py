@@ -19,6 +19,9 @@ per-block min/max summaries computed at run time in O(N).
 """
 from __future__ import annotations
 
+import contextvars
+import functools
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -33,6 +36,38 @@ from .ir import BlockPredicates, CapturedTensor, Summary, TracedVariant
 
 Rel = sympy.core.relational.Relational
 true, false = sympy.true, sympy.false
+
+
+# ----------------------------------------------------------------------------------------------
+# work budget
+# ----------------------------------------------------------------------------------------------
+
+# Steps one derivation may take (a step: one tile_any call or one atom decided inside a conjunction). The
+# exact refinements (box cuts, disjunctive normal form) multiply work; past the budget they stop and the
+# rest of the derivation uses the linear structural bound: tiles classify partial instead of empty/full
+# where only the refinements could tell, never the other way (docs/user-guide.md, "Block maps").
+WORK_BUDGET = 12000
+
+
+class _Work:
+    def __init__(self, budget: int):
+        self.left = budget
+        self.exhausted = False
+
+    def take(self, n: int = 1) -> bool:
+        if self.left >= n:
+            self.left -= n
+            return True
+        self.exhausted = True
+        return False
+
+
+_WORK: contextvars.ContextVar = contextvars.ContextVar("attngen_derive_work", default=None)
+
+
+def _take(n: int = 1) -> bool:
+    work = _WORK.get()
+    return True if work is None else work.take(n)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -113,8 +148,8 @@ def _monotone_split(f):
         if _outer_monotone_node(e) is None:
             return None
         if isinstance(f, sympy.Eq):
-            return And(sympy.Ge(e, 0, evaluate=False), sympy.Ge(-e, 0, evaluate=False))
-        return Or(sympy.Gt(e, 0, evaluate=False), sympy.Gt(-e, 0, evaluate=False))
+            return _and(sympy.Ge(e, 0, evaluate=False), sympy.Ge(-e, 0, evaluate=False))
+        return _or(sympy.Gt(e, 0, evaluate=False), sympy.Gt(-e, 0, evaluate=False))
     if isinstance(f, (sympy.Ge, sympy.Gt)):
         e, rel = f.lhs - f.rhs, type(f)
     elif isinstance(f, (sympy.Le, sympy.Lt)):
@@ -128,7 +163,7 @@ def _monotone_split(f):
     args = (node.args[0], -node.args[0]) if isinstance(node, sympy.Abs) else node.args
     is_max = isinstance(node, (sympy.Max, sympy.Abs))
     parts = [rel(e.xreplace({node: a}), 0, evaluate=False) for a in args]
-    return Or(*parts) if is_max == (pol > 0) else And(*parts)
+    return _or(*parts) if is_max == (pol > 0) else _and(*parts)
 
 
 def _outer_monotone_node(e):
@@ -152,13 +187,13 @@ def _cases(node) -> List[Tuple[sympy.Basic, sympy.Basic]]:
         for k, a in enumerate(args):
             pick = sympy.Le if isinstance(node, sympy.Min) else sympy.Ge
             conds = [pick(a, o) for o in args if o is not a]
-            out.append((And(*conds), a))
+            out.append((_and(*conds), a))
         return out
     if isinstance(node, sympy.Piecewise):
         out, prior = [], false
         for val, cond in node.args:
-            out.append((And(cond, Not(prior)), val))
-            prior = Or(prior, cond)
+            out.append((_and(cond, Not(prior)), val))
+            prior = _or(prior, cond)
         return out
     raise TypeError(node)
 
@@ -172,10 +207,10 @@ def nnf(f, negate=False):
         return nnf(f.args[0], not negate)
     if isinstance(f, And):
         parts = [nnf(a, negate) for a in f.args]
-        return Or(*parts) if negate else And(*parts)
+        return _or(*parts) if negate else _and(*parts)
     if isinstance(f, Or):
         parts = [nnf(a, negate) for a in f.args]
-        return And(*parts) if negate else Or(*parts)
+        return _and(*parts) if negate else _or(*parts)
     if isinstance(f, (sympy.Xor, sympy.Equivalent, sympy.Implies, sympy.ITE)):
         return nnf(sympy.simplify_logic(f, form="dnf", deep=False) if len(f.atoms(Rel)) <= 6 else f.to_nnf(), negate)
     if isinstance(f, Rel):
@@ -185,7 +220,7 @@ def nnf(f, negate=False):
         node = _first_piecewise_term(f.lhs - f.rhs)
         if node is not None:
             # M(x) == OR_k (cond_k & M(x_k)); keeps exactness
-            expanded = Or(*[And(c, f.xreplace({node: v})) for c, v in _cases(node)])
+            expanded = _or(*[_and(c, _replace(f, {node: v})) for c, v in _cases(node)])
             return nnf(expanded, negate)
         return _relation(f, negate)
     raise TypeError(f"cannot derive predicates for {f!r} ({type(f).__name__})")
@@ -205,7 +240,7 @@ class Box:
     kb: sympy.Expr
 
     def nonempty(self):
-        return And(_le(self.qa, self.qb), _le(self.ka, self.kb))
+        return _and(_le(self.qa, self.qb), _le(self.ka, self.kb))
 
     def rng(self, var):
         return (self.qa, self.qb) if var == S.Q else (self.ka, self.kb)
@@ -235,6 +270,7 @@ class _Summaries:
         self.by_name = {c.name: c for c in captured}
         self.list: List[Summary] = []
         self._index: Dict[str, sympy.Expr] = {}
+        self.bounds_memo: Dict[tuple, tuple] = {}
 
     def load(self, load: sympy.Expr, var, which: str):
         """Bound of ``load`` (ILoad(t, [b,] var)) over the block of ``var``; None if not summarisable."""
@@ -308,8 +344,10 @@ class _Summaries:
         return out[0] * vblk + base, out[1] * vblk - 1 + base
 
 
+@functools.lru_cache(maxsize=8192)
 def _split_terms(e):
-    """Split a sum into {var: [terms depending only on var]}, 'both': [...], const: expr."""
+    """Split a sum into {var: [terms depending only on var]}, 'both': [...], const: expr (memoised: callers
+    only read the lists)."""
     parts = {S.Q: [], S.KV: [], "both": []}
     const = sympy.Integer(0)
     for t in sympy.Add.make_args(sympy.expand(e)):
@@ -334,6 +372,133 @@ INF = sympy.oo
 # which dominates derivation time); numbers still fold, infinities drop out
 # ----------------------------------------------------------------------------------------------
 
+_NONNEG = {S.B, S.H, S.I, S.J, S.QOFF, S.Q, S.KV}  # QOFF, q_idx and kv_idx are never negative at run time
+_POSITIVE = {S.BQ, S.BK, S.QLEN, S.KVLEN}
+_INF_F = float("inf")
+
+
+def _num_range(e):
+    """Numeric (low, high) of ``e`` over every run-time value of the tile symbols, from its structure alone
+    (no assumption queries): what lets construction drop a min/max argument that can never be picked and
+    fold a relation that always or never holds. (-inf, inf) when nothing is known."""
+    hit = _RANGE_MEMO.get(e)
+    if hit is not None:
+        return hit
+    r = _num_range_uncached(e)
+    if len(_RANGE_MEMO) > 100_000:
+        _RANGE_MEMO.clear()
+    _RANGE_MEMO[e] = r
+    return r
+
+
+_RANGE_MEMO: Dict[sympy.Basic, Tuple] = {}
+
+
+def _num_range_uncached(e):
+    from fractions import Fraction
+
+    if e.is_Rational:
+        v = Fraction(int(e.p), int(e.q))
+        return v, v
+    if e is INF:
+        return _INF_F, _INF_F
+    if e is -INF:
+        return -_INF_F, -_INF_F
+    if e in _NONNEG:
+        return 0, _INF_F
+    if e in _POSITIVE:
+        return 1, _INF_F
+    if isinstance(e, sympy.Add):
+        lo = hi = 0
+        for a in e.args:
+            alo, ahi = _num_range(a)
+            lo, hi = lo + alo, hi + ahi
+            if lo != lo or hi != hi:  # inf - inf
+                return -_INF_F, _INF_F
+        return lo, hi
+    if isinstance(e, sympy.Mul):
+        lo, hi = 1, 1
+        for a in e.args:
+            alo, ahi = _num_range(a)
+            if lo >= 0 and alo >= 0:
+                lo, hi = lo * alo, hi * ahi
+            elif lo == hi and alo == ahi:
+                lo = hi = lo * alo
+            elif lo == hi and lo != 0 and abs(lo) != _INF_F:
+                lo, hi = (lo * alo, lo * ahi) if lo > 0 else (lo * ahi, lo * alo)
+            elif alo == ahi and alo != 0 and abs(alo) != _INF_F:
+                lo, hi = (alo * lo, alo * hi) if alo > 0 else (alo * hi, alo * lo)
+            else:
+                return -_INF_F, _INF_F
+            if lo != lo or hi != hi:
+                return -_INF_F, _INF_F
+        return lo, hi
+    if isinstance(e, sympy.Pow) and e.exp == -1:
+        blo, bhi = _num_range(e.base)
+        if blo > 0:
+            return (0 if bhi == _INF_F else 1 / Fraction(bhi)), 1 / Fraction(blo)
+        return -_INF_F, _INF_F
+    if isinstance(e, (sympy.Min, sympy.Max)):
+        rs = [_num_range(a) for a in e.args]
+        f = min if isinstance(e, sympy.Min) else max
+        return f(r[0] for r in rs), f(r[1] for r in rs)
+    if isinstance(e, (sympy.floor, sympy.ceiling)):
+        import math
+
+        lo, hi = _num_range(e.args[0])
+        rnd = math.floor if isinstance(e, sympy.floor) else math.ceil
+        return (lo if abs(lo) == _INF_F else rnd(lo)), (hi if abs(hi) == _INF_F else rnd(hi))
+    if isinstance(e, sympy.Mod) and e.args[1].is_Integer and e.args[1] > 0:
+        return 0, int(e.args[1]) - 1
+    if isinstance(e, sympy.Piecewise):
+        rs = [_num_range(v) for v, _ in e.args]
+        return min(r[0] for r in rs), max(r[1] for r in rs)
+    return -_INF_F, _INF_F
+
+
+def _dominated(a, others, is_max):
+    """Whether ``a`` can never be the max (is_max) / min of the argument list because another argument is
+    always at least (at most) as large (small)."""
+    alo, ahi = _num_range(a)
+    for o in others:
+        olo, ohi = _num_range(o)
+        if (olo >= ahi) if is_max else (ohi <= alo):
+            return True
+    return False
+
+
+def _lattice(cls, args):
+    """And/Or of ``args`` as given: flattened, constants folded, duplicates dropped, no argument sorting or
+    relational canonicalisation (sympy's constructor does both on every call, quadratic in formula size).
+    Argument order follows construction order, which is deterministic."""
+    zero, identity = (false, true) if cls is And else (true, false)
+    out, seen = [], set()
+    for a in args:
+        a = true if a is True else false if a is False else a
+        for x in (a.args if isinstance(a, cls) else (a,)):
+            if x is zero:
+                return zero
+            if x is identity or x in seen:
+                continue
+            seen.add(x)
+            out.append(x)
+    if not out:
+        return identity
+    if len(out) == 1:
+        return out[0]
+    obj = sympy.Basic.__new__(cls, *out)
+    obj._argset = frozenset(out)
+    return obj
+
+
+def _and(*args):
+    return _lattice(And, args)
+
+
+def _or(*args):
+    return _lattice(Or, args)
+
+
 def _minmax(cls, args, pick):
     flat = []
     for a in args:
@@ -343,17 +508,35 @@ def _minmax(cls, args, pick):
     if any(a == absorbing for a in flat):
         return absorbing
     nums = [a for a in flat if a.is_Number and a != neutral]
-    rest = []
+    # x + c1 and x + c2 (one symbolic part, constant offsets): only the extreme offset can be picked
+    best: Dict[sympy.Basic, sympy.Basic] = {}
     for a in flat:
-        if not a.is_Number and a not in rest:
-            rest.append(a)
+        if a.is_Number:
+            continue
+        c, x = a.as_coeff_Add()
+        if x in best:
+            c0 = best[x].as_coeff_Add()[0]
+            if pick(c, c0) == c0:
+                continue
+        best[x] = a
+    rest = list(best.values())
+    if nums:
+        rest.append(pick(nums))
+        nums = []
+    kept = []
+    for k, a in enumerate(rest):
+        if not _dominated(a, kept + rest[k + 1:], cls is sympy.Max):
+            kept.append(a)
+    rest = kept
     if nums:
         rest.append(pick(nums))
     if not rest:
         return neutral
     if len(rest) == 1:
         return rest[0]
-    return cls(*rest, evaluate=False)
+    obj = sympy.Basic.__new__(cls, *rest)  # as given: sympy would sort the arguments (a full traversal)
+    obj._argset = frozenset(rest)
+    return obj
 
 
 def _max(*args):
@@ -369,6 +552,11 @@ def _floor(x):
     return sympy.floor(x) if x.is_Number else sympy.floor(x, evaluate=False)
 
 
+def _mod(x, m):
+    x = sympy.sympify(x)
+    return sympy.Mod(x, m) if x.is_Number else sympy.Mod(x, m, evaluate=False)
+
+
 def _ceil(x):
     x = sympy.sympify(x)
     return sympy.ceiling(x) if x.is_Number else sympy.ceiling(x, evaluate=False)
@@ -377,10 +565,21 @@ def _ceil(x):
 def _rel(cls):
     def build(a, b):
         a, b = sympy.sympify(a), sympy.sympify(b)
-        if (a.is_Number or a.is_infinite) and (b.is_Number or b.is_infinite):
+        if (a.is_Number or a in (INF, -INF)) and (b.is_Number or b in (INF, -INF)):
             return cls(a, b)
         if a == b:
             return cls(0, 0)
+        alo, ahi = _num_range(a)
+        blo, bhi = _num_range(b)
+        if cls in (sympy.Le, sympy.Lt, sympy.Ge, sympy.Gt):
+            lt_always, le_always = ahi < blo, ahi <= blo  # a < b / a <= b for every run-time value
+            gt_always, ge_always = alo > bhi, alo >= bhi
+            decided = {sympy.Le: (le_always, gt_always), sympy.Lt: (lt_always, ge_always),
+                       sympy.Ge: (ge_always, lt_always), sympy.Gt: (gt_always, le_always)}[cls]
+            if decided[0]:
+                return true
+            if decided[1]:
+                return false
         return cls(a, b, evaluate=False)
 
     return build
@@ -409,7 +608,7 @@ def _mod_bounds(a, b, m):
     [Mod(a), Mod(b)]; across a period boundary every residue may occur, [0, m-1]. Written with
     an indicator (1 when one period) instead of Piecewise, which sympy folds very slowly."""
     one_period = 1 - _min(1, _floor(b / m) - _floor(a / m))
-    return sympy.Mod(a, m) * one_period, m - 1 - (m - 1 - sympy.Mod(b, m)) * one_period
+    return _mod(a, m) * one_period, m - 1 - (m - 1 - _mod(b, m)) * one_period
 
 
 def term_bounds(t, var, lo, hi, summ: Optional[_Summaries]):
@@ -442,7 +641,7 @@ def term_bounds(t, var, lo, hi, summ: Optional[_Summaries]):
     if isinstance(t, sympy.Mod) and t.args[1].is_number and t.args[1] > 0:
         m = t.args[1]
         a, b = term_bounds(t.args[0], var, lo, hi, summ)
-        if a.is_infinite or b.is_infinite:
+        if a in (INF, -INF) or b in (INF, -INF):
             return sympy.Integer(0), m - 1 if m.is_integer else m
         return _mod_bounds(a, b, m)
     if isinstance(t, S.Load) and summ is not None and t.args[-1] == var:
@@ -453,6 +652,20 @@ def term_bounds(t, var, lo, hi, summ: Optional[_Summaries]):
 
 
 def expr_bounds(e, box: Box, summ: Optional[_Summaries]):
+    """Bounds (low, high) of ``e`` over the box; memoised per derivation (the box cuts bound one form over
+    the same box many times)."""
+    memo = summ.bounds_memo if summ is not None else None
+    if memo is not None:
+        hit = memo.get((e, box))
+        if hit is not None:
+            return hit
+    r = _expr_bounds(e, box, summ)
+    if memo is not None:
+        memo[(e, box)] = r
+    return r
+
+
+def _expr_bounds(e, box: Box, summ: Optional[_Summaries]):
     parts, const = _split_terms(e)
     lo, hi = const, const
     for var in (S.Q, S.KV):
@@ -479,7 +692,7 @@ def _both_bounds(t, box, summ):
     if isinstance(t, sympy.Mod) and t.args[1].is_number and t.args[1] > 0:
         m = t.args[1]
         a, b = expr_bounds(t.args[0], box, summ)
-        if a.is_infinite or b.is_infinite:
+        if a in (INF, -INF) or b in (INF, -INF):
             return sympy.Integer(0), m - 1
         return _mod_bounds(a, b, m)
     return -INF, INF
@@ -559,10 +772,10 @@ def _monotone_equalities_as_bounds(f):
         if not e.is_integer or _monotone_form(e) is None:
             continue
         if isinstance(atom, sympy.Eq):
-            rep[atom] = And(_atom(e, "ge"), _atom(-e, "ge"))
+            rep[atom] = _and(_atom(e, "ge"), _atom(-e, "ge"))
         else:
-            rep[atom] = Or(_atom(e - 1, "ge"), _atom(-e - 1, "ge"))
-    return f.xreplace(rep) if rep else f
+            rep[atom] = _or(_atom(e - 1, "ge"), _atom(-e - 1, "ge"))
+    return _replace(f, rep) if rep else f
 
 
 def _q_chunk_term(f):
@@ -577,10 +790,31 @@ def _q_chunk_term(f):
     return None
 
 
+def _replace(f, mapping):
+    """``f`` with ``mapping`` applied: whole subformulas first, then inside atoms; the boolean structure is
+    rebuilt with _and/_or and each changed atom without evaluation (a number folds to true/false)."""
+    if f in mapping:
+        return mapping[f]
+    if isinstance(f, (And, Or)):
+        return (_and if isinstance(f, And) else _or)(*[_replace(a, mapping) for a in f.args])
+    if isinstance(f, Not):
+        return Not(_replace(f.args[0], mapping))
+    if isinstance(f, Rel):
+        lhs, rhs = f.lhs.xreplace(mapping), f.rhs.xreplace(mapping)
+        if lhs is f.lhs and rhs is f.rhs:
+            return f
+        d = lhs - rhs
+        if d.is_Number:
+            return true if bool(type(f)(d, 0)) else false
+        return type(f)(lhs, rhs, evaluate=False)
+    return f
+
+
 def _substitute_atom(f, atom, value):
-    return f.xreplace({atom: value})
+    return _replace(f, {atom: value})
 
 
+@functools.lru_cache(maxsize=8192)
 def _form_of(e):
     """Split an atom's expression into (form, offset) with form free of constants and of sign
     ambiguity: two atoms on one form constrain one integer quantity."""
@@ -597,6 +831,7 @@ _KIND = {sympy.Ge: "ge", sympy.Gt: "gt", sympy.Eq: "eq", sympy.Ne: "ne"}
 
 def _conj_any(atoms: Sequence, box: Box, summ) -> sympy.Basic:
     """Over-approximate 'some point of the box satisfies all atoms'; exact within each form."""
+    _take(len(atoms))
     groups: Dict[sympy.Expr, list] = {}
     for a in atoms:
         e = a.lhs
@@ -615,7 +850,7 @@ def _conj_any(atoms: Sequence, box: Box, summ) -> sympy.Basic:
     out = []
     for form, cons in groups.items():
         out.append(_group_any(form, cons, box, summ))
-    return And(*out)
+    return _and(*out)
 
 
 def _group_any(form, cons, box, summ):
@@ -648,19 +883,19 @@ def _group_any(form, cons, box, summ):
         kind, sign, const, m, r = special[0]
         if kind == "ne":
             val = -const if sign == 1 else const
-            conds.append(Or(_lt(L, U), _ne(L, val)))
+            conds.append(_or(_lt(L, U), _ne(L, val)))
         else:
             # Mod(sign*v + const, m) == r  <=>  v == s (mod m) for one residue s
-            s = sympy.Mod(sign * (r - const), m)
+            s = _mod(sign * (r - const), m)
             if kind == "mod":
                 conds.append(_ge(_floor((U - s) / m) * m + s, L))
             else:
-                conds.append(Or(_lt(L, U), _ne(sympy.Mod(L, m), s)))
+                conds.append(_or(_lt(L, U), _ne(_mod(L, m), s)))
     elif special:
         # several congruences / disequalities on one form: each alone (sound, maybe loose)
         for kind, sign, const, m, r in special:
             conds.append(_group_any(form, [(kind, sign, const, m, r)], box, summ))
-    return And(*conds)
+    return _and(*conds)
 
 
 _MAX_SPLITS = 4
@@ -673,6 +908,8 @@ def tile_any(f, box: Box, summ=None, splits: int = 0, chunk_cuts: int = 0):
         return box.nonempty()
     if f is false:
         return false
+    if not _take():
+        return _structural_any(f, box, summ)
     f = _monotone_equalities_as_bounds(f)
     # (2) cut the box along a monotone one-variable atom
     if splits < _MAX_SPLITS:
@@ -688,9 +925,9 @@ def tile_any(f, box: Box, summ=None, splits: int = 0, chunk_cuts: int = 0):
             else:
                 b_true = box.with_range(var, vlo, _min(vhi, hi))
                 b_false = box.with_range(var, _max(vlo, hi + 1), vhi)
-            return Or(
-                And(b_true.nonempty(), tile_any(_substitute_atom(f, atom, true), b_true, summ, splits + 1, chunk_cuts)),
-                And(b_false.nonempty(), tile_any(_substitute_atom(f, atom, false), b_false, summ, splits + 1, chunk_cuts)),
+            return _or(
+                _and(b_true.nonempty(), tile_any(_substitute_atom(f, atom, true), b_true, summ, splits + 1, chunk_cuts)),
+                _and(b_false.nonempty(), tile_any(_substitute_atom(f, atom, false), b_false, summ, splits + 1, chunk_cuts)),
             )
     # (2b) a q//C term shared with kv in one atom (q//C != kv//C next to |q - kv| <= w): cut the rows at
     # chunk boundaries so q//C is one constant on each piece; the atoms then become one-variable in kv and
@@ -704,17 +941,17 @@ def tile_any(f, box: Box, summ=None, splits: int = 0, chunk_cuts: int = 0):
         b1 = box.with_range(S.Q, box.qa, _min(box.qb, end1))
         b2 = box.with_range(S.Q, end1 + 1, box.qb)
         one_chunk = _le(box.qb, end1 + C)
-        sub = lambda k: tile_any(f.xreplace({term: w + k}), b1 if k == 0 else b2, summ, splits, chunk_cuts + 1)  # noqa: E731
-        return Or(
-            And(b1.nonempty(), sub(0)),
-            And(b2.nonempty(), Or(And(one_chunk, sub(1)),
-                                  And(Not(one_chunk), tile_any(f, b2, summ, splits, chunk_cuts + 1)))),
+        sub = lambda k: tile_any(_replace(f, {term: w + k}), b1 if k == 0 else b2, summ, splits, chunk_cuts + 1)  # noqa: E731
+        return _or(
+            _and(b1.nonempty(), sub(0)),
+            _and(b2.nonempty(), _or(_and(one_chunk, sub(1)),
+                                  _and(Not(one_chunk), tile_any(f, b2, summ, splits, chunk_cuts + 1)))),
         )
     # (3) disjunctive normal form; each conjunction decided per form
     terms = _dnf_terms(f)
     if terms is None:
         return _structural_any(f, box, summ)
-    return And(box.nonempty(), Or(*[_conj_any(t, box, summ) for t in terms]))
+    return _and(box.nonempty(), _or(*[_conj_any(t, box, summ) for t in terms]))
 
 
 def _has_other_two_var_form(f) -> bool:
@@ -747,10 +984,10 @@ def _dnf_terms(f):
 
 def _structural_any(f, box, summ):
     if isinstance(f, Or):
-        return Or(*[_structural_any(a, box, summ) for a in f.args])
+        return _or(*[_structural_any(a, box, summ) for a in f.args])
     if isinstance(f, And):
-        return And(*[_structural_any(a, box, summ) for a in f.args])
-    return And(box.nonempty(), _conj_any([f], box, summ))
+        return _and(*[_structural_any(a, box, summ) for a in f.args])
+    return _and(box.nonempty(), _conj_any([f], box, summ))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -826,6 +1063,19 @@ def _atom_kernel(atom, var, other, obox: Box, summ):
     return None
 
 
+def _kernel_union(parts):
+    """An interval inside the union of intervals ``parts`` (each (lo, hi), possibly empty): two overlapping
+    ones merge, otherwise the first non-empty one stands. Merged as a balanced tree, so each bound appears
+    O(len(parts)**2.6) times in the result rather than exponentially many."""
+    if len(parts) == 1:
+        return parts[0]
+    half = len(parts) // 2
+    (lo, hi), (plo, phi) = _kernel_union(parts[:half]), _kernel_union(parts[half:])
+    overlap = _and(_le(plo, hi + 1), _le(lo, phi + 1), _le(lo, hi), _le(plo, phi))
+    return (_pw((_min(lo, plo), overlap), (lo, _le(lo, hi)), (plo, True)),
+            _pw((_max(hi, phi), overlap), (hi, _le(lo, hi)), (phi, True)))
+
+
 def hull(f, var, other, obox: Box, dom: Tuple, summ, kernel=False):
     """Interval hull of the kept set along ``var`` for rows ``other`` in the block (kernel=False),
     or an interval on which every row is kept (kernel=True). Returns (lo, hi) in dom."""
@@ -846,15 +1096,7 @@ def hull(f, var, other, obox: Box, dom: Tuple, summ, kernel=False):
         parts = [hull(a, var, other, obox, dom, summ, kernel) for a in f.args]
         if not kernel:
             return _min(*[p[0] for p in parts]), _max(*[p[1] for p in parts])
-        # union of intervals is an interval only when they overlap: take it then, else the first
-        lo, hi = parts[0]
-        for plo, phi in parts[1:]:
-            overlap = And(_le(plo, hi + 1), _le(lo, phi + 1), _le(lo, hi), _le(plo, phi))
-            lo, hi = (
-                _pw((_min(lo, plo), overlap), (lo, _le(lo, hi)), (plo, True)),
-                _pw((_max(hi, phi), overlap), (hi, _le(lo, hi)), (phi, True)),
-            )
-        return lo, hi
+        return _kernel_union(parts)
     # an atom
     if not f.has(var):
         # a condition on the rows only: all-or-nothing along var
@@ -901,9 +1143,19 @@ def derive(traced: TracedVariant) -> BlockPredicates:
             tile_any=true, tile_all=true, needs_classifier=False, summaries=(),
         )
     for ranges in (2, 1, 0):
-        preds = _derive(traced, ranges)
+        work = _Work(WORK_BUDGET)
+        token = _WORK.set(work)
+        try:
+            preds = _derive(traced, ranges)
+        finally:
+            _WORK.reset(token)
         if len(preds.summaries) <= MAX_SUMMARIES:
             break
+    preds = dataclasses.replace(preds, analysis_steps=WORK_BUDGET - work.left)
+    if work.exhausted:
+        preds = dataclasses.replace(preds, notes=preds.notes + (
+            f"coarse block map: the mask needed more than the analysis budget of {WORK_BUDGET} steps, so some "
+            "tiles that are empty or full are classified partial (still correct, less skipping)",))
     return preds  # still too many summaries: codegen says so, block_map works regardless
 
 

@@ -602,7 +602,7 @@ def simplify_mask(mask):
     if mask in (sympy.true, sympy.false):
         return mask
     atoms = mask.atoms(sympy.core.relational.Relational)
-    if len(atoms) <= 8:
+    if len(atoms) <= 5:  # simplify_logic is exponential in the atom count (truth-table minimisation)
         mask = sympy.simplify_logic(mask, form="dnf" if len(atoms) <= 4 else None, deep=False, force=True)
         mask = canonicalize(mask)
     return mask

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -123,6 +124,10 @@ class KernelSpec:
         """Render, write build.ninja and compile into build_dir; returns what the cache records about it."""
         t0 = time.perf_counter()
         inc = self.variant_inc()
+        notes = self.analysis()[1].notes
+        if notes:  # on the store's "attngen: building <uri> ..." line
+            sys.stderr.write("".join(f"[{n}] " for n in notes))
+            sys.stderr.flush()
         info = {}
         if self.kernel == "sm90":
             tiles, spill = build_first_without_spills(build_dir, inc, self.dtype, self.head_dim, self.arch,
@@ -141,7 +146,7 @@ class KernelSpec:
         """The variant's expressions as text, recorded in the library's meta.json."""
         traced, predicates = self.analysis()
         return {"score": str(traced.score), "mask": str(traced.mask),
-                "kv_range": [str(predicates.kv_lo), str(predicates.kv_hi)]}
+                "kv_range": [str(predicates.kv_lo), str(predicates.kv_hi)], "notes": list(predicates.notes)}
 
     def build_cached(self) -> Path:
         """The library of this spec from the on-disk cache, built on a miss (needs nvcc, not a GPU). A hit
