@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device round on the H200: environment facts, parallel kernel builds + GPU tests, benchmark.
-# Usage (on the device, from the repo root): scripts/gpu_round.sh [tests|bench|issue15|sweep|sanitize|profile|probe|tiles|all]...
+# Usage (on the device, from the repo root): scripts/gpu_round.sh [tests|bench|issue15|first-call|sweep|sanitize|profile|probe|tiles|all]...
 # Logs and results go to $OUT (the device tool brings that folder back) or, when $OUT is unset, to
 # benchmarks/results/<UTC date>-<device, e.g. h200>-<git short commit>/ (see benchmarks/results/README.md).
 # A README.md stub there records the command line, commit, date and steps.
@@ -57,6 +57,9 @@ for step in "${steps[@]}"; do
     issue15)
       # issue 15 point 4's partial-tile variants beside flex (and SDPA where it applies), one process
       python benchmarks/bench_forward.py --set issue15 --no-compile-figures --out "$RES" 2>&1 | tee "$RES/bench-issue15.log" | tail -n 20 ;;
+    first-call)
+      # issue 15 point 3: a new process's first call of a cached variant, seconds beyond `import torch`
+      python scripts/first_call.py --cache-dir "$ATTNGEN_CACHE_DIR" --runs 3 2>&1 | tee "$RES/first_call.log" | tail -n 12 ;;
     sweep)
       python benchmarks/bench_forward.py --no-anchors --no-compile-figures --sweep --out "$RES" 2>&1 | tee "$RES/sweep.log" | tail -n 40
       if python -c "import matplotlib" 2>/dev/null; then

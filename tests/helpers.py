@@ -1,5 +1,6 @@
 """Plain helpers shared by test modules (no tests here): the fixture variant.inc files in tests/data/, random
-inputs and LSE comparison for the reference tests, the sm90 fallback codes, fresh interpreters per hash seed."""
+inputs and LSE comparison for the reference tests, the sm90 fallback codes, fresh interpreters per hash seed,
+and the float64 judgement of a kernel's output (GPU tests)."""
 from __future__ import annotations
 
 import os
@@ -56,3 +57,44 @@ def run_with_hash_seeds(code: str, seeds, cwd=None, timeout: float = 300) -> dic
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def eager_attention(q, k, v, variant, scale, q_offset=0):
+    """Same-dtype eager attention: scores, mods and probabilities rounded to the input dtype (the yardstick a
+    kernel's error is judged against)."""
+    dt = q.dtype
+    B, Hq, Lq, D = q.shape
+    rep = Hq // k.shape[1]
+    kk, vv = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = (q @ kk.transpose(-1, -2)) * scale
+    idx = (torch.arange(B, device=q.device)[:, None, None, None], torch.arange(Hq, device=q.device)[None, :, None, None],
+           torch.arange(Lq, device=q.device)[None, None, :, None] + q_offset,
+           torch.arange(k.shape[2], device=q.device)[None, None, None, :])
+    if variant.score_mod is not None:
+        s = variant.score_mod(s, *idx).to(dt)
+    if variant.mask_mod is not None:
+        s = s.masked_fill(~torch.as_tensor(variant.mask_mod(*idx)).expand_as(s), float("-inf"))
+    p = torch.softmax(s.float(), -1).nan_to_num(0.0).to(dt)
+    return p @ vv
+
+
+def assert_matches_float64(what, out, lse, q, k, v, variant, scale, q_offset=0):
+    """Judge a kernel's (out, lse) as FlexAttention's tests judge bf16/fp16 kernels: error against the float64
+    golden (tests/reference64.py) at most 2x the same-dtype eager error (plus a tiny absolute slack), the same
+    fully masked rows, and zeros there. Returns (kernel error, eager error)."""
+    import reference64
+
+    ref, ref_lse = reference64.attention(q, k, v, variant, scale=scale, q_offset=q_offset)
+    eager = eager_attention(q, k, v, variant, scale, q_offset)
+    err = (out.double() - ref).abs().max().item()
+    eager_err = (eager.double() - ref).abs().max().item()
+    assert torch.isfinite(out).all(), f"{what}: non-finite output"
+    assert err <= 2.0 * eager_err + 1e-4, f"{what}: kernel err {err:.3e} > 2 x eager err {eager_err:.3e}"
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite), f"{what}: LSE -inf pattern differs from the reference"
+    if finite.any():
+        lse_err = (lse.double()[finite] - ref_lse[finite]).abs().max().item()
+        assert lse_err <= 2e-2, f"{what}: LSE err {lse_err:.3e}"
+    if (~finite).any():
+        assert (out[~finite] == 0).all(), f"{what}: fully masked rows must be 0"
+    return err, eager_err
