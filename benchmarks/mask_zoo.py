@@ -99,8 +99,8 @@ def _window_global(L, W=1024, G=8):
     return window_global
 
 
-def _alibi_window_global(L, W=1024, G=8):
-    slopes = torch.exp2(-torch.arange(1, 17, dtype=torch.float32) * 0.5)
+def _alibi_window_global(L, W=1024, G=8, device="cpu"):
+    slopes = torch.exp2(-torch.arange(1, 17, dtype=torch.float32) * 0.5).to(device)
 
     def alibi_window_global(b, h, q_idx, kv_idx):
         near = (q_idx - kv_idx < W) & (q_idx >= kv_idx)
@@ -194,12 +194,12 @@ def _dilated_causal(L, W=1024, D=4):
     return dilated_causal
 
 
-def _document(L, n_docs=8, seed=0):
+def _document(L, n_docs=8, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     cuts = torch.sort(torch.randperm(L - 1, generator=g)[: n_docs - 1] + 1).values
     ids = torch.zeros(L, dtype=torch.int32)
     ids[cuts] = 1
-    ids = torch.cumsum(ids, 0).to(torch.int32)
+    ids = torch.cumsum(ids, 0).to(torch.int32).to(device)
 
     def document_causal(b, h, q_idx, kv_idx):
         return (ids[q_idx] == ids[kv_idx]) & (q_idx >= kv_idx)
@@ -207,9 +207,9 @@ def _document(L, n_docs=8, seed=0):
     return document_causal
 
 
-def _document_unsorted(L, n_ids=5, seed=0):
+def _document_unsorted(L, n_ids=5, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, n_ids, (L,), generator=g, dtype=torch.int32)
+    ids = torch.randint(0, n_ids, (L,), generator=g, dtype=torch.int32).to(device)
 
     def document_unsorted(b, h, q_idx, kv_idx):
         return ids[q_idx] == ids[kv_idx]
@@ -260,8 +260,13 @@ SMALL = {
 }
 
 
-def make(name: str, L: int, small: bool = False):
+def make(name: str, L: int, small: bool = False, device="cpu"):
     """The mask_mod of zoo entry ``name`` for sequences of ``L`` positions; ``small`` picks the test-scale
-    parameters (SMALL)."""
+    parameters (SMALL); captured tensors are made on ``device``."""
+    import inspect
+
     factory, _ = ZOO[name]
-    return factory(L, **(SMALL.get(name, {}) if small else {}))
+    kw = dict(SMALL.get(name, {}) if small else {})
+    if "device" in inspect.signature(factory).parameters:
+        kw["device"] = device
+    return factory(L, **kw)

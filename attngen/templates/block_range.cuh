@@ -44,21 +44,4 @@ ATTNGEN_DEV_INLINE int next_kv_tile(const CapturedArgs& C, const TileArgs& t, in
   return j;
 }
 
-// next_kv_tile for a whole converged warp, the same result in every lane: lane l classifies tile j + l and a
-// ballot finds the first kept one, so a run of EMPTY tiles (local + global tokens: the tiles between the
-// global columns and the band) costs one classifier evaluation per 32 tiles instead of one per tile.
-template <int BQ, int BK>
-ATTNGEN_DEV_INLINE int next_kv_tile_warp(const CapturedArgs& C, const TileArgs& t, int i, int j, int j_end, int f_lo,
-                                         int f_hi, int lane) {
-#if ATTNGEN_HAS_MASK && ATTNGEN_NEEDS_CLASSIFIER
-  for (; j < j_end; j += 32) {
-    const int jc = j + lane;
-    const bool keep = jc < j_end && ((jc >= f_lo && jc < f_hi) || tile_any<BQ, BK>(C, t, i, jc));
-    const unsigned int kept = __ballot_sync(0xffffffffu, keep);
-    if (kept != 0u) return j + __ffs(kept) - 1;
-  }
-#endif
-  return j;
-}
-
 }  // namespace attngen

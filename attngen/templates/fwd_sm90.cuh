@@ -32,8 +32,7 @@ namespace {
 using namespace attngen;
 
 // ------------------------------------------------------------------------------------------- producer
-// Warp 0 of warpgroup 0; its lane 0 does all the waiting, loading and tile taking, the whole warp only
-// the kv-tile scan (next_kv_tile_warp needs every lane). For each work tile: Q once the consumers are done with the previous tile's (they release
+// One thread: for each work tile, Q once the consumers are done with the previous tile's (they release
 // it after their last Q K^T, so in a persistent CTA this load runs under the previous tile's last P V and
 // epilogue, as do the first K/V loads), then K and V of every visited kv tile. K and V slots are
 // released separately: a K slot is free half a tile before the P V that frees the V slot
@@ -41,58 +40,48 @@ using namespace attngen;
 __device__ __forceinline__ void produce(const AttngenFwdArgs& a, const CUtensorMap& tm_q, const CUtensorMap& tm_k,
                                         const CUtensorMap& tm_v, const Smem& sm, unsigned int* tile_counter,
                                         int heads_per_kv) {
-  const int lane = (int)threadIdx.x & 31;
-  const bool leader = lane == 0;
-  if (leader) {
-    tma_prefetch_map(&tm_q);
-    tma_prefetch_map(&tm_k);
-    tma_prefetch_map(&tm_v);
-  }
+  tma_prefetch_map(&tm_q);
+  tma_prefetch_map(&tm_k);
+  tma_prefetch_map(&tm_v);
   const CapturedArgs& C = a.captured;
   const int ntiles = num_tiles<BQ>(a);
   int stage = 0;
   uint32_t phase = 0, q_phase = 0;  // the ring and the Q buffer carry on from work tile to work tile
   int w = (int)blockIdx.x;  // every CTA's first tile (a persistent grid has at most one CTA per tile)
   while (true) {
-    if (PERSISTENT && leader) sm.mailbox().announce(w, q_phase);
+    if (PERSISTENT) sm.mailbox().announce(w, q_phase);
     if (w < 0) break;
     int i;
     const TileArgs t = tile_args<BQ>(a, w, i);
     const KvRange r = kv_range<BQ, BK>(C, t, i);
-    if (leader) {
-      mbar_wait(sm.bar_q_empty(), q_phase ^ 1u);
-      mbar_arrive_expect_tx(sm.bar_q(), Q_BYTES);
+    mbar_wait(sm.bar_q_empty(), q_phase ^ 1u);
+    mbar_arrive_expect_tx(sm.bar_q(), Q_BYTES);
 #pragma unroll
-      for (int db = 0; db < DB; ++db)
-        tma_load_4d(sm.q() + db * Q_BLOCK_BYTES, &tm_q, sm.bar_q(), db * 64, i * BQ, t.h, t.b);
-    }
+    for (int db = 0; db < DB; ++db)
+      tma_load_4d(sm.q() + db * Q_BLOCK_BYTES, &tm_q, sm.bar_q(), db * 64, i * BQ, t.h, t.b);
     q_phase ^= 1u;
     const int kvh = t.h / heads_per_kv;  // GQA / MQA: consecutive query heads share a kv head
-    for (int j = next_kv_tile_warp<BQ, BK>(C, t, i, r.j_begin, r.j_end, r.f_lo, r.f_hi, lane); j < r.j_end;
-         j = next_kv_tile_warp<BQ, BK>(C, t, i, j + 1, r.j_end, r.f_lo, r.f_hi, lane)) {
-      if (leader) {
-        mbar_wait(sm.empty_k(stage), phase ^ 1u);
-        const uint32_t k_dst = sm.k(stage), v_dst = sm.v(stage);
-        mbar_arrive_expect_tx(sm.full_k(stage), KV_BYTES);
+    for (int j = next_kv_tile<BQ, BK>(C, t, i, r.j_begin, r.j_end, r.f_lo, r.f_hi); j < r.j_end;
+         j = next_kv_tile<BQ, BK>(C, t, i, j + 1, r.j_end, r.f_lo, r.f_hi)) {
+      mbar_wait(sm.empty_k(stage), phase ^ 1u);
+      const uint32_t k_dst = sm.k(stage), v_dst = sm.v(stage);
+      mbar_arrive_expect_tx(sm.full_k(stage), KV_BYTES);
 #pragma unroll
-        for (int db = 0; db < DB; ++db)
-          tma_load_4d(k_dst + db * KV_BLOCK_BYTES, &tm_k, sm.full_k(stage), db * 64, j * BK, kvh, t.b);
-        mbar_wait(sm.empty_v(stage), phase ^ 1u);
-        mbar_arrive_expect_tx(sm.full_v(stage), KV_BYTES);
+      for (int db = 0; db < DB; ++db)
+        tma_load_4d(k_dst + db * KV_BLOCK_BYTES, &tm_k, sm.full_k(stage), db * 64, j * BK, kvh, t.b);
+      mbar_wait(sm.empty_v(stage), phase ^ 1u);
+      mbar_arrive_expect_tx(sm.full_v(stage), KV_BYTES);
 #pragma unroll
-        for (int db = 0; db < DB; ++db)
-          tma_load_4d(v_dst + db * KV_BLOCK_BYTES, &tm_v, sm.full_v(stage), db * 64, j * BK, kvh, t.b);
-      }
+      for (int db = 0; db < DB; ++db)
+        tma_load_4d(v_dst + db * KV_BLOCK_BYTES, &tm_v, sm.full_v(stage), db * 64, j * BK, kvh, t.b);
       if (++stage == STAGES) {
         stage = 0;
         phase ^= 1u;
       }
     }
-    int next = -1;
-    if (leader) next = next_work_tile<PERSISTENT>(tile_counter, sm.mailbox(), ntiles);
-    w = __shfl_sync(0xffffffffu, next, 0);
+    w = next_work_tile<PERSISTENT>(tile_counter, sm.mailbox(), ntiles);
   }
-  if (PERSISTENT && tile_counter != nullptr && leader) counter_done(tile_counter);
+  if (PERSISTENT && tile_counter != nullptr) counter_done(tile_counter);
 }
 
 // ------------------------------------------------------------------------------------------- consumers
@@ -231,12 +220,12 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
     mbar_wait(sm.bar_q(), q_phase);
     q_phase ^= 1u;
     bool q_released = false;
-    int j = next_kv_tile_warp<BQ, BK>(C, t, i, tr.j_begin, j_end, f_lo, f_hi, lane);
+    int j = next_kv_tile<BQ, BK>(C, t, i, tr.j_begin, j_end, f_lo, f_hi);
     if (OVERLAP) {
       if (j < j_end) {
         step<true, false>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
         while (true) {
-          const int jn = next_kv_tile_warp<BQ, BK>(C, t, i, j + 1, j_end, f_lo, f_hi, lane);
+          const int jn = next_kv_tile<BQ, BK>(C, t, i, j + 1, j_end, f_lo, f_hi);
           if (jn >= j_end) break;
           int nstage = stage;
           uint32_t nphase = phase;
@@ -253,7 +242,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
         advance(stage, phase);  // the next work tile starts at the next slot
       }
     } else {
-      for (; j < j_end; j = next_kv_tile_warp<BQ, BK>(C, t, i, j + 1, j_end, f_lo, f_hi, lane)) {
+      for (; j < j_end; j = next_kv_tile<BQ, BK>(C, t, i, j + 1, j_end, f_lo, f_hi)) {
         step<true, false>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
         step<false, true>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
         advance(stage, phase);
@@ -298,7 +287,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
   if (wg == 0) {
     setmaxnreg_dec<PRODUCER_REGS>();
-    if (threadIdx.x < 32) produce(a, tm_q, tm_k, tm_v, sm, tile_counter, heads_per_kv);
+    if (threadIdx.x == 0) produce(a, tm_q, tm_k, tm_v, sm, tile_counter, heads_per_kv);
     return;
   }
   setmaxnreg_inc<CONSUMER_REGS>();

@@ -58,29 +58,6 @@ __host__ __device__ __forceinline__ float ag_fdiv(float a, float b) {
 #endif
 }
 
-// 1 / b on the FMA pipe for b >= 1, kept for a MUFU / FMA split of a score's divisions; the printer does not
-// emit it (issue 15's div_score measured slower than with __fdividef: docs/performance.md). A bit-trick
-// guess (5.1% error), then one Newton and one cubic step: at most 1.3 * 2^-24 relative error for any b in [2^-124, 2^125], tests/test_printer.py).
-// b is clamped to 2^125 so that the guess stays a normal float: b >= 2^125 (inf included) gives a * 2^-125,
-// as does a NaN b.
-__host__ __device__ __forceinline__ float ag_frcp_ge1(float b) {
-  b = fminf(b, 0x1p125f);
-  unsigned int u;
-#ifdef __CUDA_ARCH__
-  u = 0x7EF311C3u - __float_as_uint(b);
-  float y = __uint_as_float(u);
-#else
-  memcpy(&u, &b, 4);
-  u = 0x7EF311C3u - u;
-  float y;
-  memcpy(&y, &u, 4);
-#endif
-  float e = fmaf(-b, y, 1.0f);
-  y = fmaf(y, e, y);                   // Newton: error e -> e^2
-  e = fmaf(-b, y, 1.0f);
-  return fmaf(y, fmaf(e, e, e), y);    // y (1 + e + e^2): error e -> e^3
-}
-
 // ---- Python semantics that C spells differently
 
 __host__ __device__ __forceinline__ int ag_min(int a, int b) { return a < b ? a : b; }

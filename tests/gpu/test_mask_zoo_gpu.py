@@ -28,7 +28,7 @@ NAMES = [n for n in mask_zoo.ZOO if not n.startswith("document")]  # documents: 
 @functools.lru_cache(maxsize=None)
 def compiled():
     """Each mask compiled once and its bf16 hd128 library built, all builds at once."""
-    out = {n: attngen.compile(mask_mod=MaskMod(mask_zoo.make(n, L, small=True), n), backend=BACKEND) for n in NAMES}
+    out = {n: attngen.compile(mask_mod=MaskMod(mask_zoo.make(n, L, small=True, device=DEV), n), backend=BACKEND) for n in NAMES}
     kernel = BACKEND if BACKEND in ("sm80", "sm90") else "auto"
     with cf.ThreadPoolExecutor(max_workers=int(os.environ.get("ATTNGEN_TEST_BUILD_JOBS", "8"))) as ex:
         for f in [ex.submit(lambda a: a.spec(torch.bfloat16, 128, kernel=kernel).build_cached(), a) for a in out.values()]:
