@@ -11,11 +11,16 @@ From a traced mask M(b, h, q_idx, kv_idx) derive, as sympy expressions in the ti
 
 Soundness comes from interval bounds: every atom's expression is bounded over the tile from below and
 above, and a conjunction/disjunction of over-approximations is an over-approximation. Exactness comes
-from three refinements: (1) ``abs``/``min``/``max`` are expanded into case splits; (2) atoms in one
-variable that are monotone (``kv_idx < n``) cut the tile into sub-boxes on which they are constant; and
-(3) inside a conjunction, atoms over one shared form (``q_idx - kv_idx``, ``q//C - kv//C``) are merged
-into one interval (plus at most one congruence), decided exactly. Masks that read captured tensors get
-per-block min/max summaries computed at run time in O(N).
+from three refinements: (1) an atom monotone in an outer ``min``/``max``/``abs`` is rewritten on the
+node's arguments (other piecewise terms are expanded into case splits); (2) atoms in one variable that
+are monotone (``kv_idx < n``) cut the tile into sub-boxes on which they are constant; and (3) inside a
+conjunction, atoms over one shared form (``q_idx - kv_idx``, ``q//C - kv//C``) are merged into one
+interval (plus at most one congruence), decided exactly. Masks that read captured tensors get per-block
+min/max summaries computed at run time in O(N).
+
+Cost: expressions are built without sympy's evaluation (see "construction" below), and the refinements
+that multiply work draw on a deterministic budget (WORK_BUDGET); past it, the structural bound, linear in
+the formula, finishes the derivation and the predicates carry a note saying the map is coarse.
 """
 from __future__ import annotations
 

@@ -141,12 +141,8 @@ def _check_q_ranges(variant, q_len, kv_len, BQ, BK, q_offset, want, b, h):
     assert not ((want != FULL) & in_full).any(), "non-full tile inside the provably full q range"
 
 
-# Deriving these takes 2-5 s each on a 2-core box (sympy, in attngen.predicates): full lane only.
-HEAVY_DERIVATIONS = {"prefix_or_window", "window_and_not_chunk", "chunk_or_window", "window_and_not_narrow_chunk", "min"}
-
-
 def _params(cases):
-    return [pytest.param(n, v, id=n, marks=[pytest.mark.heavy] if n in HEAVY_DERIVATIONS else []) for n, v in cases]
+    return [pytest.param(n, v, id=n) for n, v in cases]
 
 
 @pytest.mark.parametrize("name,variant", _params(EXACT))
