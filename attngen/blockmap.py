@@ -90,6 +90,8 @@ def block_map(variant, q_len: int, kv_len: int, block: Tuple[int, int] = (128, 1
     """
     if q_len <= 0 or kv_len <= 0:
         raise InputError(f"block_map needs positive lengths, got q_len={q_len}, kv_len={kv_len}")
+    if q_offset < 0:
+        raise InputError(f"q_offset must be >= 0 (the absolute position of the first query), got {q_offset}")
     BQ, BK = block
     if BQ <= 0 or BK <= 0:
         raise InputError(f"block sizes must be positive, got block={block}")

@@ -72,6 +72,7 @@ class _Walk:
         self._tensor_pos = {}  # id -> position in self.tensors
         self._seen = {}        # id of a function / mod / module -> its index in walk order (cycles, sharing)
         self._keep = []        # objects whose ids are in the tables above, kept alive during the walk
+        self._modules_open = set()  # ids of the user modules being described (cycles)
 
     def _first_visit(self, obj):
         """None the first time ``obj`` is seen, else a back-reference to it."""
@@ -115,8 +116,9 @@ class _Walk:
         if type(obj) is Variant:
             return ("Variant", self.describe(obj.score_mod), self.describe(obj.mask_mod))
         if isinstance(obj, types.FunctionType):
-            if _in_library(obj.__module__):
+            if _in_library(obj.__module__) and not obj.__closure__:
                 return ("library-function", obj.__module__, obj.__qualname__)
+            # a library closure (torch's and_masks(...)) holds the caller's functions: walked like user code
             return self._first_visit(obj) or self._function(obj)
         if isinstance(obj, types.MethodType) and type(obj.__self__) in (MaskMod, ScoreMod):
             return ("method", obj.__func__.__qualname__, self.describe(obj.__self__))
@@ -168,17 +170,24 @@ class _Walk:
                 reached.append((n, self.describe(g[n], names)))
             elif hasattr(builtins, n):
                 reached.append((n, self.describe(getattr(builtins, n), names)))
+        # attributes set on the function object (fn.window = 3) can be read by its body
+        attrs = self.describe(dict(fn.__dict__), names) if fn.__dict__ else None
         return ("function", self._code(code), self.describe(fn.__defaults__), self.describe(fn.__kwdefaults__),
-                tuple(closure), tuple(reached))
+                tuple(closure), tuple(reached), attrs)
 
     def _module(self, mod: types.ModuleType, names: frozenset):
         if _in_library(mod.__name__):
             return ("module", mod.__name__)
-        back = self._first_visit(mod)
-        if back is not None:
-            return back
-        # a user module: the values of the attributes the code can read (config.WINDOW) are part of the trace
-        attrs = tuple((n, self.describe(getattr(mod, n), names)) for n in sorted(names) if hasattr(mod, n))
+        # a user module: the values of the attributes the code can read (config.WINDOW) are part of the trace.
+        # Described again for every function that reaches it, with that function's names (a back-reference
+        # would keep only the first function's); a module reached from its own attributes is a cycle.
+        if id(mod) in self._modules_open:
+            return ("module-cycle", mod.__name__)
+        self._modules_open.add(id(mod))
+        try:
+            attrs = tuple((n, self.describe(getattr(mod, n), names)) for n in sorted(names) if hasattr(mod, n))
+        finally:
+            self._modules_open.discard(id(mod))
         return ("module", mod.__name__, attrs)
 
 

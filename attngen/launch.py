@@ -359,7 +359,9 @@ def forward(
         raise InputError(f"scale must be a finite number, got {scale}; pass None for 1/sqrt(head_dim)")
     if q_offset.__class__ is not int:
         q_offset = int(q_offset)
-    if not (-(2**31) <= q_offset and q_offset + Lq < 2**31 and Lq < 2**31 and Lk < 2**31):
+    if q_offset < 0:  # generated code and block predicates rely on q_idx >= 0 (C division, numeric ranges)
+        raise InputError(f"q_offset must be >= 0 (the absolute position of the first query), got {q_offset}")
+    if not (q_offset + Lq < 2**31 and Lq < 2**31 and Lk < 2**31):
         raise InputError(f"q_offset {q_offset} with {Lq} queries and {Lk} keys leaves the int32 range of q_idx / "
                          "kv_idx: use a smaller q_offset or shorter sequences")
 

@@ -599,11 +599,13 @@ def _pw(*args):
     Piecewise (simplify_logic on every construction, exponential in nesting depth)."""
     pairs = []
     for value, cond in args:
-        cond = true if cond is True else cond
+        cond = true if cond is True else false if cond is False else cond
+        if cond is false:
+            continue
         pairs.append(sympy.Tuple.__new__(ExprCondPair, sympy.sympify(value), cond))
         if cond is true:
             break
-    if len(pairs) == 1:
+    if len({p.args[0] for p in pairs}) == 1:  # one value whatever the conditions (the last one is true)
         return pairs[0].args[0]
     return sympy.Basic.__new__(sympy.Piecewise, *pairs)
 

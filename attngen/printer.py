@@ -960,7 +960,9 @@ for _n, _tf, _mf in (
     ("sin", torch.sin, math.sin), ("cos", torch.cos, math.cos), ("tan", torch.tan, math.tan),
     ("asin", torch.asin, math.asin), ("acos", torch.acos, math.acos), ("atan", torch.atan, math.atan),
     ("sinh", torch.sinh, math.sinh), ("cosh", torch.cosh, math.cosh), ("erf", torch.erf, math.erf),
-    ("floor", torch.floor, lambda x: float(math.floor(x))), ("ceil", torch.ceil, lambda x: float(math.ceil(x))),
+    # +-inf stays infinite (an unbounded block range), as torch.floor/ceil leave it
+    ("floor", torch.floor, lambda x: x if math.isinf(x) else float(math.floor(x))),
+    ("ceil", torch.ceil, lambda x: x if math.isinf(x) else float(math.ceil(x))),
     ("log1p", torch.log1p, math.log1p), ("expm1", torch.expm1, math.expm1),
     ("sign", torch.sign, lambda x: x if x != x else type(x)((x > 0) - (x < 0))),
 ):  # fmt: skip

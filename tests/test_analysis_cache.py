@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 
@@ -222,3 +223,55 @@ def test_import_and_a_recorded_compile_do_not_import_sympy(fresh_cache):
     env = dict(os.environ, ATTNGEN_CACHE_DIR=str(fresh_cache))
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+# found in review: state a mod reads that the walk once missed (a stale record would run the wrong kernel)
+
+def test_function_attribute_read_by_the_mod_is_part_of_the_fingerprint():
+    # a mod reading an attribute of itself (or of any plain function it reaches): fn.__dict__ is not walked
+    def win(b, h, q, kv):
+        return (q - kv >= 0) & (q - kv <= win.w)
+
+    win.w = 3
+    a = attngen.compile(mask_mod=win, backend="reference")  # writes the analysis record
+    win.w = 40
+    b = attngen.compile(mask_mod=win, backend="reference")  # hits the record of w=3
+    fresh = attngen.trace(attngen.Variant(mask_mod=win)).canonical()
+    assert a.facts.canonical != fresh          # the variants differ ...
+    assert b.facts.canonical == fresh, (       # ... but b got a's facts (kernel key, summaries): wrong kernel on GPU
+        f"stale analysis record: facts say {b.facts.canonical!r}, the mod traces to {fresh!r}")
+
+
+def test_user_module_attributes_read_by_a_second_function_are_part_of_the_fingerprint():
+    # _Walk._module describes a user module once, with the attribute names of the FIRST function that reaches
+    # it; a second function reaching it gets a back-reference, so the attributes only it reads are not hashed
+    cfg = types.ModuleType("review_cfg")
+    cfg.A, cfg.B = 0, 3
+    sys.modules["review_cfg"] = cfg
+    g = {"cfg": cfg, "__name__": "review_user"}
+    exec("def helper(q, kv):\n    return q - kv <= cfg.B\n"
+         "def mask(b, h, q, kv):\n    return (q >= kv + cfg.A) & helper(q, kv)\n", g)
+    a = attngen.compile(mask_mod=g["mask"], backend="reference")
+    cfg.B = 40
+    b = attngen.compile(mask_mod=g["mask"], backend="reference")
+    fresh = attngen.trace(attngen.Variant(mask_mod=g["mask"])).canonical()
+    assert a.facts.canonical != fresh
+    assert b.facts.canonical == fresh, f"stale analysis record: {b.facts.canonical!r} vs {fresh!r}"
+
+
+def test_fingerprint_of_library_closures_covers_their_closure():
+    # torch's and_masks returns a closure whose __module__ is torch: described by name only, so two different
+    # combinations share one fingerprint. (Not reachable end to end today: the tracer rejects b.new_ones.)
+    from torch.nn.attention.flex_attention import and_masks
+
+    def causal(b, h, q, kv):
+        return q >= kv
+
+    def window(w):
+        def m(b, h, q, kv):
+            return q - kv <= w
+        return m
+
+    f1 = fingerprint(attngen.Variant(mask_mod=and_masks(causal, window(3))))
+    f2 = fingerprint(attngen.Variant(mask_mod=and_masks(causal, window(50))))
+    assert f1 is None or f2 is None or f1.digest != f2.digest

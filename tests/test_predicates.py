@@ -276,3 +276,19 @@ def test_key_padding_tiles_are_exact_at_the_block_level():
     valid[300:700] = False
     bm = attngen.block_map(attngen.MaskMod(lambda b, h, q, k: valid[k], "valid"), 256, 1024, (64, 128))
     assert bm[:, 3].eq(EMPTY).all() and bm[:, 0].eq(FULL).all() and bm[:, 2].eq(PARTIAL).all()
+
+
+def test_block_map_with_an_infinite_full_range_does_not_crash():
+    # an empty full range can print as ceiling(oo / BK): the torch evaluator keeps +-inf (the CUDA printer clamps it)
+    def m(b, h, q, kv):
+        return (torch.minimum(torch.abs(torch.maximum(kv - 1, kv)), torch.abs((kv - 14) + (kv + 40)))
+                < ((q // 7) + torch.minimum(q, kv + 9)) // 7)
+
+    attn = attngen.compile(mask_mod=m, backend="reference")
+    attngen.block_map(attn, 10, 10, (4, 4))
+
+
+def test_block_map_refuses_a_negative_q_offset():
+    # predicates and generated code rely on q_idx >= 0 (C division of row terms, numeric ranges of QOFF)
+    with pytest.raises(attngen.InputError, match="q_offset must be >= 0"):
+        attngen.block_map(attngen.compile(causal=True, backend="reference"), 10, 10, (4, 4), q_offset=-1)
