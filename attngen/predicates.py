@@ -25,9 +25,11 @@ the formula, finishes the derivation and the predicates carry a note saying the 
 from __future__ import annotations
 
 import contextvars
-import functools
 import dataclasses
+import functools
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import sympy
@@ -400,8 +402,6 @@ _RANGE_MEMO: Dict[sympy.Basic, Tuple] = {}
 
 
 def _num_range_uncached(e):
-    from fractions import Fraction
-
     if e.is_Rational:
         v = Fraction(int(e.p), int(e.q))
         return v, v
@@ -448,8 +448,6 @@ def _num_range_uncached(e):
         f = min if isinstance(e, sympy.Min) else max
         return f(r[0] for r in rs), f(r[1] for r in rs)
     if isinstance(e, (sympy.floor, sympy.ceiling)):
-        import math
-
         lo, hi = _num_range(e.args[0])
         rnd = math.floor if isinstance(e, sympy.floor) else math.ceil
         return (lo if abs(lo) == _INF_F else rnd(lo)), (hi if abs(hi) == _INF_F else rnd(hi))
@@ -524,17 +522,12 @@ def _minmax(cls, args, pick):
             if pick(c, c0) == c0:
                 continue
         best[x] = a
-    rest = list(best.values())
-    if nums:
-        rest.append(pick(nums))
-        nums = []
+    rest = list(best.values()) + ([pick(nums)] if nums else [])
     kept = []
     for k, a in enumerate(rest):
         if not _dominated(a, kept + rest[k + 1:], cls is sympy.Max):
             kept.append(a)
     rest = kept
-    if nums:
-        rest.append(pick(nums))
     if not rest:
         return neutral
     if len(rest) == 1:

@@ -7,6 +7,8 @@ Each entry: name -> (mask_mod factory taking the sequence length, whether the bl
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -47,19 +49,6 @@ def _natten_2d(L, W=128, K=7):
         return (torch.abs(c_r - kv_r) <= K) & (torch.abs(c_c - kv_c) <= K)
 
     return natten_2d
-
-
-def _natten_2d_narrow(L, W=64, K=3):
-    H = L // W
-
-    def natten_2d_narrow(b, h, q_idx, kv_idx):
-        q_r, q_c = q_idx // W, q_idx % W
-        kv_r, kv_c = kv_idx // W, kv_idx % W
-        c_r = torch.clamp(q_r, K, H - 1 - K)
-        c_c = torch.clamp(q_c, K, W - 1 - K)
-        return (torch.abs(c_r - kv_r) <= K) & (torch.abs(c_c - kv_c) <= K)
-
-    return natten_2d_narrow
 
 
 def _tiled_natten_2d(L, W=128, T=8, K=2):
@@ -238,7 +227,7 @@ ZOO = {
     "natten_1d_where": (_natten_1d_where, True),
     "natten_1d_start_end": (_natten_1d_start_end, True),
     "natten_2d": (_natten_2d, True),
-    "natten_2d_narrow": (_natten_2d_narrow, True),
+    "natten_2d_narrow": (functools.partial(_natten_2d, W=64, K=3), True),  # several image rows per tile
     "tiled_natten_2d": (_tiled_natten_2d, True),
     "dilated_natten_1d": (_dilated_natten_1d, True),
     "document_causal": (_document, False),

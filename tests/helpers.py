@@ -1,6 +1,6 @@
 """Plain helpers shared by test modules (no tests here): the fixture variant.inc files in tests/data/, random
 inputs and LSE comparison for the reference tests, the sm90 fallback codes, fresh interpreters per hash seed,
-and the float64 judgement of a kernel's output (GPU tests)."""
+the brute-force block map of a dense mask, and the float64 judgement of a kernel's output (GPU tests)."""
 from __future__ import annotations
 
 import os
@@ -98,3 +98,16 @@ def assert_matches_float64(what, out, lse, q, k, v, variant, scale, q_offset=0):
     if (~finite).any():
         assert (out[~finite] == 0).all(), f"{what}: fully masked rows must be 0"
     return err, eager_err
+
+
+def tile_classes(m, BQ, BK):
+    """Brute-force block map of a dense (q_len, kv_len) bool mask: int8 per tile, 0 empty, 1 partial, 2 full
+    (attngen.blockmap's EMPTY/PARTIAL/FULL); padding past the lengths counts as neither kept nor masked."""
+    q_len, kv_len = m.shape
+    nqb, nkb = -(-q_len // BQ), -(-kv_len // BK)
+    padded = torch.full((nqb * BQ, nkb * BK), -1, dtype=torch.int8)
+    padded[:q_len, :kv_len] = m.to(torch.int8)
+    tiles = padded.reshape(nqb, BQ, nkb, BK).permute(0, 2, 1, 3).reshape(nqb, nkb, -1)
+    any_kept = (tiles == 1).any(-1)
+    all_kept = ~(tiles == 0).any(-1)
+    return torch.where(all_kept, 2, torch.where(any_kept, 1, 0)).to(torch.int8)

@@ -10,11 +10,12 @@ torch = pytest.importorskip("torch")
 import attngen  # noqa: E402
 from attngen import reference  # noqa: E402
 from attngen.mods import MaskMod, Variant  # noqa: E402
+from attngen.blockmap import EMPTY, FULL  # noqa: E402
+from helpers import tile_classes  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import mask_zoo  # noqa: E402
 
-EMPTY, PARTIAL, FULL = 0, 1, 2
 L = 2048  # the sequence length the masks are built for (NATTEN clamps at its borders)
 # (q_len, kv_len, BQ, BK, q_offset): square maps at the kernel's tile sizes, plus ragged, offset and
 # rectangular ones
@@ -24,13 +25,7 @@ SHAPES = [(L, L, 128, 128, 0), (L, L, 64, 128, 0), (L, L, 128, 64, 0), (1000, L,
 
 def _brute(mask_mod, q_len, kv_len, BQ, BK, q_offset):
     m = reference.dense_mask(Variant(mask_mod=mask_mod), 1, 1, q_len, kv_len, q_offset=q_offset)[0, 0]
-    nqb, nkb = -(-q_len // BQ), -(-kv_len // BK)
-    padded = torch.full((nqb * BQ, nkb * BK), -1, dtype=torch.int8)
-    padded[:q_len, :kv_len] = m.to(torch.int8)
-    tiles = padded.reshape(nqb, BQ, nkb, BK).permute(0, 2, 1, 3).reshape(nqb, nkb, -1)
-    any_kept = (tiles == 1).any(-1)
-    all_kept = ~(tiles == 0).any(-1)
-    return torch.where(all_kept, FULL, torch.where(any_kept, PARTIAL, EMPTY)).to(torch.int8)
+    return tile_classes(m, BQ, BK)
 
 
 @pytest.mark.parametrize("name", list(mask_zoo.ZOO))

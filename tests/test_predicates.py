@@ -16,6 +16,7 @@ import attngen
 from attngen import blockmap, reference
 from attngen.blockmap import EMPTY, FULL, PARTIAL, _compile_evaluators, _runtime_arrays
 from attngen.analysis import analyze
+from helpers import tile_classes
 
 torch.manual_seed(0)
 _DOCS = torch.randint(0, 7, (3000,)).sort().values
@@ -92,13 +93,7 @@ def _brute(variant, q_len, kv_len, BQ, BK, q_offset, b=0, h=0):
         qi = torch.arange(q_len)[:, None] + q_offset
         ki = torch.arange(kv_len)[None, :]
         m = m & torch.isfinite(variant.score_mod(s, torch.tensor(b), torch.tensor(h), qi, ki))
-    nqb, nkb = -(-q_len // BQ), -(-kv_len // BK)
-    padded = torch.full((nqb * BQ, nkb * BK), -1, dtype=torch.int8)
-    padded[:q_len, :kv_len] = m.to(torch.int8)
-    tiles = padded.reshape(nqb, BQ, nkb, BK).permute(0, 2, 1, 3).reshape(nqb, nkb, -1)
-    any_kept = (tiles == 1).any(-1)
-    all_kept = ~(tiles == 0).any(-1)
-    return torch.where(all_kept, FULL, torch.where(any_kept, PARTIAL, EMPTY)).to(torch.int8)
+    return tile_classes(m, BQ, BK)
 
 
 def _shapes(rng, n):
