@@ -386,6 +386,55 @@ def _flatten_loads(expr, strides):
     return expr.replace(lambda e: isinstance(e, Load), rep)
 
 
+# The relative position q_idx - kv_idx, the argument of score_rel.
+REL_D = sympy.Symbol("d", integer=True)
+REL_FD = sympy.Symbol("fd", real=True)  # float(d), as score_rel receives it
+
+
+def _has_rel_loads(expr) -> bool:
+    """Whether ``expr`` reads a captured tensor at an index that depends on d (score_tile_rel clamps d then)."""
+    return any(REL_D in x.free_symbols for x in expr.atoms(Load) | expr.atoms(FlatLoad))
+
+
+def _relative_terms(score):
+    """(a, b) with ``score == SCORE * a + b``, a and b functions of the relative position ``REL_D`` = q_idx -
+    kv_idx (and of b, h) and at least one of them depending on it; None when the score has another form.
+    Structural: ``q_idx`` is replaced by ``d + kv_idx`` and sympy's automatic evaluation must cancel
+    ``kv_idx`` (alibi's ``slope*(kv - q)``, ``table[h, q - kv + L]``, ``s / (1 + c (q - kv)**2)``)."""
+    if SCORE not in score.free_symbols:
+        return None
+    b, with_score = score.as_independent(SCORE, as_Add=True)
+    a, rest = with_score.as_independent(SCORE, as_Add=False)
+    if rest != SCORE:
+        return None
+    a, b = (sympy.sympify(x).xreplace({Q: REL_D + KV}) for x in (a, b))
+    free = a.free_symbols | b.free_symbols
+    if SCORE in free or KV in free or Q in free or REL_D not in free:
+        return None
+    return _float_d(a), _float_d(b)
+
+
+def _float_d(e):
+    """Integer polynomials of d alone inside float sums / products evaluated in float on ``fd`` = float(d):
+    ``slope * d`` -> ``slope * fd``, ``1e-4 * d**2`` -> ``1e-4 * fd**2``. The same values while |d| < 2**24
+    (the int square, unlike the float one, overflows past |d| = 46340), and no conversion per call."""
+    if e.is_Atom or not e.args:
+        return e
+    args = [_float_d(x) for x in e.args]
+    if (e.is_Add or e.is_Mul) and not e.is_integer:
+        args = [x.xreplace({REL_D: REL_FD}) if x.is_integer and x.free_symbols == {REL_D} and _int_poly(x) else x
+                for x in args]
+    return e.func(*args) if args != list(e.args) else e
+
+
+def _int_poly(e) -> bool:
+    if e.is_Atom:
+        return e == REL_D or e.is_Integer
+    if e.is_Pow:
+        return e.exp.is_Integer and e.exp > 0 and _int_poly(e.base)
+    return (e.is_Add or e.is_Mul) and all(_int_poly(x) for x in e.args)
+
+
 class _Emitter:
     """Holds the printing context shared by all generated functions."""
 
@@ -465,7 +514,7 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
     for ss in strides.values():
         for s in ss:
             em.types[s] = LL
-    levels = {SCORE: ELEM, Q: ROW, KV: COL, B: HEAD, H: HEAD}
+    levels = {SCORE: ELEM, Q: ROW, KV: COL, B: HEAD, H: HEAD, REL_D: ELEM, REL_FD: ELEM}
     levels.update({s: HEAD for ss in strides.values() for s in ss})
     hoist = _Hoister(levels)
     score_w, mask_w = _wrap_indices(score, traced.captured), _wrap_indices(mask, traced.captured)
@@ -477,6 +526,20 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         score_w, mask_w = (_check_indices(x, traced.captured, debug_slot) for x in (score_w, mask_w))
     score_l = hoist.top(_flatten_loads(lower_int_division(score_w), strides))
     mask_l = hoist.top(_flatten_loads(lower_int_division(mask_w), strides))
+
+    # score_mod(s) = a * s with a per-head (or constant) factor: the kernel folds a into the per-tile factor
+    # scale * log2(e) and multiplies once per element (score_mask.cuh) instead of calling score_mod
+    head_scale = None
+    if score_l.is_Mul and SCORE in score_l.args:
+        a = score_l / SCORE
+        if SCORE not in a.free_symbols and hoist.level(a) in (CONST, HEAD):
+            head_scale = a
+    # score_mod(s) = s * a(d) + b(d) with d = q_idx - kv_idx: the sm90 kernel evaluates a and b once per
+    # distinct d of its fragment (about half its elements) and applies them with one FFMA (score_mask.cuh);
+    # hoisted here, before the context structs are printed, so that their per-head parts join HeadCtx
+    rel = None if head_scale is not None else _relative_terms(
+        _flatten_loads(lower_int_division(score_w), strides))
+    rel_hoisted = tuple(hoist.top(x) for x in rel) if rel is not None else None
 
     ctx_names = {SCORE: "score", Q: "q_idx", KV: "kv_idx", B: "hc.b", H: "hc.h"}
     out: List[str] = []
@@ -527,18 +590,22 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         f"__device__ __forceinline__ bool mask_mod({elem_params}) {{\n"
         + "".join(x + "\n" for x in m_lines) + f"  return {m_text};\n}}"
     )
-    # score_mod(s) = a * s with a per-head (or constant) factor: the kernel folds a into the per-tile factor
-    # scale * log2(e) and multiplies once per element (score_mask.cuh) instead of calling score_mod
-    head_scale = None
-    if score_l.is_Mul and SCORE in score_l.args:
-        a = score_l / SCORE
-        if SCORE not in a.free_symbols and hoist.level(a) in (CONST, HEAD):
-            head_scale = a
     if head_scale is not None:
         ph = em.printer(ctx_names)
         funcs.append(
             "__device__ __forceinline__ float score_head_scale(const CapturedArgs& c, const HeadCtx& hc) {\n"
             f"  return {ph.doprint(head_scale, as_type=FLOAT)};\n}}"
+        )
+    if rel_hoisted is not None:
+        temps_r, (a_r, b_r) = sympy.cse(list(rel_hoisted), symbols=sympy.numbered_symbols("x"), order="canonical")
+        pr = em.printer({**ctx_names, REL_D: "d", REL_FD: "fd"})
+        r_lines = _elem_body(pr, temps_r, sympy.Tuple(a_r, b_r))
+        funcs.append(
+            "struct RelTerms {\n  float a, b;  // score_mod(s) = a s + b\n};\n\n"
+            "// d = q_idx - kv_idx, fd = float(d) (the kernel derives it without a conversion per call)\n"
+            "__device__ __forceinline__ RelTerms score_rel(const CapturedArgs& c, const HeadCtx& hc, int d, float fd) {\n"
+            + "".join(x + "\n" for x in r_lines)
+            + f"  return {{{pr.doprint(a_r, as_type=FLOAT)}, {pr.doprint(b_r, as_type=FLOAT)}}};\n}}"
         )
 
     # ---- tile level ------------------------------------------------------------------------------------
@@ -600,6 +667,8 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         "",
         f"#define ATTNGEN_HAS_SCORE_MOD {has_score}",
         f"#define ATTNGEN_SCORE_HEAD_SCALE {int(head_scale is not None)}",
+        f"#define ATTNGEN_SCORE_REL {int(rel is not None)}",
+        f"#define ATTNGEN_SCORE_REL_LOADS {int(rel is not None and _has_rel_loads(sympy.Tuple(*rel)))}",
         f"#define ATTNGEN_HAS_MASK {has_mask}",
         f"#define ATTNGEN_NEEDS_CLASSIFIER {int(bool(preds.needs_classifier))}",
         "",

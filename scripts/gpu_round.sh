@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device round on the H200: environment facts, parallel kernel builds + GPU tests, benchmark.
-# Usage (on the device, from the repo root): scripts/gpu_round.sh [tests|bench|issue15|first-call|sweep|sanitize|profile|probe|tiles|all]...
+# Usage (on the device, from the repo root): scripts/gpu_round.sh [tests|api|bench|issue15|first-call|sweep|sanitize|profile|probe|tiles|all]...
 # Logs and results go to $OUT (the device tool brings that folder back) or, when $OUT is unset, to
 # benchmarks/results/<UTC date>-<device, e.g. h200>-<git short commit>/ (see benchmarks/results/README.md).
 # A README.md stub there records the command line, commit, date and steps.
@@ -52,6 +52,11 @@ for step in "${steps[@]}"; do
         | tee "$RES/gpu_tests_sm80.log" | tail -n 5
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       echo "gpu tests: $(( $(date +%s) - t0 )) s" ;;&
+    api)
+      # the public-API GPU suite alone (sm90 picked on Hopper), optionally narrowed: API_K="alibi or rel_div"
+      python -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_api.py ${API_K:+-k "$API_K"} 2>&1 \
+        | tee "$RES/gpu_tests_api.log" | tail -n 15
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     bench|all)
       python benchmarks/bench_forward.py --out "$RES" 2>&1 | tee "$RES/bench.log" | tail -n 40 ;;&
     issue15)
@@ -102,7 +107,7 @@ for step in "${steps[@]}"; do
         python scripts/tile_sweep.py --variants "$sw_vars" --tiles "$sw_tiles" --D "${sw_d:-128}" \
           --S "${sw_s:-8192}" --B "${sw_b:-2}" --H "${sw_h:-16}" 2>&1
       done | tee "$RES/tiles.log" | grep -E "^\||Error|error" ;;
-    tests|bench|all) ;;
+    tests|bench|all|api) ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac
 done

@@ -135,7 +135,8 @@ def write_includes(tmp: Path, rendered) -> list:
     return inc
 
 
-UNDEF = "#undef ATTNGEN_HAS_SCORE_MOD\n#undef ATTNGEN_HAS_MASK\n#undef ATTNGEN_NEEDS_CLASSIFIER\n"
+UNDEF = ("#undef ATTNGEN_HAS_SCORE_MOD\n#undef ATTNGEN_HAS_MASK\n#undef ATTNGEN_NEEDS_CLASSIFIER\n"
+         "#undef ATTNGEN_SCORE_HEAD_SCALE\n#undef ATTNGEN_SCORE_REL\n#undef ATTNGEN_SCORE_REL_LOADS\n")
 # These harnesses include several variant.inc files, each inside its own namespace. Each .inc includes
 # variant_math.cuh (#pragma once); included first at global scope, its helpers are visible to all of them.
 MATH = '#include "variant_math.cuh"'

@@ -81,10 +81,11 @@ def test_macros(rendered):
     def macros(text):
         return {m.group(1): int(m.group(2)) for m in re.finditer(r"#define ATTNGEN_(\w+) (\d)", text)}
 
-    assert macros(rendered["causal"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 0, "SCORE_HEAD_SCALE": 0}
-    assert macros(rendered["softcap"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 0, "NEEDS_CLASSIFIER": 0, "SCORE_HEAD_SCALE": 0}
-    assert macros(rendered["document"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 1, "SCORE_HEAD_SCALE": 0}
-    assert macros(rendered["compound"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 1, "SCORE_HEAD_SCALE": 0}
+    plain = {"SCORE_HEAD_SCALE": 0, "SCORE_REL": 0, "SCORE_REL_LOADS": 0}
+    assert macros(rendered["causal"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 0, **plain}
+    assert macros(rendered["softcap"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 0, "NEEDS_CLASSIFIER": 0, **plain}
+    assert macros(rendered["document"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 1, **plain}
+    assert macros(rendered["compound"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 1, **plain}
 
 
 def test_issue15_partial_tile_reductions():
@@ -102,6 +103,27 @@ def test_issue15_partial_tile_reductions():
     assert "#define ATTNGEN_SCORE_HEAD_SCALE 1" in r["d_head_scale"]
     assert body(r["d_head_scale"], "score_head_scale").strip() == "return hc.h0;"
     assert "/" not in body(render_variant_inc(*V["d_div_square"], fast_div=False), "score_mod").replace("score / ", "")
+
+
+def test_relative_score_mods_get_score_rel():
+    """score_mod(s) = a(d) s + b(d), d = q - kv: a score_rel of d and float(d) (no int square, no conversion per
+    call); loads indexed by d ask the kernel to clamp d. Other score forms keep the generic path."""
+    V = {**variants(make_tensors(0)), **derived_variants()}
+    r = {k: render_variant_inc(*V[k]) for k in ("alibi", "relbias", "d_div_square", "bias", "softcap", "compound")}
+
+    def macros(text):
+        return {m.group(1): int(m.group(2)) for m in re.finditer(r"#define ATTNGEN_(SCORE_REL\w*) (\d)", text)}
+
+    assert macros(r["alibi"]) == {"SCORE_REL": 1, "SCORE_REL_LOADS": 0}
+    assert macros(r["relbias"]) == {"SCORE_REL": 1, "SCORE_REL_LOADS": 1}
+    assert macros(r["d_div_square"]) == {"SCORE_REL": 1, "SCORE_REL_LOADS": 0}
+    for k in ("bias", "softcap", "compound"):
+        assert macros(r[k]) == {"SCORE_REL": 0, "SCORE_REL_LOADS": 0}, k
+        assert "score_rel" not in r[k]
+    alibi = body(r["alibi"], "score_rel")
+    assert "fd * hc.h" in alibi and "(float)" not in alibi, alibi
+    div = body(r["d_div_square"], "score_rel")
+    assert "fd * fd" in div and "d * d" not in div.replace("fd * fd", ""), div
 
 
 def test_every_contract_function_is_defined(rendered):
@@ -381,7 +403,14 @@ void run() {{
     RowCtx rc = row_ctx(c, hc, q);
     for (int k = 0; k < {KVLEN_}; ++k) {{
       ColCtx cc = col_ctx(c, hc, k);
-      printf("%.9g %d\\n", score_mod(S[r * {KVLEN_} + k], c, hc, rc, cc, q, k), (int)mask_mod(c, hc, rc, cc, q, k));
+      const float sc = S[r * {KVLEN_} + k];
+#if ATTNGEN_SCORE_REL
+      const RelTerms rel = score_rel(c, hc, q - k, (float)(q - k));
+      const float via_rel = rel.a * sc + rel.b;
+#else
+      const float via_rel = score_mod(sc, c, hc, rc, cc, q, k);
+#endif
+      printf("%.9g %d %.9g\\n", score_mod(sc, c, hc, rc, cc, q, k), (int)mask_mod(c, hc, rc, cc, q, k), via_rel);
     }}
   }}
   for (int i = 0; i < {nqb}; ++i)
@@ -420,6 +449,9 @@ void run() {{
         assert torch.equal(got_mask, want_mask), f"seed {seed}: {k}: mask_mod differs at {(got_mask != want_mask).nonzero()[:5].tolist()}"
         torch.testing.assert_close(got_score, want_score, rtol=2e-6, atol=2e-5,
                                    msg=lambda m: f"seed {seed}: {k}: score_mod: {m}")
+        # relative score mods: a(d) s + b(d) from score_rel, as the sm90 kernel applies them
+        torch.testing.assert_close(el[:, 2].reshape(QLEN_, KVLEN_), want_score, rtol=2e-6, atol=2e-5,
+                                   msg=lambda m: f"seed {seed}: {k}: score_rel: {m}")
         pos = QLEN_ * KVLEN_
         rows = torch.tensor([[int(x) for x in ln.split()] for ln in lines[pos: pos + nqb]])
         for col, e in enumerate((preds.kv_lo, preds.kv_hi, preds.kv_full_lo, preds.kv_full_hi)):

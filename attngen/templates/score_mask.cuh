@@ -9,6 +9,11 @@
 
 #include "attngen_common.cuh"
 
+#ifndef ATTNGEN_SCORE_REL
+#define ATTNGEN_SCORE_REL 0  // a variant.inc from before relative score mods
+#define ATTNGEN_SCORE_REL_LOADS 0
+#endif
+
 namespace attngen {
 
 // Element k (= 2 rh + e) of chunk nt of m16 slice mt, in either fragment shape.
@@ -20,6 +25,61 @@ template <int MT, int NT>
 ATTNGEN_DEV_INLINE float& frag_at(float (&s)[MT][NT][4], int mt, int nt, int k) {
   return s[mt][nt][k];
 }
+
+#if ATTNGEN_SCORE_REL
+// Relative score mods, score_mod(s) = a(d) s + b(d) with d = q_idx - kv_idx (variant.inc's score_rel), on
+// the sm90 fragment (one m16 slice): x = (a scale) qk + b, the score itself, one FFMA per element
+// (softmax factor log2(e): raw_score_factor). Row g + 8 at chunk nt has the d of row g at chunk nt - 1,
+// so a thread's 4 NT elements need 2 (NT + 1) evaluations of score_rel, two chunks' worth live at a time;
+// each gets d and float(d) (from one conversion per tile: exact below 2^24). Row g + 8 is q_idx + 8 unless
+// it lies past QLEN (clamped in qi, never stored): its d is then off, harmless for arithmetic; for loads
+// d is clamped to the range that in-range (q_idx, kv_idx) pairs have. Masks as in score_tile.
+template <bool MASK, bool BOUNDS, typename Frag>
+ATTNGEN_DEV_INLINE void score_tile_rel(Frag& s, float scale, const CapturedArgs& C, const TileArgs& t,
+                                       const HeadCtx& hc, const RowCtx (&rc)[1][2], const int (&qi)[1][2], int kv0,
+                                       int tig) {
+  constexpr int NT = sizeof(Frag) / (sizeof(float) * 4);  // n8 chunks
+  const int KVLEN = t.KVLEN;
+  const int d0 = qi[0][0] + 8 - (kv0 + 2 * tig);  // d of row g + 8 at chunk 0, e = 0
+  const float fd0 = (float)d0;
+  auto terms = [&](int k) {  // the terms at d0 - k
+    int d = d0 - k;
+#if ATTNGEN_SCORE_REL_LOADS
+    d = min(max(d, t.QOFF - (KVLEN - 1)), t.QOFF + t.QLEN - 1);
+#endif
+    RelTerms r = score_rel(C, hc, d, fd0 - (float)k);
+    r.a *= scale;
+    return r;
+  };
+  RelTerms prev[2] = {terms(0), terms(1)};
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const RelTerms cur[2] = {terms(8 * (nt + 1)), terms(8 * (nt + 1) + 1)};
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = kv0 + nt * 8 + tig * 2 + e;
+      const bool col_ok = !BOUNDS || col < KVLEN;
+#if ATTNGEN_HAS_MASK
+      const int kv = BOUNDS ? min(col, KVLEN - 1) : col;
+      const ColCtx cc = col_ctx(C, hc, kv);
+#endif
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) {
+        float& x = frag_at(s, 0, nt, rh * 2 + e);
+        const RelTerms& r = rh == 0 ? cur[e] : prev[e];
+        const float y = fmaf(x, r.a, r.b);
+        bool keep = col_ok;
+#if ATTNGEN_HAS_MASK
+        if (MASK) keep = keep & mask_mod(C, hc, rc[0][rh], cc, qi[0][rh], kv);
+#endif
+        x = keep ? y : -INFINITY;
+      }
+    }
+    prev[0] = cur[0];
+    prev[1] = cur[1];
+  }
+}
+#endif
 
 // S (fp32 accumulators of Q K^T, unscaled) -> scores; a mask evaluating false gives -inf.
 // With a score_mod, x = score_mod(qk * scale) * log2(e). Without one, RAW keeps x = qk (the softmax
@@ -74,7 +134,9 @@ ATTNGEN_DEV_INLINE void score_tile(Frag& s, float scale, const CapturedArgs& C, 
 
 // Factor c of the softmax domain of RAW scores (2^(c x) is the weight of score x).
 ATTNGEN_DEV_INLINE float raw_score_factor(float scale) {
-#if ATTNGEN_HAS_SCORE_MOD
+#if ATTNGEN_SCORE_REL
+  return LOG2E;  // score_tile_rel's x is the score
+#elif ATTNGEN_HAS_SCORE_MOD
   return 1.f;
 #else
   return scale * LOG2E;
@@ -97,6 +159,18 @@ ATTNGEN_DEV_INLINE void score_kv_tile(Frag& s, int j, int f_lo, int f_hi, float 
 #endif
   const bool bounds = (j + 1) * BK > t.KVLEN;
   const int kv0 = j * BK;
+#if ATTNGEN_SCORE_REL
+  if constexpr (RAW && MT == 1) {
+    if (masked) {
+      if (bounds) score_tile_rel<true, true>(s, scale, C, t, hc, rc, qi, kv0, tig);
+      else score_tile_rel<true, false>(s, scale, C, t, hc, rc, qi, kv0, tig);
+    } else {
+      if (bounds) score_tile_rel<false, true>(s, scale, C, t, hc, rc, qi, kv0, tig);
+      else score_tile_rel<false, false>(s, scale, C, t, hc, rc, qi, kv0, tig);
+    }
+    return;
+  }
+#endif
   if (masked) {
     if (bounds) score_tile<true, true, RAW>(s, scale, C, hc, rc, qi, kv0, t.KVLEN, tig);
     else score_tile<true, false, RAW>(s, scale, C, hc, rc, qi, kv0, t.KVLEN, tig);

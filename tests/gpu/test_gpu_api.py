@@ -72,12 +72,16 @@ def _variants(DOCS, DOCS_B, SLOPES, DOCS_2, PAD, _bias_mod):
         "masked_rows": attngen.compile(mask_mod=_rowsink, backend=BACKEND),
         "key_padding_document": attngen.compile(mask_mod=attngen.document(DOCS) & PAD, causal=True, backend=BACKEND),
         "two_documents": attngen.compile(mask_mod=attngen.document(DOCS) & attngen.document(DOCS_2), backend=BACKEND),
+        # a relative score mod with a factor of q - kv (the sm90 kernel's score_rel path), in a window
+        "rel_div": attngen.compile(score_mod=attngen.ScoreMod(lambda s, b, h, q, k: s / (1 + 1e-3 * (q - k) ** 2), "rel_div"),
+                                   window=256, backend=BACKEND),
     }
 
 
 VARIANT_NAMES = ["full", "causal", "sliding_window", "local", "softcap", "softcap_causal", "alibi_causal", "alibi_tensor",
                  "prefix_lm", "chunked", "document", "document_batched_causal", "block_diagonal", "dilated",
-                 "prefix_or_window_not_chunk", "bias_table", "masked_rows", "key_padding_document", "two_documents"]
+                 "prefix_or_window_not_chunk", "bias_table", "masked_rows", "key_padding_document", "two_documents",
+                 "rel_div"]
 # (variant, dtype, head dim) signatures exercised below; built in parallel up front
 MAIN = [(n, torch.bfloat16, 128) for n in VARIANT_NAMES]
 DTYPE_DIM = [(n, dt, d) for n in ("full", "causal", "softcap_causal", "document")
@@ -135,7 +139,8 @@ def test_gqa_mqa(name, Hq, Hkv):
 
 @pytest.mark.parametrize("Lq,Lk,q_offset", [(1, 1, 0), (1, 2000, 1999), (77, 1000, 923), (1000, 77, 0), (129, 1031, 0),
                                              (300, 2000, 1700), (2000, 300, 0)])
-@pytest.mark.parametrize("name", ["full", "causal", "sliding_window", "prefix_lm", "document"])
+@pytest.mark.parametrize("name", ["full", "causal", "sliding_window", "prefix_lm", "document", "alibi_causal", "bias_table",
+                                  "rel_div"])
 def test_odd_lengths_and_offsets(name, Lq, Lk, q_offset):
     if name == "document" and q_offset + Lq > NPOS:
         pytest.skip("doc ids shorter than the positions")
@@ -143,7 +148,7 @@ def test_odd_lengths_and_offsets(name, Lq, Lk, q_offset):
 
 
 @pytest.mark.parametrize("scale", [0.3, -0.08, 0.0])
-@pytest.mark.parametrize("name", ["full", "causal", "softcap"])
+@pytest.mark.parametrize("name", ["full", "causal", "softcap", "alibi_causal", "rel_div"])
 def test_explicit_scale(name, scale):
     """Scales other than 1/sqrt(D), negative and zero included (the SM90 kernel folds the scale into
     the exponent for variants without score_mod; the API rewrites scale <= 0 exactly)."""
