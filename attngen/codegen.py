@@ -19,6 +19,8 @@ float ``1/d``), and the tile-level predicates print with ``i``/``j`` and the tem
 A captured-tensor index that is not provably non-negative is wrapped as torch wraps it (``WrapIndex``:
 ``i < 0 ? i + size : i``, the size recorded at trace time in ``CapturedTensor.wrapped_dims``), so the
 kernel reads the element the CPU path reads instead of memory before the tensor.
+The backward kernels' derivatives (``gradients.py``: d score_mod / d score and one site per float captured load)
+are lowered and hoisted the same way and printed as ``score_mod_grad`` / ``grad_site`` / ``grad_site_slot``.
 The ``ag_*`` helpers the printed code calls live in ``templates/variant_math.cuh``, which the output includes.
 The output is deterministic: the same input gives byte-identical text.
 """
@@ -30,6 +32,7 @@ from typing import Dict, Iterable, List, Sequence, Tuple
 import sympy
 
 from .errors import BuildError
+from .gradients import derive_gradients
 from .ir import MAX_CAPTURED, MAX_SUMMARIES, BlockPredicates, TracedVariant
 from .printer import (
     BOOL,
@@ -491,6 +494,70 @@ def _elem_body(p: CudaPrinter, temps, expr, indent="  ") -> List[str]:
     return lines
 
 
+# ---- score_mod gradients (backward kernels; the forward kernels never call these functions) -------------
+
+
+def _hoist_gradients(traced: TracedVariant, strides, hoist: "_Hoister", debug_slot):
+    """d score_mod / d score and the gradient sites of ``gradients.derive_gradients``, lowered like score_mod
+    (wrapped, checked in debug builds, flat offsets) and hoisted with the same hoister, so their per-head /
+    -row / -column parts join the context structs (new fields after score_mod's, shared where equal).
+    Returns (dscore, ((slot, load, derivative, offset), ...)); no work for a variant without score_mod, so
+    its contexts keep exactly their fields."""
+    if traced.score == SCORE:
+        return sympy.Integer(1), ()
+    grads = derive_gradients(traced)
+
+    def lowered(e):
+        e = _wrap_indices(e, traced.captured)
+        if debug_slot is not None:
+            e = _check_indices(e, traced.captured, debug_slot)
+        return _flatten_loads(lower_int_division(e), strides)
+
+    slot = {c.name: n for n, c in enumerate(traced.captured)}
+    sites = []
+    for site in grads.sites:
+        offset = lowered(site.load).args[1]  # FlatLoad(t, offset): the element offset with the captured strides
+        sites.append((slot[site.tensor], site.load, hoist.top(lowered(site.derivative)), hoist.top(offset)))
+    return hoist.top(lowered(grads.dscore)), tuple(sites)
+
+
+def _gradient_functions(em: "_Emitter", ctx_names, elem_params: str, dscore, sites) -> List[str]:
+    """score_mod_grad, grad_site and grad_site_slot (docs/kernel-interface.md): CSE over all of them, each
+    function (and each case of grad_site) declaring the temporaries it needs."""
+    outputs = [dscore] + [x for _, _, d, off in sites for x in (d, off)]
+    temps, reduced = sympy.cse(outputs, symbols=sympy.numbered_symbols("x"), order="canonical")
+    p = em.printer(ctx_names)
+    lines = _elem_body(p, temps, reduced[0])
+    funcs = [
+        "// d score_mod / d score at `score` (the scaled q.k score_mod receives), recomputed by the backward kernels\n"
+        f"__device__ __forceinline__ float score_mod_grad(float score, {elem_params}) {{\n"
+        + "".join(x + "\n" for x in lines) + f"  return {p.doprint(reduced[0], as_type=FLOAT)};\n}}"
+    ]
+    notes, cases = [], []
+    for k, (slot, load, _, _) in enumerate(sites):
+        d_r, off_r = reduced[1 + 2 * k], reduced[2 + 2 * k]
+        pk = em.printer(ctx_names)
+        lines = _elem_body(pk, temps, sympy.Tuple(d_r, off_r), indent="    ")
+        notes.append(f"//   site {k}: {_comment(load)}, captured slot {slot}")
+        cases.append(f"  case {k}: {{\n" + "".join(x + "\n" for x in lines)
+                     + f"    offset = {pk.doprint(off_r, as_type=LL)};\n"
+                     + f"    return {pk.doprint(d_r, as_type=FLOAT)};\n  }}\n")
+    funcs.append(
+        "// Site k in [0, ATTNGEN_NUM_GRAD_SITES): d score_mod / d the captured element the site reads, and that\n"
+        "// element's offset from c.ptr[grad_site_slot(k)] in elements, with the captured strides (the kernel adds\n"
+        "// dS_mod * derivative to the tensor's gradient there).\n" + "".join(n + "\n" for n in notes)
+        + f"__device__ __forceinline__ float grad_site(int k, float score, {elem_params}, long long& offset) {{\n"
+        + "  switch (k) {\n" + "".join(cases) + "  default:\n    offset = 0;\n    return 0.0f;\n  }\n}"
+    )
+    slots = "".join(f"k == {k} ? {slot} : " for k, (slot, _, _, _) in enumerate(sites))
+    funcs.append("// the captured-tensor slot of site k (-1 past the last site)\n"
+                 f"__device__ __forceinline__ constexpr int grad_site_slot(int k) {{\n  return {slots}-1;\n}}"
+                 if sites else
+                 "// the captured-tensor slot of site k (-1: this variant has no sites)\n"
+                 "__device__ __forceinline__ constexpr int grad_site_slot(int /*k*/) {\n  return -1;\n}")
+    return funcs
+
+
 def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_tanh: bool = True,
                        fast_exp2: bool = True, debug: bool = False, fast_div: bool = True) -> str:
     """The ``variant.inc`` of docs/kernel-interface.md for ``traced`` and its block predicates.
@@ -540,6 +607,15 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
     rel = None if head_scale is not None else _relative_terms(
         _flatten_loads(lower_int_division(score_w), strides))
     rel_hoisted = tuple(hoist.top(x) for x in rel) if rel is not None else None
+    # the backward kernels' derivatives, hoisted here too (new context fields only for variants with a score_mod)
+    # A score_mod without derivatives (a construct gradients.py has no rule for) still gets its forward: the
+    # gradient functions are left out and backward kernels stop at their #error (bwd_probs.cuh).
+    try:
+        grad_dscore, grad_sites = _hoist_gradients(traced, strides, hoist,
+                                                   debug_slot if debug and traced.captured else None)
+        grad_error = None
+    except BuildError as e:
+        grad_dscore, grad_sites, grad_error = None, (), str(e)
 
     ctx_names = {SCORE: "score", Q: "q_idx", KV: "kv_idx", B: "hc.b", H: "hc.h"}
     out: List[str] = []
@@ -608,9 +684,15 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
             + f"  return {{{pr.doprint(a_r, as_type=FLOAT)}, {pr.doprint(b_r, as_type=FLOAT)}}};\n}}"
         )
 
+    if grad_error is None:
+        try:
+            funcs += _gradient_functions(em, ctx_names, elem_params, grad_dscore, grad_sites)
+        except BuildError as e:
+            grad_error = str(e)
+
     # ---- tile level ------------------------------------------------------------------------------------
-    # The kernels read the kv-block ranges of each q-block and the tile classifier; the transposed q-block
-    # ranges of BlockPredicates (q_lo ...) serve block_map on the host only, so they are not printed.
+    # The forward kernels read the kv-block ranges of each q-block and the tile classifier; the backward
+    # kernel walks the transposed ranges (the q blocks of kv-block j: q_lo ...) with the same classifier.
     tile_names = {I: "i", J: "j", BQ: "BQ", BK: "BK", QLEN: "t.QLEN", KVLEN: "t.KVLEN", QOFF: "t.QOFF", B: "t.b", H: "t.h"}
     common = (BQ, BK, QLEN, KVLEN, QOFF, B, H)
     arrays = cap_names + sum_names
@@ -621,6 +703,10 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         ("kv_full_hi", "int", "int i", preds.kv_full_hi, (I,) + common),
         ("tile_any", "bool", "int i, int j", preds.tile_any, (I, J) + common),
         ("tile_all", "bool", "int i, int j", preds.tile_all, (I, J) + common),
+        ("q_block_lo", "int", "int j", preds.q_lo, (J,) + common),
+        ("q_block_hi", "int", "int j", preds.q_hi, (J,) + common),
+        ("q_full_lo", "int", "int j", preds.q_full_lo, (J,) + common),
+        ("q_full_hi", "int", "int j", preds.q_full_hi, (J,) + common),
     ]
     tile_funcs = []
     for fname, rtype, params, expr, allowed in tile_specs:
@@ -671,6 +757,8 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         f"#define ATTNGEN_SCORE_REL_LOADS {int(rel is not None and _has_rel_loads(sympy.Tuple(*rel)))}",
         f"#define ATTNGEN_HAS_MASK {has_mask}",
         f"#define ATTNGEN_NEEDS_CLASSIFIER {int(bool(preds.needs_classifier))}",
+        (f"#define ATTNGEN_NUM_GRAD_SITES {len(grad_sites)}" if grad_error is None
+         else f"// no score_mod gradients (backward kernels unavailable): {_comment(grad_error)}"),
         "",
     ]
     if debug and traced.captured:

@@ -4,7 +4,8 @@ Tracing and predicate derivation run once per variant (analysis.py), and their s
 recorded on disk by the mods' fingerprint (analysis_cache.py), so a new process compiling a variant it has
 seen before neither traces nor imports sympy. A kernel library is built lazily on the first CUDA call per
 (dtype, head dim, device) from its spec (jit/spec.py), cached on disk, and memoised on the compiled
-object, so a later call costs a dict lookup plus the launch (launch.py).
+object, so a later call costs a dict lookup plus the launch (launch.py). A call that records an autograd graph,
+or that torch.compile traces, goes through the custom ops of autograd.py instead.
 """
 from __future__ import annotations
 
@@ -13,17 +14,21 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from . import autograd as _autograd
 from .abi import SM90_FALLBACK_CODES
 from .analysis_cache import variant_facts
 from .errors import InputError, KernelLaunchError
-from .jit.spec import KernelSpec
+from .jit.spec import BWD_KERNEL, KernelSpec
 from .jit.toolchain import current_arch
 from .ir import check_extents
-from .launch import forward, load_library
+from .launch import forward, load_bwd_library, load_library
 from .mods import Variant, as_mask_mod, compose
 from .reference import _check_offset
 
 _BUILD_LOCK = threading.Lock()
+# bound once: the hot path calls them on every launch (torch.compile recognises the functions themselves)
+_grad_enabled = torch.is_grad_enabled
+_compiling = torch.compiler.is_compiling
 
 
 def _mask_from_options(mask_mod, causal: bool, window):
@@ -77,6 +82,8 @@ class CompiledAttention:
         self._libraries = {}  # (dtype, head dim, device index, kernel) -> loaded library
         self._ready = {}      # (dtype, head dim, device index) -> the library a call launches: the hot path
         self._summaries = _SummaryCache()
+        # the name the autograd custom ops know this object by (they take no Python objects)
+        self.op_id = _autograd.register(self)
 
     @property
     def traced(self):
@@ -126,31 +133,54 @@ class CompiledAttention:
                 self._ready[(dtype, head_dim, device_index)] = lib
         return lib
 
+    def backward_library(self, dtype: torch.dtype, head_dim: int, device_index: int):
+        """The loaded backward library (launch.backward; kernel family 'sm80_bwd', on any sm80+ GPU) for one
+        signature on one device, built (or found in the cache) on first use. Its block_q / block_k size the
+        block summaries of a backward call."""
+        key = (dtype, head_dim, device_index, BWD_KERNEL)
+        lib = self._libraries.get(key)
+        if lib is None:
+            with _BUILD_LOCK:
+                lib = self._libraries.get(key)
+                if lib is None:
+                    spec = self.spec(dtype, head_dim, current_arch(device_index), BWD_KERNEL)
+                    lib = self._libraries[key] = load_bwd_library(spec.build_cached())
+        return lib
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optional[float] = None,
                  return_lse: bool = False, q_offset: int = 0):
-        # Hot path: a library already loaded for this dtype, head dim and device; forward() checks the
-        # rest. Anything unusual (not a tensor, CPU tensors, a first call) takes the full path below.
+        # Hot path: a library already loaded for this dtype, head dim and device, and no autograd graph to
+        # record; forward() checks the rest. Anything unusual (not a tensor, CPU tensors, a first call,
+        # gradients, torch.compile tracing) takes the full path below.
         try:
             lib = self._ready.get((q.dtype, q.shape[-1], q.get_device()))
         except (AttributeError, IndexError, TypeError):
             lib = None
-        if lib is not None and q_offset.__class__ is int and q_offset >= 0:
+        if lib is not None and q_offset.__class__ is int and q_offset >= 0 and not _compiling() and not (
+                _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
             return self._run(lib, q, k, v, scale, return_lse, q_offset)
         if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
             raise InputError("q, k, v must be torch tensors of shape (B, H, L, D)")
         if q_offset.__class__ is not int or q_offset < 0:
             q_offset = _check_offset(q_offset)
+        if _compiling() or (_grad_enabled() and _autograd.needs_grad(self, q, k, v)):
+            # the custom ops: differentiable, and one opaque node in a torch.compile graph (autograd.py)
+            return _autograd.attention(self, q, k, v, scale=scale, return_lse=return_lse, q_offset=q_offset)
         if self.backend == "reference" or not q.is_cuda:
-            from . import reference
-
-            if q.dim() == 4 and k.dim() == 4 and self.facts.captured:
-                check_extents(self.facts.captured, [c.tensor for c in self.facts.captured], q.shape[0],
-                              q.shape[1], q.shape[2], k.shape[2], q_offset)
-            return reference.attention(q, k, v, self.variant, scale=scale, return_lse=return_lse, q_offset=q_offset)
+            return self._reference(q, k, v, scale, return_lse, q_offset)
         if q.dim() != 4:
             raise InputError(f"q must have shape (B, H, L, D), got {tuple(q.shape)}")
         dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
         return self._run(self.library(q.dtype, q.shape[-1], dev), q, k, v, scale, return_lse, q_offset)
+
+    def _reference(self, q, k, v, scale, return_lse, q_offset):
+        """The call on the reference implementation (CPU tensors, or backend='reference')."""
+        from . import reference
+
+        if q.dim() == 4 and k.dim() == 4 and self.facts.captured:
+            check_extents(self.facts.captured, [c.tensor for c in self.facts.captured], q.shape[0],
+                          q.shape[1], q.shape[2], k.shape[2], q_offset)
+        return reference.attention(q, k, v, self.variant, scale=scale, return_lse=return_lse, q_offset=q_offset)
 
     def _run(self, lib, q, k, v, scale, return_lse, q_offset):
         """Launch on ``lib``; a layout the sm90 kernel's TMA cannot describe runs on the portable kernel."""

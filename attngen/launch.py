@@ -439,3 +439,159 @@ def _forward_debug(lib: KernelLibrary, q, k, v, captured, kwargs):
             "the mod, e.g. table[torch.clamp(i, 0, n - 1)]"
         )
     return result
+
+
+# --------------------------------------------------------------------------------------------------
+# backward (templates/bwd_sm80.cuh; the ABI of templates/attngen_bwd_abi.cuh and host_abi_bwd.cuh)
+
+BWD_ABI_VERSION = 1  # ATTNGEN_BWD_ABI_VERSION
+# AttngenBwdArgs: 12 pointers, 8x3 int64 strides, 6 int32, float, int32, then CapturedArgs (_PACK_TAIL).
+_PACK_BWD_HEAD = struct.Struct("<12Q24q6ifi")
+assert _PACK_BWD_HEAD.size == 320 and _PACK_BWD_HEAD.size + _PACK_TAIL.size == 704
+
+
+class BwdKernelLibrary:
+    """A loaded backward library (``attngen_bwd``) and what it was built for. ``block_q`` / ``block_k`` are the
+    backward's tiles: the block summaries of a call are computed for them."""
+
+    def __init__(self, path: str, handle: ctypes.CDLL, info: AttngenKernelInfo):
+        self.path = path
+        self.handle = handle
+        self.head_dim = info.head_dim
+        self.dtype = _DTYPE_CODES[info.dtype]
+        self.block_q = info.block_q
+        self.block_k = info.block_k
+        self.num_threads = info.num_threads
+        self.smem_bytes = info.smem_bytes
+        self.arch = info.arch
+        self._bwd = handle.attngen_bwd
+        self._bwd.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+        self._bwd.restype = ctypes.c_int
+        self._err = handle.attngen_error_string
+        self._err.argtypes = [ctypes.c_int]
+        self._err.restype = ctypes.c_char_p
+
+    def error_string(self, code: int) -> str:
+        s = self._err(int(code))
+        return s.decode(errors="replace") if s else f"CUDA error {code}"
+
+    def __repr__(self):
+        return (f"BwdKernelLibrary({self.path!r}, {str(self.dtype).replace('torch.', '')}, head_dim={self.head_dim}, "
+                f"tiles={self.block_q}x{self.block_k}, sm_{self.arch})")
+
+
+def load_bwd_library(path) -> BwdKernelLibrary:
+    """Load a compiled backward library and check that it speaks this ABI."""
+    path = str(path)
+    try:
+        handle = ctypes.CDLL(path)
+    except OSError as e:
+        raise BuildError(f"could not load the kernel library {path}: {e}. Delete it so that it is rebuilt.") from e
+    try:
+        version_fn, info_fn = handle.attngen_abi_version, handle.attngen_bwd_kernel_info
+        handle.attngen_bwd
+        handle.attngen_error_string
+    except AttributeError as e:
+        raise BuildError(f"{path} is not an attngen backward library ({e}); delete it so that it is rebuilt") from e
+    version_fn.restype, version_fn.argtypes = ctypes.c_int, []
+    info = AttngenKernelInfo()
+    info_fn.argtypes = [ctypes.POINTER(AttngenKernelInfo)]
+    info_fn.restype = ctypes.c_int
+    if version_fn() != ABI_VERSION or info_fn(ctypes.byref(info)) != 0 or info.abi_version != BWD_ABI_VERSION \
+            or info.args_size != _PACK_BWD_HEAD.size + _PACK_TAIL.size or info.dtype not in _DTYPE_CODES:
+        raise BuildError(
+            f"{path} speaks another backward ABI (ABI {version_fn()}, backward ABI {info.abi_version}, argument block "
+            f"{info.args_size} bytes; this attngen expects {ABI_VERSION}, {BWD_ABI_VERSION}, "
+            f"{_PACK_BWD_HEAD.size + _PACK_TAIL.size}): delete it (or clear the kernel cache) so that it is rebuilt"
+        )
+    return BwdKernelLibrary(path, handle, info)
+
+
+def _check_like_q(name: str, t, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dtype or t.device != device:
+        got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise InputError(f"{name} must be a {shape} {dtype} tensor on {device} (like q), got {got}")
+    st = t.stride()
+    if st[3] != 1 or t.data_ptr() % 16 != 0 or any(st[d] % 8 != 0 and shape[d] > 1 for d in range(3)):
+        raise InputError(f"{name} must have a contiguous last dim, 16-byte alignment and batch/head/seq strides that "
+                         f"are multiples of 8 elements, got strides {tuple(st)}: pass {name}.contiguous()")
+
+
+def backward(
+    lib: BwdKernelLibrary,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    dout: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    scale: Optional[float] = None,
+    q_offset: int = 0,
+    captured: Sequence[torch.Tensor] = (),
+    summaries: Sequence[torch.Tensor] = (),
+):
+    """Attention backward with a compiled variant's backward library. q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D),
+    ``out`` the forward's output and ``lse`` its (B, Hq, Lq) float32 natural-log LSE (``forward(...,
+    return_lse=True)``), ``dout`` the gradient of ``out`` (any layout: copied when the kernel cannot read it).
+    ``scale`` / ``q_offset`` / ``captured`` as in the forward call; ``summaries``: BlockPredicates.summaries
+    computed for lib.block_q / lib.block_k. Returns (dq, dk, dv), contiguous, in q's dtype; rows with nothing
+    kept get zero gradients. Allocates the fp32 workspaces (dQ accumulator, delta, lse in log2) per call."""
+    _check_qkv(lib, q, k, v)
+    dev = q.get_device()
+    if dev not in _capable_devices:
+        _check_capability(dev)
+    B, Hq, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    shape = (B, Hq, Lq, D)
+    _check_like_q("out", out, shape, q.dtype, q.device)
+    if isinstance(dout, torch.Tensor) and dout.shape == q.shape and dout.dtype == q.dtype and dout.device == q.device:
+        st = dout.stride()
+        if st[3] != 1 or dout.data_ptr() % 16 or any(st[d] % 8 and shape[d] > 1 for d in range(3)):
+            dout = dout.contiguous()  # autograd hands out any layout (expanded zeros, transposes)
+    _check_like_q("dout", dout, shape, q.dtype, q.device)
+    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != shape[:3] or lse.dtype != torch.float32 \
+            or lse.device != q.device or not lse.is_contiguous():
+        got = (f"{tuple(lse.shape)} {lse.dtype} on {lse.device}, contiguous={lse.is_contiguous()}"
+               if isinstance(lse, torch.Tensor) else type(lse).__name__)
+        raise InputError(f"lse must be the forward's contiguous {shape[:3]} float32 LSE on {q.device} "
+                         f"(forward(..., return_lse=True)), got {got}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    elif not math.isfinite(scale):
+        raise InputError(f"scale must be a finite number, got {scale}; pass None for 1/sqrt(head_dim)")
+    q_offset = int(q_offset)
+    if q_offset < 0:
+        raise InputError(f"q_offset must be >= 0 (the absolute position of the first query), got {q_offset}")
+    if not (q_offset + Lq < 2**31 and Lk < 2**31):
+        raise InputError(f"q_offset {q_offset} with {Lq} queries and {Lk} keys leaves the int32 range of q_idx / "
+                         "kv_idx: use a smaller q_offset or shorter sequences")
+    if Hkv > _MAX_GRID_YZ:
+        raise InputError(f"key/value heads ({Hkv}) must be at most {_MAX_GRID_YZ}; split the call")
+
+    dq = q.new_empty(shape)
+    dk = k.new_empty(k.shape)
+    dv = v.new_empty(v.shape)
+    if B * Hq == 0:
+        return dq, dk.zero_(), dv.zero_()
+    lq_pad = -(-Lq // lib.block_q) * lib.block_q
+    stats = torch.empty((2, B, Hq, lq_pad), dtype=torch.float32, device=q.device)  # lse_log2, delta
+    dq_acc = torch.empty(shape, dtype=torch.float32, device=q.device)
+    lse_log2, delta = stats[0], stats[1]
+    qs, ks, vs, os_, ds = q.stride(), k.stride(), v.stride(), out.stride(), dout.stride()
+    head = _PACK_BWD_HEAD.pack(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
+        dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dq_acc.data_ptr(), delta.data_ptr(), lse_log2.data_ptr(),
+        *qs[:3], *ks[:3], *vs[:3], *os_[:3], *ds[:3], *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
+        B, Hq, Hkv, Lq, Lk, D, float(scale), q_offset,
+    )
+    tail = _PACK_TAIL.pack(*_captured_fields(q.device, captured, summaries)) if captured or summaries else _ZERO_TAIL
+    with torch.cuda.device(dev):
+        rc = lib._bwd(head + tail, _raw_stream(dev))
+    if rc != 0:
+        raise KernelLaunchError(
+            f"launching the attention backward kernel ({lib.path}) failed: CUDA error {rc} ({lib.error_string(rc)}); "
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, {q.dtype}, on {q.device}",
+            code=rc,
+        )
+    return dq, dk, dv

@@ -496,8 +496,7 @@ def _index_captured(t, index):
         exprs.append(e)
     if t.dtype.is_complex:
         raise unsupported(f"a captured tensor of dtype {t.dtype}", "use a real floating-point or integer tensor")
-    if t.requires_grad:
-        raise unsupported("a captured tensor that requires grad", "gradients to captured tensors are not supported yet: pass tensor.detach()")
+    # a float tensor that requires grad is fine: the kernels only read it, attngen.autograd computes its gradient
     c = _tracer().capture(t)
     value = S.load(c.name, *exprs, integer=c.integer)
     if t.dtype == torch.bool:

@@ -78,11 +78,12 @@ for step in "${steps[@]}"; do
         timeout 120 compute-sanitizer --tool $tool python scripts/sanitize_case.py 2>&1 | tee "$RES/$tool.log" | tail -n 6
       done ;;
     profile)
-      # Nsight Compute on one warm launch per variant: stall reasons, pipe utilisation, hot SASS lines.
+      # Nsight Compute on one warm launch per variant: stall reasons, pipe utilisation, hot SASS lines
+      # (PROFILE_ARGS, e.g. "--S 4096", go to scripts/profile_case.py).
       for var in ${PROFILE_VARIANTS:-full causal softcap}; do
-        python scripts/profile_case.py "$var" --build
+        python scripts/profile_case.py "$var" --build ${PROFILE_ARGS:-}
         timeout 150 ncu --clock-control none -k regex:attngen_fwd --launch-skip 1 --launch-count 1 \
-          --set full --import-source no -f -o "$RES/ncu-$var" python scripts/profile_case.py "$var" \
+          --set full --import-source no -f -o "$RES/ncu-$var" python scripts/profile_case.py "$var" ${PROFILE_ARGS:-} \
           > "$RES/ncu-$var.log" 2>&1
         ncu --import "$RES/ncu-$var.ncu-rep" --page details > "$RES/ncu-$var-details.txt" 2>&1
         ncu --import "$RES/ncu-$var.ncu-rep" --page source --csv --print-source sass \

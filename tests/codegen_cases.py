@@ -136,7 +136,8 @@ def write_includes(tmp: Path, rendered) -> list:
 
 
 UNDEF = ("#undef ATTNGEN_HAS_SCORE_MOD\n#undef ATTNGEN_HAS_MASK\n#undef ATTNGEN_NEEDS_CLASSIFIER\n"
-         "#undef ATTNGEN_SCORE_HEAD_SCALE\n#undef ATTNGEN_SCORE_REL\n#undef ATTNGEN_SCORE_REL_LOADS\n")
+         "#undef ATTNGEN_SCORE_HEAD_SCALE\n#undef ATTNGEN_SCORE_REL\n#undef ATTNGEN_SCORE_REL_LOADS\n"
+         "#undef ATTNGEN_NUM_GRAD_SITES\n")
 # These harnesses include several variant.inc files, each inside its own namespace. Each .inc includes
 # variant_math.cuh (#pragma once); included first at global scope, its helpers are visible to all of them.
 MATH = '#include "variant_math.cuh"'
@@ -146,3 +147,79 @@ def py_eval(expr, args, tensors, *vals):
     """What Python computes for `expr` (attngen.printer's torch evaluator; +-oo printed as +-BIG)."""
     expr = sympy.sympify(expr).xreplace({sympy.oo: sympy.Integer(BIG), -sympy.oo: sympy.Integer(-BIG)})
     return torch_function(expr, args)(*vals, tensors=tensors)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# score_mods with gradients (tests/test_gradients.py; the nvcc compile test of tests/test_codegen.py)
+
+REL_L = 64  # relative-position table of 2 * REL_L - 1 entries per head: q_idx - kv_idx + REL_L - 1 wraps below 0
+
+
+def gradient_tensors(seed):
+    """Captured tensors of gradient_variants: fp32 / bf16 / fp16, contiguous and transposed (strides that are
+    not row-major), and an int32 table whose values index another tensor."""
+    g = torch.Generator().manual_seed(seed)
+    return dict(
+        slopes=torch.rand(4, generator=g) + 0.5,
+        table=torch.randn(2 * REL_L - 1, 4, generator=g).t(),  # (4, 127), strides (1, 4)
+        pair=torch.randn(160, 64, generator=g).to(torch.bfloat16).t(),  # (64, 160) bf16, strides (1, 64)
+        head_bias=torch.randn(4, generator=g, dtype=torch.float16),
+        doc=torch.randint(0, 5, (160,), generator=g, dtype=torch.int32),
+        doc_bias=torch.randn(4, 5, generator=g),
+    )
+
+
+def gradient_variants(tensors):
+    """name -> ScoreMod whose derivatives (score_mod_grad, grad_site) the tests check against torch autograd."""
+    import attngen
+
+    t = tensors
+    L = REL_L
+
+    def relpos(s, b, h, q, kv):
+        return s + t["table"][h, q - kv + L - 1]
+
+    def where_pair(s, b, h, q, kv):
+        return torch.where(s > 0, s * t["slopes"][h], 0.1 * s + t["pair"][q, kv])
+
+    def math_fns(s, b, h, q, kv):
+        return (torch.atan(s / 4) + torch.erf(s / 8) + torch.tanh(s / 10) ** 2 + (abs(s) / 10) ** 1.5
+                + torch.clamp(s, -5, 5) * t["slopes"][h] + torch.tan(s / 100))
+
+    def pow_slope(s, b, h, q, kv):
+        return t["slopes"][h] ** (s / 20) + torch.exp(-abs(s) / 30) * torch.log1p(abs(s))
+
+    def sigmoid_max(s, b, h, q, kv):
+        return 4 * torch.sigmoid(s) + torch.maximum(s / 2, t["pair"][q, kv]) + torch.expm1(s / 50)
+
+    def repeated(s, b, h, q, kv):
+        return s * t["head_bias"][h] + t["head_bias"][h] ** 2 - s * torch.sign(s) * t["head_bias"][h]
+
+    def indirect(s, b, h, q, kv):  # the float table's index is read from an int table: no site for the int one
+        return s + t["doc_bias"][h, t["doc"][kv]] * (s % 7.0) + s // 3
+
+    return {
+        "g_softcap": attngen.softcap(30.0),
+        "g_alibi": attngen.alibi(4),
+        "g_alibi_slopes": attngen.alibi(t["slopes"]),
+        "g_relpos": attngen.ScoreMod(relpos, "relpos"),
+        "g_div_square": attngen.ScoreMod(lambda s, b, h, q, kv: s / (1 + 1e-3 * (q - kv) ** 2), "div_square"),
+        "g_where_pair": attngen.ScoreMod(where_pair, "where_pair"),
+        "g_math_fns": attngen.ScoreMod(math_fns, "math_fns"),
+        "g_pow_slope": attngen.ScoreMod(pow_slope, "pow_slope"),
+        "g_sigmoid_max": attngen.ScoreMod(sigmoid_max, "sigmoid_max"),
+        "g_repeated": attngen.ScoreMod(repeated, "repeated"),
+        "g_indirect": attngen.ScoreMod(indirect, "indirect"),
+    }
+
+
+def traced_gradient_variants(tensors):
+    """name -> (TracedVariant, BlockPredicates) of gradient_variants (no masks: full predicates)."""
+    from attngen.trace import trace
+
+    out = {}
+    for k, m in gradient_variants(tensors).items():
+        tv = trace(Variant(score_mod=m))
+        assert tv.mask is sympy.true, k
+        out[k] = (tv, full_preds())
+    return out

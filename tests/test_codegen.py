@@ -26,6 +26,7 @@ from attngen.mods import Variant
 from attngen.symbols import B, BK, BQ, H, I, J, KV, KVLEN, Q, QLEN, QOFF, SCORE, load
 
 from codegen_cases import (COMMON_STUB, REPO, VARIANT_MATH, causal_preds, full_preds, make_tensors, variants)
+from codegen_cases import gradient_tensors, traced_gradient_variants
 from codegen_cases import MATH as _MATH
 from codegen_cases import UNDEF as _UNDEF
 from codegen_cases import py_eval as _py
@@ -82,10 +83,14 @@ def test_macros(rendered):
         return {m.group(1): int(m.group(2)) for m in re.finditer(r"#define ATTNGEN_(\w+) (\d)", text)}
 
     plain = {"SCORE_HEAD_SCALE": 0, "SCORE_REL": 0, "SCORE_REL_LOADS": 0}
-    assert macros(rendered["causal"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 0, **plain}
-    assert macros(rendered["softcap"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 0, "NEEDS_CLASSIFIER": 0, **plain}
-    assert macros(rendered["document"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 1, **plain}
-    assert macros(rendered["compound"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 1, **plain}
+    assert macros(rendered["causal"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 0, **plain,
+                                          "NUM_GRAD_SITES": 0}
+    assert macros(rendered["softcap"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 0, "NEEDS_CLASSIFIER": 0, **plain,
+                                           "NUM_GRAD_SITES": 0}
+    assert macros(rendered["document"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 1, **plain,
+                                            "NUM_GRAD_SITES": 0}
+    assert macros(rendered["compound"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 1, **plain,
+                                            "NUM_GRAD_SITES": 1}  # the fp16 per-head bias t1[h, q % 160]
 
 
 def test_issue15_partial_tile_reductions():
@@ -138,8 +143,9 @@ def test_every_contract_function_is_defined(rendered):
             assert f"template <int BQ, int BK>\n__device__ __forceinline__ int {f}(const CapturedArgs& c, const TileArgs& t, int i)" in text
         for f in ("tile_any", "tile_all"):
             assert f"bool {f}(const CapturedArgs& c, const TileArgs& t, int i, int j)" in text
-        # the transposed q-block ranges serve block_map on the host; no kernel reads them
-        assert "q_block_lo" not in text and "q_full_hi" not in text
+        # the transposed q-block ranges of kv-block j: the backward kernel's walk (block_range_bwd.cuh)
+        for f in ("q_block_lo", "q_block_hi", "q_full_lo", "q_full_hi"):
+            assert f"template <int BQ, int BK>\n__device__ __forceinline__ int {f}(const CapturedArgs& c, const TileArgs& t, int j)" in text
         # the ag_* helpers come from the header, never inline
         assert '#include "variant_math.cuh"' in text and "__forceinline__ float ag_" not in text
 
@@ -299,6 +305,9 @@ def test_check_layout_names_a_changed_size_or_stride():
 
 @pytest.mark.requires_nvcc
 def test_variant_inc_compiles_with_nvcc(tmp_path, rendered, nvcc_path):
+    # with the score_mods of tests/test_gradients.py, whose gradient sites read fp32 / bf16 / fp16 tensors
+    rendered = {**rendered, **{k: render_variant_inc(t, p) for k, (t, p) in
+                               traced_gradient_variants(gradient_tensors(0)).items()}}
     inc = _write_includes(tmp_path, rendered)
     parts = ['#include "attngen_common.cuh"', _MATH]
     calls = []
@@ -316,7 +325,15 @@ __device__ float exercise(const CapturedArgs& c, const TileArgs& t) {
   int r = kv_block_lo<BQ_, BK_>(c, t, i) + kv_block_hi<BQ_, BK_>(c, t, i) + kv_full_lo<BQ_, BK_>(c, t, i)
         + kv_full_hi<BQ_, BK_>(c, t, i);
   bool any = tile_any<BQ_, BK_>(c, t, i, j), all = tile_all<BQ_, BK_>(c, t, i, j);
-  return (m ? s : -INFINITY) + (float)r + (any ? 1.0f : 0.0f) + (all ? 2.0f : 0.0f)
+  // the backward kernels' derivatives: d score_mod / d score, and every gradient site
+  float g = score_mod_grad(0.25f * (float)threadIdx.z, c, hc, rc, cc, q, k);
+  static_assert(grad_site_slot(ATTNGEN_NUM_GRAD_SITES) == -1, "grad_site_slot is a constant expression");
+#pragma unroll
+  for (int site = 0; site < ATTNGEN_NUM_GRAD_SITES; ++site) {
+    long long offset;
+    g += grad_site(site, 0.25f * (float)threadIdx.z, c, hc, rc, cc, q, k, offset) * (float)(offset + grad_site_slot(site));
+  }
+  return (m ? s : -INFINITY) + (float)r + (any ? 1.0f : 0.0f) + (all ? 2.0f : 0.0f) + g
        + ATTNGEN_HAS_SCORE_MOD + ATTNGEN_HAS_MASK + ATTNGEN_NEEDS_CLASSIFIER;
 }
 }  // namespace

@@ -9,14 +9,16 @@ from typing import Tuple
 
 from ..abi import SUPPORTED_HEAD_DIMS
 from ..errors import BuildError
-from .tiles import SM90_TILES, tile_config
+from .tiles import SM90_TILES, bwd_tile_config, tile_config
 from .toolchain import arch_number
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 KERNEL_SOURCE = "attngen_fwd.cu"
 KERNEL_TEMPLATE = "attngen_fwd.cu.j2"  # renders KERNEL_SOURCE: the configuration, then the kernel header
 VARIANT_INCLUDE = "variant.inc"
-KERNELS = ("sm80", "sm90")
+BWD_KERNEL_SOURCE = "attngen_bwd.cu"
+BWD_KERNEL_TEMPLATE = "attngen_bwd.cu.j2"  # renders BWD_KERNEL_SOURCE: the configuration, then bwd_sm80.cuh
+KERNELS = ("sm80", "sm90", "sm80_bwd")
 
 _DTYPES = {
     "bfloat16": ("__nv_bfloat16", 1, "bfloat16"),
@@ -68,21 +70,30 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
     'sm90' (TMA + wgmma, sm_90a only); ``tiles``: a TileConfig / Sm90Tiles (default: the family's
     default for the head dim). The kernel source (KERNEL_SOURCE) is the configuration rendered from
     KERNEL_TEMPLATE; it includes VARIANT_INCLUDE and the kernel's plain header ``fwd_<kernel>.cuh``,
-    which is among the headers returned with them (every ``.cuh``, and the rendered ``.cuh.j2``)."""
+    which is among the headers returned with them (every ``.cuh``, and the rendered ``.cuh.j2``).
+    'sm80_bwd' is the backward library: BWD_KERNEL_SOURCE rendered from BWD_KERNEL_TEMPLATE (``tiles`` a
+    BwdTileConfig), including ``bwd_sm80.cuh``."""
     if kernel not in KERNELS:
-        raise BuildError(f"kernel must be 'sm80' or 'sm90', got {kernel!r}")
+        raise BuildError(f"kernel must be 'sm80', 'sm90' or 'sm80_bwd', got {kernel!r}")
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise BuildError(f"head dim {head_dim} is not supported: expected one of {list(SUPPORTED_HEAD_DIMS)}")
     elem_type, dtype_code, dtype_name = dtype_info(dtype)
     params = dict(kernel=kernel, elem_type=elem_type, dtype_code=dtype_code, dtype_name=dtype_name,
                   head_dim=head_dim, variant_include=VARIANT_INCLUDE)
+    if kernel == "sm80_bwd":
+        t = tiles or bwd_tile_config(head_dim, arch)
+        params.update(block_q=t.block_q, block_k=t.block_k, num_warps=t.num_warps, warps_d=t.warps_d,
+                      min_blocks=t.min_blocks, arch_number=arch_number(arch))
+        text = _render(BWD_KERNEL_TEMPLATE, template_dir, **params)
+        return {BWD_KERNEL_SOURCE: text, VARIANT_INCLUDE: variant_inc, **headers(template_dir)}
     if kernel == "sm90":
         if arch != "sm_90a":
             raise BuildError(f"the sm90 kernel uses wgmma and TMA, which need arch sm_90a (H100/H200), got {arch}; "
                              "use kernel='sm80'")
         t = tiles or SM90_TILES[head_dim]
         params.update(block_q=t.block_q, block_k=t.block_k, stages=t.stages, overlap=t.overlap, pingpong=t.pingpong,
-                      persistent=t.persistent, rescale_threshold=float(t.rescale_threshold), arch_number=90)
+                      persistent=t.persistent, persistent_max_kv=t.persistent_max_kv,
+                      rescale_threshold=float(t.rescale_threshold), arch_number=90)
     else:
         t = tiles or tile_config(head_dim, arch)
         params.update(block_q=t.block_q, block_k=t.block_k, num_warps=t.num_warps, min_blocks=t.min_blocks,

@@ -11,6 +11,7 @@ the library is built, so a process that finds its libraries in the cache never t
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import time
@@ -24,16 +25,20 @@ from ..analysis_cache import VariantFacts
 from ..cache import cache_key, default_cache
 from ..errors import InputError
 from ..ir import BlockPredicates, TracedVariant
-from .ninja import LIBRARY_NAME, ptxas_spill_bytes, run_ninja, write_build_ninja
+from .ninja import BWD_LIBRARY_NAME, LIBRARY_NAME, ptxas_spill_bytes, run_ninja, write_build_ninja
 from .render import dtype_info, render_sources, template_hash
-from .tiles import sm90_ladder, tile_config
+from .tiles import bwd_tile_config, sm90_ladder, tile_config
 from .toolchain import find_nvcc, nvcc_version
 
 KERNEL_CHOICES = ("auto", "sm80", "sm90")
+BWD_KERNEL = "sm80_bwd"  # the backward library's family (bwd_sm80.cuh): a kernel value, so it enters the key
 
 
 def choose_kernel(arch: str, kernel: str = "auto") -> str:
-    """'sm90' (TMA + wgmma) on sm_90a unless the portable 'sm80' kernel is asked for."""
+    """'sm90' (TMA + wgmma) on sm_90a unless the portable 'sm80' kernel is asked for; 'sm80_bwd' (the
+    portable backward, any sm80+ arch) only when asked for."""
+    if kernel == BWD_KERNEL:
+        return kernel
     if kernel not in KERNEL_CHOICES:
         raise InputError(f"kernel must be 'auto', 'sm80' or 'sm90', got {kernel!r}")
     if kernel == "sm90" and arch != "sm_90a":
@@ -50,7 +55,7 @@ class KernelSpec:
     dtype: str      # 'bfloat16' or 'float16'
     head_dim: int
     arch: str       # 'sm_90a', 'sm_80', ...
-    kernel: str     # 'sm90' or 'sm80'
+    kernel: str     # 'sm90' or 'sm80' (forward), 'sm80_bwd' (backward)
     fast_math: bool = True
     debug: bool = False  # ATTNGEN_DEBUG=1 when the spec was made: captured-tensor reads are bounds-checked
     # () -> (traced variant, predicates): what a build generates code from (the full analysis)
@@ -87,6 +92,8 @@ class KernelSpec:
         """sm90: the ladder of tile settings the build tries (all of it changes the binary); sm80: one setting."""
         if self.kernel == "sm90":
             return sm90_ladder(self.head_dim, self.facts.has_mask, self.facts.has_score_mod)
+        if self.kernel == BWD_KERNEL:
+            return bwd_tile_config(self.head_dim, self.arch)
         return tile_config(self.head_dim, self.arch)
 
     def fields(self) -> dict:
@@ -133,6 +140,10 @@ class KernelSpec:
             tiles, spill = build_first_without_spills(build_dir, inc, self.dtype, self.head_dim, self.arch,
                                                       self.tile_choices())
             info = {"tiles": repr(tiles), "spill_bytes": spill}
+        elif self.kernel == BWD_KERNEL:
+            write_build_ninja(build_dir, render_sources(inc, self.dtype, self.head_dim, self.arch, kernel=BWD_KERNEL),
+                              self.arch, ["-Xptxas", "-v"], library=BWD_LIBRARY_NAME)
+            info = ptxas_report(run_ninja(build_dir))
         else:
             write_build_ninja(build_dir, render_sources(inc, self.dtype, self.head_dim, self.arch, kernel="sm80"),
                               self.arch)
@@ -153,7 +164,16 @@ class KernelSpec:
         needs only the key fields: no analysis, no sympy (the expressions go into meta.json with the build)."""
         fields = self.fields()
         return default_cache().get_or_build(cache_key(fields), self.uri, lambda d: self.build(Path(d)),
-                                            meta={"fields": fields}, artifact=LIBRARY_NAME)
+                                            meta={"fields": fields},
+                                            artifact=BWD_LIBRARY_NAME if self.kernel == BWD_KERNEL else LIBRARY_NAME)
+
+
+def ptxas_report(output: str) -> dict:
+    """Registers per kernel (by mangled-name fragment) and spill bytes of a ``-Xptxas -v`` build output."""
+    regs = {}
+    for name, n in re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", output, re.S):
+        regs[next((k for k in ("bwd_pre", "bwd_post", "bwd_kernel", "fwd_kernel") if k in name), name)] = int(n)
+    return {"registers": regs, "spill_bytes": ptxas_spill_bytes(output) or 0}
 
 
 def debug_build_requested() -> bool:

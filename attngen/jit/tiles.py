@@ -50,6 +50,51 @@ def tile_config(head_dim: int, arch: str = "sm_80") -> TileConfig:
     raise BuildError(f"no tile configuration for head dim {head_dim} fits the {limit} bytes of shared memory of {arch}")
 
 
+# ----------------------------------------------------------------------------------- sm80 backward
+
+
+@dataclass(frozen=True)
+class BwdTileConfig:
+    """Tiles of the portable backward kernel (bwd_sm80.cuh): a CTA holds BK kv rows and walks q blocks of BQ
+    rows; ``warps_d`` warps share one 16-row kv slice, each accumulating D / warps_d columns of dK and dV (the
+    registers of a slice's dK and dV at head dim 256 do not fit one warp)."""
+
+    block_q: int
+    block_k: int
+    num_warps: int = 4
+    warps_d: int = 1
+    min_blocks: int = 1
+
+    def smem_bytes(self, head_dim: int) -> int:
+        """K, V resident; Q, dO double-buffered; dS^T; the row statistics (lse, delta) per stage."""
+        pitch = (head_dim + 8) * 2
+        return (2 * self.block_k + 4 * self.block_q) * pitch + self.block_k * (self.block_q + 8) * 2 \
+            + 2 * 2 * self.block_q * 4
+
+
+# Preference order per head dim; the first that fits the arch's shared memory per block is used. Each warp
+# holds 16 kv rows: dK + dV take D / warps_d registers per thread, S^T and dP^T BQ / 2 each.
+SM80_BWD_TILES = {
+    64: (BwdTileConfig(block_q=64, block_k=128, num_warps=8),),
+    128: (BwdTileConfig(block_q=32, block_k=64, num_warps=4),),  # BQ 64: 255 registers, spills
+    256: (BwdTileConfig(block_q=32, block_k=64, num_warps=8, warps_d=2),
+          BwdTileConfig(block_q=16, block_k=32, num_warps=4, warps_d=2)),
+}
+
+
+def bwd_tile_config(head_dim: int, arch: str = "sm_80") -> BwdTileConfig:
+    """The backward kernel's tiles for a head dim on an arch: the first preference that fits its shared memory."""
+    num, _ = parse_arch(arch)
+    if head_dim not in SM80_BWD_TILES:
+        raise BuildError(f"head dim {head_dim} is not supported: expected one of {SUPPORTED_HEAD_DIMS}")
+    limit = SMEM_PER_BLOCK.get(num, SMEM_DEFAULT)
+    for cfg in SM80_BWD_TILES[head_dim]:
+        if cfg.smem_bytes(head_dim) <= limit:
+            return cfg
+    raise BuildError(f"no backward tile configuration for head dim {head_dim} fits the {limit} bytes of shared "
+                     f"memory of {arch}")
+
+
 # ---------------------------------------------------------------------------------------------- sm90
 
 
@@ -62,17 +107,26 @@ class Sm90Tiles:
     overlap: bool = True  # issue the next Q.K^T before this tile's softmax (intra-warpgroup overlap)
     pingpong: bool = True  # the two consumer warpgroups take turns issuing wgmmas
     persistent: bool = False  # grid = number of SMs; CTAs take work tiles from a global counter
+    # > 0: the persistent grid only for kv lengths up to this (longer: one CTA per work tile)
+    persistent_max_kv: int = 0
     # > 0: keep a row's running max while it grows by at most this (log2 units) and skip rescaling O
     rescale_threshold: float = 0.0
     block_q: int = 128
 
     def smem_bytes(self, head_dim: int) -> int:
-        """Dynamic shared memory: 1 KiB alignment slack, the Q tile, the K/V ring, mbarriers, the tile id."""
+        """Dynamic shared memory: 1 KiB alignment slack, the Q tile (two on the persistent grid where they
+        fit: sm90_layout.cuh), the K/V ring, mbarriers, the tile id."""
         q = self.block_q * head_dim * 2
         kv = self.block_k * head_dim * 2
-        return 1024 + q + 2 * self.stages * kv + 8 * (2 + 4 * self.stages + 2) + 8
+
+        def size(q_bufs):
+            return 1024 + q_bufs * q + 2 * self.stages * kv + 8 * (2 * q_bufs + 4 * self.stages + 2) + 8
+
+        return size(2) if self.persistent and size(2) <= SM90_SMEM_LIMIT else size(1)
 
 
+SM90_SMEM_LIMIT = 232448  # sm90_layout.cuh SMEM_LIMIT: 227 KiB opt-in per block
+MASKED_PERSISTENT_MAX_KV = 4096
 _RT = 8.0
 SM90_TILES = {64: Sm90Tiles(128, 3, rescale_threshold=_RT), 128: Sm90Tiles(128, 2, rescale_threshold=_RT),
               256: Sm90Tiles(80, 2, rescale_threshold=_RT)}
@@ -91,11 +145,15 @@ SM90_LADDER = {
 def sm90_ladder(head_dim: int, has_mask: bool, has_score_mod: bool) -> tuple:
     """The tile settings a variant's SM90 build tries, best first (the spec builds the first that ptxas
     compiles without spills). Without a mask the ladder starts at the wide tiles; plain attention (no
-    mask, no score_mod) runs every rung on the persistent grid."""
+    mask, no score_mod) runs every rung on the persistent grid, masked variants up to
+    MASKED_PERSISTENT_MAX_KV kv rows."""
     if head_dim not in SM90_LADDER:
         raise BuildError(f"head dim {head_dim} is not supported: expected one of {sorted(SM90_LADDER)}")
     if has_mask:
-        return SM90_LADDER[head_dim]
+        # Masked variants: the persistent grid (next tile's Q and K/V loaded under this one's end) at short
+        # kv lengths, where work tiles are short; one CTA per tile beyond (docs/performance.md).
+        return tuple(replace(t, persistent=True, persistent_max_kv=MASKED_PERSISTENT_MAX_KV)
+                     for t in SM90_LADDER[head_dim])
     wide = SM90_WIDE.get(head_dim)
     ladder = ((wide,) if wide is not None else ()) + SM90_LADDER[head_dim]
     return ladder if has_score_mod else tuple(replace(t, persistent=True) for t in ladder)

@@ -44,14 +44,14 @@ ATTNGEN_DEV_INLINE void store_rows(const AttngenFwdArgs& a, int b, int h, int QL
                                    const float (&o)[N], const float (&m)[2], const float (&l)[2], float c) {
   const long long lse_row0 = ((long long)b * a.Hq + h) * QLEN;
   Elem* obase = static_cast<Elem*>(a.o) + (long long)b * a.o_stride[0] + (long long)h * a.o_stride[1];
+  // Both rows' sums first: a shuffle issued behind a row's stores waits for them in the memory pipe.
+  const float sum[2] = {quad_sum(l[0]), quad_sum(l[1])};
 #pragma unroll
   for (int rh = 0; rh < 2; ++rh) {
-    const float sum = quad_sum(l[rh]);
-    const float inv = inv_or_zero(sum);
     const int row = row0 + rh * 8;
     if (row < QLEN) {
-      if (a.lse != nullptr && tig == 0) a.lse[lse_row0 + row] = row_lse(m[rh], c, sum);
-      store_row<Elem>(obase + (long long)row * a.o_stride[2] + tig * 2, o, rh, inv);
+      if (a.lse != nullptr && tig == 0) a.lse[lse_row0 + row] = row_lse(m[rh], c, sum[rh]);
+      store_row<Elem>(obase + (long long)row * a.o_stride[2] + tig * 2, o, rh, inv_or_zero(sum[rh]));
     }
   }
 }

@@ -32,9 +32,10 @@ namespace {
 using namespace attngen;
 
 // ------------------------------------------------------------------------------------------- producer
-// One thread: for each work tile, Q once the consumers are done with the previous tile's (they release
-// it after their last Q K^T, so in a persistent CTA this load runs under the previous tile's last P V and
-// epilogue, as do the first K/V loads), then K and V of every visited kv tile. K and V slots are
+// One thread: for each work tile, Q once its buffer is free (one buffer: the consumers release it after
+// their last Q K^T of the previous tile, so this load runs under that tile's last P V and epilogue; a
+// persistent CTA's second buffer lets it run under the previous tile's last kv tiles), then K and V of
+// every visited kv tile. K and V slots are
 // released separately: a K slot is free half a tile before the P V that frees the V slot
 // (docs/performance.md). Work tiles are decoded here and in each consumer after setmaxnreg.
 __device__ __forceinline__ void produce(const AttngenFwdArgs& a, const CUtensorMap& tm_q, const CUtensorMap& tm_k,
@@ -46,20 +47,22 @@ __device__ __forceinline__ void produce(const AttngenFwdArgs& a, const CUtensorM
   const CapturedArgs& C = a.captured;
   const int ntiles = num_tiles<BQ>(a);
   int stage = 0;
-  uint32_t phase = 0, q_phase = 0;  // the ring and the Q buffer carry on from work tile to work tile
+  uint32_t phase = 0;  // the ring carries on from work tile to work tile
+  uint32_t n = 0;      // work tiles announced so far (the mailbox's and the Q buffers' phases)
   int w = (int)blockIdx.x;  // every CTA's first tile (a persistent grid has at most one CTA per tile)
   while (true) {
-    if (PERSISTENT) sm.mailbox().announce(w, q_phase);
+    if (PERSISTENT) sm.mailbox().announce(w, n & 1u);
     if (w < 0) break;
     int i;
     const TileArgs t = tile_args<BQ>(a, w, i);
     const KvRange r = kv_range<BQ, BK>(C, t, i);
-    mbar_wait(sm.bar_q_empty(), q_phase ^ 1u);
-    mbar_arrive_expect_tx(sm.bar_q(), Q_BYTES);
+    const int qb = q_buffer(n);
+    mbar_wait(sm.bar_q_empty(qb), q_parity(n) ^ 1u);
+    mbar_arrive_expect_tx(sm.bar_q(qb), Q_BYTES);
 #pragma unroll
     for (int db = 0; db < DB; ++db)
-      tma_load_4d(sm.q() + db * Q_BLOCK_BYTES, &tm_q, sm.bar_q(), db * 64, i * BQ, t.h, t.b);
-    q_phase ^= 1u;
+      tma_load_4d(sm.q(qb) + db * Q_BLOCK_BYTES, &tm_q, sm.bar_q(qb), db * 64, i * BQ, t.h, t.b);
+    ++n;
     const int kvh = t.h / heads_per_kv;  // GQA / MQA: consecutive query heads share a kv head
     for (int j = next_kv_tile<BQ, BK>(C, t, i, r.j_begin, r.j_end, r.f_lo, r.f_hi); j < r.j_end;
          j = next_kv_tile<BQ, BK>(C, t, i, j + 1, r.j_end, r.f_lo, r.f_hi)) {
@@ -90,7 +93,7 @@ __device__ __forceinline__ void produce(const AttngenFwdArgs& a, const CUtensorM
 struct Consumer {
   Smem sm;
   int cw, lane;  // consumer index (q rows [64 cw, 64 cw + 64) of the tile), lane
-  uint64_t desc_q;
+  uint64_t desc_q;  // this work tile's Q buffer
   __device__ uint64_t desc_k(int st) const { return make_smem_desc_sw128(sm.k(st), 16, 1024); }
   __device__ uint64_t desc_v(int st) const { return make_smem_desc_sw128(sm.v(st), KV_BLOCK_BYTES, 1024); }
   // Each consumer warp releases a K (V) buffer once its wgmmas reading it are complete.
@@ -180,17 +183,21 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
   const int g = lane >> 2;
   const int tig = lane & 3;
   const int r0 = cw * 64 + wq * 16 + g;           // this thread's tile rows: r0 and r0 + 8
-  const Consumer c{sm, cw, lane, make_smem_desc_sw128(sm.q() + cw * 64 * 128, 16, 1024)};
   const CapturedArgs& C = a.captured;
   const float scale = a.scale;
   int stage = 0;
-  uint32_t phase = 0, q_phase = 0;  // the ring and the Q buffer carry on from work tile to work tile
+  uint32_t phase = 0;  // the ring carries on from work tile to work tile
+  uint32_t n = 0;      // work tiles received so far (the mailbox's and the Q buffers' phases)
   if (PINGPONG && cw == 1) named_bar_arrive(BAR_SCHEDULE + 0, 256);  // consumer 0 takes the first turn
 
   for (bool first = true;; first = false) {
     int wt = first ? (int)blockIdx.x : -1;
-    if (PERSISTENT) wt = sm.mailbox().receive(q_phase);
+    if (PERSISTENT) wt = sm.mailbox().receive(n & 1u);
     if (wt < 0) break;
+    const int qb = q_buffer(n);
+    const uint32_t qpar = q_parity(n);
+    ++n;
+    const Consumer c{sm, cw, lane, make_smem_desc_sw128(sm.q(qb) + cw * 64 * 128, 16, 1024)};
     int i;
     const TileArgs t = tile_args<BQ>(a, wt, i);
     const int h = t.h, b = t.b;
@@ -217,8 +224,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
     const Regs r{s, p, o, m, l, alpha};
     const TileCtx w{C, t, i, hc, rc, qi, tig, scale};
 
-    mbar_wait(sm.bar_q(), q_phase);
-    q_phase ^= 1u;
+    mbar_wait(sm.bar_q(qb), qpar);
     bool q_released = false;
     int j = next_kv_tile<BQ, BK>(C, t, i, tr.j_begin, j_end, f_lo, f_hi);
     if (OVERLAP) {
@@ -236,7 +242,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
           phase = nphase;
         }
         // Every Q K^T of this tile is complete: the producer may load the next tile's Q under this P V.
-        if (lane == 0) mbar_arrive(sm.bar_q_empty());
+        if (lane == 0) mbar_arrive(sm.bar_q_empty(qb));
         q_released = true;
         step<false, true>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
         advance(stage, phase);  // the next work tile starts at the next slot
@@ -249,7 +255,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
       }
     }
     // Every wgmma of this tile is complete: the producer may load the next tile's Q.
-    if (!q_released && lane == 0) mbar_arrive(sm.bar_q_empty());
+    if (!q_released && lane == 0) mbar_arrive(sm.bar_q_empty(qb));
 
     // Epilogue: O straight from registers to global memory (staging it through shared memory would need
     // the Q buffer, which the producer is already refilling for the next tile, or 32 KB more).
@@ -269,8 +275,10 @@ __global__ void __launch_bounds__(NTHREADS, 1)
   // The runtime only promises 16-byte alignment of dynamic shared memory: align by hand.
   const Smem sm{(smem_addr(smem_raw) + 1023u) & ~1023u};
   if (threadIdx.x == 0) {
-    mbar_init(sm.bar_q(), 1);
-    mbar_init(sm.bar_q_empty(), 4 * NUM_CONSUMERS);     // consumers are done reading this Q tile
+    for (int qb = 0; qb < QBUFS; ++qb) {
+      mbar_init(sm.bar_q(qb), 1);
+      mbar_init(sm.bar_q_empty(qb), 4 * NUM_CONSUMERS);  // consumers are done reading this Q tile
+    }
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(sm.full_k(s), 1);                       // the producer's arrive.expect_tx (+ TMA bytes)
       mbar_init(sm.full_v(s), 1);
@@ -312,12 +320,14 @@ int launch(const AttngenFwdArgs& a, cudaStream_t stream) {
   const cudaError_t err = prepare_device(attngen_fwd_kernel, SMEM_BYTES, dev, sms);
   if (err != cudaSuccess) return (int)err;
 
-  // One CTA per SM walking work tiles (PERSISTENT), or one CTA per work tile.
+  // One CTA per SM walking work tiles (PERSISTENT, up to PERSISTENT_MAX_KV kv rows when that is set), or
+  // one CTA per work tile.
   const long long tiles = (long long)((a.Lq + BQ - 1) / BQ) * a.Hq * a.B;
   if (tiles > 0x7fffffffLL) return (int)cudaErrorInvalidConfiguration;
-  const long long ctas = PERSISTENT ? (tiles < sms ? tiles : (long long)sms) : tiles;
+  const bool persistent = PERSISTENT && (PERSISTENT_MAX_KV <= 0 || a.Lk <= PERSISTENT_MAX_KV);
+  const long long ctas = persistent ? (tiles < sms ? tiles : (long long)sms) : tiles;
   // A grid of one CTA per tile has nothing left to take: it needs no counter.
-  unsigned int* counter = PERSISTENT && ctas < tiles ? counter_for_launch(dev, stream) : nullptr;
+  unsigned int* counter = persistent && ctas < tiles ? counter_for_launch(dev, stream) : nullptr;
   attngen_fwd_kernel<<<(unsigned)ctas, NTHREADS, SMEM_BYTES, stream>>>(a, tm_q, tm_k, tm_v, counter, a.Hq / a.Hkv);
   return (int)cudaGetLastError();
 }

@@ -32,15 +32,22 @@ constexpr int KSTEPS_PV = BK / 16;               // k16 steps of P V
 
 // Shared memory (offsets from a 1024-byte aligned base; every tile is a multiple of 1024 bytes, so every
 // 8-row swizzle atom is 1024-aligned as the descriptors' base offset 0 requires):
-//   Q [DB][BQ][128 B] | K [STAGES][DB][BK][128 B] | V [STAGES][DB][BK][128 B] | mbarriers | tile id
-constexpr int OFF_K = Q_BYTES;
+//   Q [QBUFS][DB][BQ][128 B] | K [STAGES][DB][BK][128 B] | V [STAGES][DB][BK][128 B] | mbarriers | tile id
+// A persistent CTA double-buffers Q where it fits, so that the next work tile's Q loads under this one's
+// last kv tiles instead of after its last Q K^T (docs/performance.md).
+constexpr int SMEM_LIMIT = 232448;               // 227 KB opt-in maximum per block on sm90
+constexpr int smem_bytes_for(int qbufs) {
+  return 1024 /* alignment slack */ + qbufs * Q_BYTES + 2 * STAGES * KV_BYTES + (2 * qbufs + 4 * STAGES + 2) * 8 + 8;
+}
+constexpr int QBUFS = PERSISTENT && smem_bytes_for(2) <= SMEM_LIMIT ? 2 : 1;
+constexpr int OFF_K = QBUFS * Q_BYTES;
 constexpr int OFF_V = OFF_K + STAGES * KV_BYTES;
 constexpr int OFF_BAR = OFF_V + STAGES * KV_BYTES;
-// Q full, Q empty; K full, V full, K empty, V empty per stage; tile id full, tile id empty
-constexpr int NUM_MBARS = 2 + 4 * STAGES + 2;
+// Q full, Q empty per Q buffer; K full, V full, K empty, V empty per stage; tile id full, tile id empty
+constexpr int NUM_MBARS = 2 * QBUFS + 4 * STAGES + 2;
 constexpr int OFF_TILE_ID = OFF_BAR + NUM_MBARS * 8;
 constexpr int SMEM_BYTES = 1024 /* alignment slack */ + OFF_TILE_ID + 8;
-constexpr int SMEM_LIMIT = 232448;               // 227 KB opt-in maximum per block on sm90
+static_assert(SMEM_BYTES == smem_bytes_for(QBUFS), "layout and its size formula agree");
 
 constexpr uint32_t BAR_SCHEDULE = 1;  // named barrier (0 is __syncthreads) + consumer index: its turn
 
@@ -60,18 +67,24 @@ static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NUM_CONSUMERS <= 65536
 // Shared-memory addresses of the CTA's buffers and mbarriers.
 struct Smem {
   uint32_t base;  // 1024-byte aligned
-  __device__ uint32_t q() const { return base; }
+  __device__ uint32_t q(int qb) const { return base + qb * Q_BYTES; }
   __device__ uint32_t k(int st) const { return base + OFF_K + st * KV_BYTES; }
   __device__ uint32_t v(int st) const { return base + OFF_V + st * KV_BYTES; }
   __device__ uint32_t bar(int n) const { return base + OFF_BAR + 8u * (uint32_t)n; }
-  __device__ uint32_t bar_q() const { return bar(0); }
-  __device__ uint32_t bar_q_empty() const { return bar(1); }
-  __device__ uint32_t full_k(int st) const { return bar(2 + st); }
-  __device__ uint32_t full_v(int st) const { return bar(2 + STAGES + st); }
-  __device__ uint32_t empty_k(int st) const { return bar(2 + 2 * STAGES + st); }
-  __device__ uint32_t empty_v(int st) const { return bar(2 + 3 * STAGES + st); }
-  __device__ TileMailbox mailbox() const { return {base + OFF_TILE_ID, bar(2 + 4 * STAGES), bar(2 + 4 * STAGES) + 8u}; }
+  __device__ uint32_t bar_q(int qb) const { return bar(qb); }
+  __device__ uint32_t bar_q_empty(int qb) const { return bar(QBUFS + qb); }
+  __device__ uint32_t full_k(int st) const { return bar(2 * QBUFS + st); }
+  __device__ uint32_t full_v(int st) const { return bar(2 * QBUFS + STAGES + st); }
+  __device__ uint32_t empty_k(int st) const { return bar(2 * QBUFS + 2 * STAGES + st); }
+  __device__ uint32_t empty_v(int st) const { return bar(2 * QBUFS + 3 * STAGES + st); }
+  __device__ TileMailbox mailbox() const {
+    return {base + OFF_TILE_ID, bar(2 * QBUFS + 4 * STAGES), bar(2 * QBUFS + 4 * STAGES) + 8u};
+  }
 };
+
+// The Q buffer of the n-th work tile of this CTA and the parity of that buffer's use.
+__device__ __forceinline__ int q_buffer(uint32_t n) { return QBUFS == 2 ? (int)(n & 1u) : 0; }
+__device__ __forceinline__ uint32_t q_parity(uint32_t n) { return QBUFS == 2 ? (n >> 1) & 1u : n & 1u; }
 
 // The next slot of the K/V ring (stage) and the parity of its use (phase; see sm90_mbarrier.cuh).
 __device__ __forceinline__ void advance(int& stage, uint32_t& phase) {

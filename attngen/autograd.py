@@ -1,0 +1,375 @@
+"""Autograd and torch.compile for attngen: attention as two torch custom ops.
+
+A kernel launched through ctypes is invisible to autograd and breaks a torch.compile graph. So a call that
+needs gradients, or that torch.compile is tracing, goes through two ``torch.library.custom_op`` ops instead
+(CompiledAttention.__call__ decides; the inference hot path never comes here):
+
+    attngen::attention_fwd(q, k, v, captured, variant, scale, q_offset) -> (out, lse)
+    attngen::attention_bwd(dout, dlse, q, k, v, out, lse, captured, variant, scale, q_offset, needs_grad)
+        -> (dq, dk, dv, dcaptured)
+
+``variant`` is the op id of a live CompiledAttention (``register``): ops take only tensors and plain values,
+so the mods travel by name. ``captured`` are the variant's captured tensors, passed so that autograd routes
+gradients to the float ones that require grad (ALiBi slopes, a bias table). The forward saves q, k, v, out and
+the LSE, never the probabilities; the backward recomputes them.
+
+The backward asks ``backward_kernel`` first (the portable backward kernel on CUDA inputs it supports) and otherwise
+runs ``reference_backward``: float32 (float64 for float64 inputs) torch ops, chunked over query rows so memory
+stays O(chunk x Lk). Correct, not fast.
+
+The ops are defined with the first CompiledAttention (``register``), not at import: defining them costs a few
+milliseconds that ``import attngen`` need not pay.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import math
+import threading
+import weakref
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map
+
+from . import reference
+from .errors import InputError
+
+# Query rows per backward step are chosen so one (B, Hq, rows, Lk) score block has about this many elements;
+# a step holds ~8 such blocks (scores, modified scores, P, dP, dS and the score_mod's autograd graph), so
+# ~128 MiB in float32.
+_CHUNK_ELEMENTS = 1 << 22
+
+# ----------------------------------------------------------------------------------------------------------
+# op ids: CompiledAttention objects by name, since a custom op takes no Python objects
+
+_COMPILED: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()
+_IDS = itertools.count()
+
+
+def register(attn) -> str:
+    """Give a CompiledAttention its op id (its canonical variant's hash plus a counter: stable for the object,
+    never reused) and make it resolvable by that id while the object lives."""
+    digest = hashlib.sha256(attn.facts.canonical.encode()).hexdigest()[:12]
+    op_id = f"{attn.variant.name}/{digest}/{next(_IDS)}"
+    _COMPILED[op_id] = attn
+    _ensure_ops()
+    return op_id
+
+
+def _resolve(op_id: str):
+    attn = _COMPILED.get(op_id)
+    if attn is None:
+        raise InputError(
+            f"no live attngen.compile(...) object has op id {op_id!r}: it was garbage-collected while a compiled "
+            "graph still calls it. Keep a reference to the object returned by attngen.compile for as long as the "
+            "function calling it (or its torch.compile'd version) is used"
+        )
+    return attn
+
+
+# ----------------------------------------------------------------------------------------------------------
+# entry point (CompiledAttention.__call__ when gradients are needed or torch.compile is tracing)
+
+
+def attention(attn, q, k, v, *, scale: Optional[float], return_lse: bool, q_offset: int):
+    """``attn(q, k, v, ...)`` through the custom ops: differentiable in q, k, v and the captured tensors."""
+    _, _, _, _, _, D, _ = reference._check_inputs(q, k, v)
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    else:
+        try:
+            scale = float(scale)
+        except (TypeError, ValueError):
+            raise InputError(f"scale must be a number (default 1/sqrt(D)), got {type(scale).__name__}") from None
+    captured = [c.tensor for c in attn.facts.captured]
+    out, lse = torch.ops.attngen.attention_fwd(q, k, v, captured, attn.op_id, scale, q_offset)
+    return (out, lse) if return_lse else out
+
+
+def needs_grad(attn, q, k, v) -> bool:
+    """Whether a call with grad mode on records a graph: an input or a captured tensor requires grad."""
+    return (q.requires_grad or k.requires_grad or v.requires_grad
+            or any(c.tensor.requires_grad for c in attn.facts.captured))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the backward hook and its dispatch
+
+
+def backward_kernel(attn, dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, captured: Sequence[torch.Tensor],
+                    scale: float, q_offset: int, needs_grad: Sequence[bool]):
+    """The kernel backward of one call, or None to use ``reference_backward``.
+
+    ``attn`` is the CompiledAttention; ``dout`` is contiguous, shaped like ``out``; ``dlse`` (B, Hq, Lq) float32
+    or None (the LSE's gradient: add ``P * dlse`` to dS); ``lse`` the forward's natural-log LSE (-inf on fully
+    masked rows); ``needs_grad`` one bool per q, k, v and captured tensor. Returns ``(dq, dk, dv, dcaptured)``:
+    dq/dk/dv shaped and typed like q/k/v (values ignored where not needed), ``dcaptured[i]`` shaped and typed
+    like ``captured[i]`` where ``needs_grad[3 + i]`` and ``captured[i]`` is floating point, else anything
+    (replaced by an empty tensor). The portable backward kernel (launch.backward, templates/bwd_sm80.cuh)
+    takes 16-bit CUDA inputs of one head dim; it declines (None) an LSE gradient, gradients of captured
+    tensors and variants whose backward library does not build (a score_mod without derivatives).
+    """
+    if dlse is not None or not q.is_cuda or getattr(attn, "backend", None) == "reference" or any(needs_grad[3:]):
+        return None
+    if q.dtype not in (torch.bfloat16, torch.float16) or v.shape[-1] != q.shape[-1]:
+        return None
+    from .abi import SUPPORTED_HEAD_DIMS
+    from .errors import BuildError
+    from .launch import backward
+
+    D = q.shape[-1]
+    key = (attn.op_id, q.dtype, D, q.get_device())
+    if D not in SUPPORTED_HEAD_DIMS or key in _NO_KERNEL:
+        return None
+    try:
+        lib = attn.backward_library(q.dtype, D, q.get_device())
+    except BuildError:
+        _NO_KERNEL.add(key)  # built once, failed: the reference backward from now on, without rebuilding
+        return None
+    Lq, Lk = q.shape[2], k.shape[2]
+    tensors = {c.name: t for c, t in zip(attn.facts.captured, captured)}
+    summaries = tuple(s.compute(tensors, lib.block_q, lib.block_k, Lq, Lk, q_offset) for s in attn.facts.summaries)
+    dq, dk, dv = backward(lib, q, k, v, out, dout, lse, scale=scale, q_offset=q_offset, captured=list(captured),
+                          summaries=summaries)
+    return dq, dk, dv, [None] * len(captured)
+
+
+# (op id, dtype, head dim, device) whose backward library failed to build
+_NO_KERNEL: set = set()
+
+
+def _backward(attn, dout, dlse, q, k, v, out, lse, captured, scale, q_offset, needs_grad):
+    """The backward: a kernel when ``backward_kernel`` has one, else the float32 recompute."""
+    dout = dout.contiguous()  # autograd hands e.g. out.sum()'s gradient over as an expanded (stride 0) tensor
+    grads = backward_kernel(attn, dout, dlse, q, k, v, out, lse, captured, scale, q_offset, needs_grad)
+    if grads is None:
+        grads = reference_backward(attn.variant, dout, dlse, q, k, v, out, lse, captured,
+                                   [c.tensor for c in attn.facts.captured], scale, q_offset, needs_grad)
+    dq, dk, dv, dcap = grads
+    # the layout the fake implementation promises (torch.compile plans memory with it): contiguous, and an
+    # empty tensor for each captured gradient nobody asked for
+    dcap = [g.contiguous() if n and c.dtype.is_floating_point else c.new_empty(0)
+            for g, c, n in zip(dcap, captured, needs_grad[3:])]
+    return dq.contiguous(), dk.contiguous(), dv.contiguous(), dcap
+
+
+# ----------------------------------------------------------------------------------------------------------
+# reference backward: recompute P from the saved LSE, chunk by chunk
+
+
+# Autograd's dispatch keys. A custom op's kernel runs with them excluded for the thread (it sits below
+# autograd), so torch ops inside it record no graph even under enable_grad.
+_AUTOGRAD_KEYS = (torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradFunctionality)
+                  | torch._C.DispatchKeySet(torch._C.DispatchKey.AutogradOther)
+                  | torch._C.DispatchKeySet(torch._C.DispatchKey.ADInplaceOrView))
+
+
+@contextlib.contextmanager
+def _autograd_inside_op():
+    """torch.autograd for the duration of the block, inside a custom op's kernel: the score_mod's derivative is
+    taken by autograd on one chunk's elementwise evaluation. (torch.func.vjp needs no key juggling, but its
+    wrapper tensors have no storage, which breaks dispatch modes that read storages: opcheck's checks, the
+    fake-tensor cross-check.)"""
+    C = torch._C
+    with C._ForceDispatchKeyGuard(C._dispatch_tls_local_include_set(),
+                                  C._dispatch_tls_local_exclude_set() - _AUTOGRAD_KEYS), torch.enable_grad():
+        yield
+
+
+class _Substitute(TorchFunctionMode):
+    """Inside a score_mod: use ``leaves[i]`` wherever the mod reads the live captured tensor ``live[i]``.
+
+    A mod reads its captured tensors from its closure, so autograd cannot reach them from the op's inputs;
+    swapping them at every torch call (indexing included) for leaves that require grad gives their gradients."""
+
+    def __init__(self, live, leaves):
+        super().__init__()
+        self.swap = {id(t): (t, leaf) for t, leaf in zip(live, leaves)}
+
+    def _sub(self, x):
+        pair = self.swap.get(id(x)) if isinstance(x, torch.Tensor) else None
+        return pair[1] if pair is not None and pair[0] is x else x
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        args, kwargs = tree_map(self._sub, (args, kwargs or {}))
+        return func(*args, **kwargs)
+
+
+def reference_backward(variant, dout, dlse, q, k, v, out, lse, captured, live_captured, scale: float,
+                       q_offset: int, needs_grad: Sequence[bool], chunk: Optional[int] = None):
+    """Gradients of attention by recomputation from the saved LSE (FlashAttention's backward, in torch ops).
+
+    Per chunk of query rows: S = scale q k^T, S' = score_mod(S) masked to -inf, P = exp(S' - lse),
+    dV += P^T dO, dP = dO V^T, dS' = P (dP - rowsum(dO * O) + dlse), dS = dS' dS'/dS (torch.autograd through
+    the score_mod, which also gives the captured tensors' gradients), dQ = scale dS K, dK += scale dS^T Q; with GQA
+    dK and dV sum over the query heads of each kv head. Fully masked rows (lse = -inf) give P = 0: zero
+    gradients. ``captured`` are the op's tensors (the values differentiated), ``live_captured`` the objects the
+    mods close over. Math in float32, float64 for float64 inputs."""
+    _, score_mod, mask_mod = reference._mods(variant)
+    B, Hq, Lq, D = q.shape
+    Hkv, Lk, Dv = k.shape[1], k.shape[2], v.shape[3]
+    G = Hq // Hkv
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    want_q, want_k, want_v = needs_grad[:3]
+    want_cap = [bool(n) and c.dtype.is_floating_point for n, c in zip(needs_grad[3:], captured)]
+    dq = torch.zeros(B, Hq, Lq, D, dtype=compute, device=q.device)
+    dk = torch.zeros(B, Hkv, Lk, D, dtype=compute, device=q.device)
+    dv = torch.zeros(B, Hkv, Lk, Dv, dtype=compute, device=q.device)
+    dcap = [torch.zeros(c.shape, dtype=compute, device=c.device) if w else c.new_empty(0)
+            for c, w in zip(captured, want_cap)]
+
+    if B * Hq * Lq * Lk > 0:
+        if chunk is None:
+            chunk = max(1, _CHUNK_ELEMENTS // (B * Hq * Lk))
+        qf = q.to(compute).reshape(B, Hkv, G, Lq, D)
+        kf = k.to(compute).unsqueeze(2)  # (B, Hkv, 1, Lk, D): broadcast over the group's query heads
+        vf = v.to(compute).unsqueeze(2)
+        dof = dout.to(compute)
+        delta = (dof * out.to(compute)).sum(-1)  # rowsum(dO * O), (B, Hq, Lq)
+        if dlse is not None:
+            delta = delta - dlse.to(compute)
+        dof = dof.reshape(B, Hkv, G, Lq, Dv)
+        # exp(S' - inf) = 0 on rows with nothing kept, where exp(S' - lse) would be exp(-inf + inf) = NaN
+        lse_safe = torch.where(torch.isneginf(lse), math.inf, lse.to(compute))
+        sub_idx = [i for i, w in enumerate(want_cap) if w]
+        sm_name = score_mod.name if score_mod is not None else None
+        for lo in range(0, Lq, chunk):
+            hi = min(lo + chunk, Lq)
+            C = hi - lo
+            qc = qf[:, :, :, lo:hi]
+            s = torch.matmul(qc, kf.transpose(-1, -2)).mul(scale).reshape(B, Hq, C, Lk)
+            idx = reference._index_tensors(B, Hq, lo + q_offset, hi + q_offset, Lk, q.device)
+            graph = None
+            if score_mod is not None:
+                with _autograd_inside_op():
+                    leaves = [s.detach().requires_grad_()] + [captured[i].detach().to(compute).requires_grad_()
+                                                              for i in sub_idx]
+                    with _Substitute([live_captured[i] for i in sub_idx], leaves[1:]):
+                        s_mod = reference._eval_score(score_mod, leaves[0], idx, sm_name)
+                graph = (s_mod, leaves) if s_mod.requires_grad else None  # None: the score_mod ignores s
+                s = s_mod.detach()
+            if mask_mod is not None:
+                keep = reference._eval_mask(mask_mod, idx, s.shape, s.device, mask_mod.name)
+                s = torch.where(keep, s, -math.inf)
+            p = torch.exp(s - lse_safe[:, :, lo:hi, None])  # (B, Hq, C, Lk)
+            pg = p.reshape(B, Hkv, G * C, Lk)  # the group's rows side by side: one matmul sums over them
+            doc = dof[:, :, :, lo:hi]  # (B, Hkv, G, C, Dv)
+            if want_v:
+                dv += torch.matmul(pg.transpose(-1, -2), doc.reshape(B, Hkv, G * C, Dv))
+            if not (want_q or want_k or any(want_cap)):
+                continue
+            dp = torch.matmul(doc, vf.transpose(-1, -2)).reshape(B, Hq, C, Lk)
+            ds = p * (dp - delta[:, :, lo:hi, None])
+            if score_mod is not None:
+                if graph is None:
+                    ds = torch.zeros_like(ds)
+                else:
+                    with _autograd_inside_op():
+                        ds, *dleaves = torch.autograd.grad(graph[0], graph[1], ds, allow_unused=True)
+                    ds = torch.zeros_like(p) if ds is None else ds
+                    for i, g in zip(sub_idx, dleaves):
+                        if g is not None:
+                            dcap[i] += g
+            if want_q:
+                dq[:, :, lo:hi] = torch.matmul(ds.reshape(B, Hkv, G, C, Lk), kf).reshape(B, Hq, C, D).mul_(scale)
+            if want_k:
+                dk += torch.matmul(ds.reshape(B, Hkv, G * C, Lk).transpose(-1, -2),
+                                   qc.reshape(B, Hkv, G * C, D)).mul_(scale)
+    dcap = [g.to(c.dtype) if w else g for g, c, w in zip(dcap, captured, want_cap)]
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dcap
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the forward impl
+
+
+def _forward(attn, q, k, v, scale: float, q_offset: int):
+    """(out, lse) of one call on the path a plain call takes: the GPU kernel, or the reference on the CPU or
+    with backend='reference'. The LSE is float32 (float64 for float64 inputs on the reference)."""
+    if attn.backend == "reference" or not q.is_cuda:
+        with torch.no_grad():  # the op's own autograd formula is the backward, not the reference's graph
+            out, lse = attn._reference(q, k, v, scale, True, q_offset)
+    else:
+        dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        out, lse = attn._run(attn.library(q.dtype, q.shape[-1], dev), q, k, v, scale, True, q_offset)
+    return out.contiguous(), lse.contiguous()  # as the fake implementation promises (no-ops as things are)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the custom ops, defined with the first CompiledAttention (register): they exist before torch.compile can
+# trace a call, and `import attngen` does not pay for them
+
+_OPS_DEFINED = False
+_OPS_LOCK = threading.Lock()
+
+
+def _ensure_ops() -> None:
+    global _OPS_DEFINED
+    if not _OPS_DEFINED:
+        with _OPS_LOCK:
+            if not _OPS_DEFINED:
+                _define_ops()
+                _OPS_DEFINED = True
+
+
+def _lse_dtype(q: torch.Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _define_ops() -> None:
+    @torch.library.custom_op("attngen::attention_fwd", mutates_args=())
+    def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, captured: List[torch.Tensor],
+                      variant: str, scale: float, q_offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        return _forward(_resolve(variant), q, k, v, scale, q_offset)
+
+    @attention_fwd.register_fake
+    def _(q, k, v, captured, variant, scale, q_offset):
+        B, Hq, Lq, _ = q.shape
+        return q.new_empty((B, Hq, Lq, v.shape[3])), q.new_empty((B, Hq, Lq), dtype=_lse_dtype(q))
+
+    @torch.library.custom_op("attngen::attention_bwd", mutates_args=())
+    def attention_bwd(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, captured: List[torch.Tensor],
+                      variant: str, scale: float, q_offset: int, needs_grad: List[bool]
+                      ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, List[torch.Tensor]]:
+        dq, dk, dv, dcap = _backward(_resolve(variant), dout, dlse, q, k, v, out, lse, captured, scale, q_offset,
+                                     needs_grad)
+        # an op's outputs may not alias its inputs: a kernel (or a .to() that was a no-op) could return one
+        inputs = {t.data_ptr() for t in (dout, q, k, v, out, lse, *captured) if t.numel()}
+        fresh = [t.clone() if t.numel() and t.data_ptr() in inputs else t for t in (dq, dk, dv, *dcap)]
+        return fresh[0], fresh[1], fresh[2], fresh[3:]
+
+    @attention_bwd.register_fake
+    def _(dout, dlse, q, k, v, out, lse, captured, variant, scale, q_offset, needs_grad):
+        dcap = [c.new_empty(c.shape) if n and c.dtype.is_floating_point else c.new_empty(0)
+                for c, n in zip(captured, needs_grad[3:])]
+        return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dcap
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, captured, variant, scale, q_offset = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse, *captured)
+        ctx.variant, ctx.scale, ctx.q_offset = variant, scale, q_offset
+        # an output nobody used gets None instead of zeros: dlse is None unless the LSE enters the loss, so a
+        # kernel without an LSE gradient can take the common case
+        ctx.set_materialize_grads(False)
+        # a strong reference: `attngen.compile(...)(q, k, v).sum().backward()` drops the object before backward
+        ctx.attn = _COMPILED.get(variant)
+
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, *captured = ctx.saved_tensors
+        if dout is None:  # only the LSE was used
+            dout = torch.zeros_like(out)
+        needs = ctx.needs_input_grad  # (q, k, v, [one per captured], variant, scale, q_offset)
+        needs_grad = [bool(n) for n in needs[:3]] + [bool(n) for n in needs[3]]
+        dq, dk, dv, dcap = torch.ops.attngen.attention_bwd(
+            dout, dlse, q, k, v, out, lse, captured, ctx.variant, ctx.scale, ctx.q_offset, needs_grad)
+        dcap = [g if n else None for g, n in zip(dcap, needs_grad[3:])]
+        return (dq if needs_grad[0] else None, dk if needs_grad[1] else None, dv if needs_grad[2] else None,
+                dcap, None, None, None)
+
+    attention_fwd.register_autograd(backward, setup_context=setup_context)

@@ -1,0 +1,55 @@
+// attngen_bwd_abi.cuh: the argument block of `attngen_bwd` (the backward libraries' C ABI; the forward's
+// AttngenFwdArgs in attngen_common.cuh is untouched). attngen/launch.py packs it byte for byte: field order,
+// types and sizes change only together with ATTNGEN_BWD_ABI_VERSION and launch.py.
+#pragma once
+
+#include "attngen_common.cuh"
+
+#define ATTNGEN_BWD_ABI_VERSION 1
+
+// Layout (x86-64 / aarch64, natural alignment, no padding):
+//   offset   0  q, k, v, o, dout, lse         6 pointers
+//   offset  48  dq, dk, dv                    3 pointers           outputs, input dtype
+//   offset  72  dq_accum, delta, lse_log2     3 pointers           fp32 workspaces allocated by launch.py
+//   offset  96  q_stride[3] .. dv_stride[3]   8 x 3 int64          element strides (batch, head, seq)
+//   offset 288  B, Hq, Hkv, Lq, Lk, D         6 int32
+//   offset 312  scale (float32), q_offset (int32)
+//   offset 320  captured                      CapturedArgs (384 bytes)
+//   size   704
+// Workspaces: dq_accum (B, Hq, Lq, D) contiguous; delta and lse_log2 (B, Hq, Lq_pad) contiguous with
+// Lq_pad = ceil(Lq / block_q) * block_q (AttngenKernelInfo.block_q), so that every q-block's slice is whole
+// and 16-byte aligned. Each call overwrites all three before reading them.
+struct AttngenBwdArgs {
+  const void* q;         // (B, Hq, Lq, D), last dim contiguous
+  const void* k;         // (B, Hkv, Lk, D)
+  const void* v;         // (B, Hkv, Lk, D)
+  const void* o;         // (B, Hq, Lq, D): the forward's output
+  const void* dout;      // (B, Hq, Lq, D)
+  const float* lse;      // (B, Hq, Lq) contiguous, natural log, -inf for rows with nothing kept
+  void* dq;              // (B, Hq, Lq, D)
+  void* dk;              // (B, Hkv, Lk, D)
+  void* dv;              // (B, Hkv, Lk, D)
+  float* dq_accum;
+  float* delta;          // rowsum(dout * o), written by the preprocess kernel
+  float* lse_log2;       // lse * log2(e), +inf for -inf rows and padding (P = 2^(x - lse_log2) = 0 there)
+  long long q_stride[3];
+  long long k_stride[3];
+  long long v_stride[3];
+  long long o_stride[3];
+  long long do_stride[3];
+  long long dq_stride[3];
+  long long dk_stride[3];
+  long long dv_stride[3];
+  int B, Hq, Hkv, Lq, Lk, D;
+  float scale;
+  int q_offset;
+  CapturedArgs captured;
+};
+
+#if defined(__cplusplus) && !defined(__CUDACC_RTC__)
+static_assert(sizeof(AttngenBwdArgs) == 704, "AttngenBwdArgs layout is part of the C ABI");
+static_assert(__builtin_offsetof(AttngenBwdArgs, dq_accum) == 72, "AttngenBwdArgs layout is part of the C ABI");
+static_assert(__builtin_offsetof(AttngenBwdArgs, B) == 288, "AttngenBwdArgs layout is part of the C ABI");
+static_assert(__builtin_offsetof(AttngenBwdArgs, scale) == 312, "AttngenBwdArgs layout is part of the C ABI");
+static_assert(__builtin_offsetof(AttngenBwdArgs, captured) == 320, "AttngenBwdArgs layout is part of the C ABI");
+#endif

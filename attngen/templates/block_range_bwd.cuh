@@ -1,0 +1,69 @@
+// block_range_bwd.cuh: the transposed walk of the backward kernel: which q blocks kv-block j visits (EMPTY
+// ones skipped) and which are known FULL (no mask_mod), from variant.inc's q_block_lo/q_block_hi/q_full_lo/
+// q_full_hi and the classifier tile_any/tile_all (docs/kernel-interface.md), over the query heads that
+// share one kv head. Every thread computes the same sequence on its own. Include after variant.inc.
+#pragma once
+
+#include "attngen_common.cuh"
+
+namespace attngen {
+
+// Where the walk stands: query head h (h == the end head: done), q-block i of that head's range
+// [.., i_end), whose FULL range is [f_lo, f_hi).
+struct QStep {
+  int h, i, i_end, f_lo, f_hi;
+};
+
+// Head t.h's range of q blocks for kv-block j (clamped to [0, nqb)), starting the walk at its first block.
+template <int BQ, int BK>
+ATTNGEN_DEV_INLINE QStep q_range(const CapturedArgs& C, const TileArgs& t, int j) {
+  const int nqb = (t.QLEN + BQ - 1) / BQ;
+  QStep s;
+  s.h = t.h;
+#if ATTNGEN_HAS_MASK
+  s.i = max(q_block_lo<BQ, BK>(C, t, j), 0);
+  s.i_end = min(q_block_hi<BQ, BK>(C, t, j), nqb);
+  s.f_lo = q_full_lo<BQ, BK>(C, t, j);
+  s.f_hi = q_full_hi<BQ, BK>(C, t, j);
+#else
+  s.i = 0;
+  s.i_end = nqb;
+  s.f_lo = 0;
+  s.f_hi = nqb;
+#endif
+  return s;
+}
+
+// The first tile to visit at or after s (s itself when it is not proven EMPTY), moving on to the next heads
+// up to h_end; s.h == h_end when none is left. tile_any / tile_all are symmetric in (i, j): the same
+// classifier as the forward's.
+template <int BQ, int BK>
+ATTNGEN_DEV_INLINE QStep next_q_tile(const CapturedArgs& C, TileArgs t, int j, QStep s, int h_end) {
+  while (s.h < h_end) {
+#if ATTNGEN_HAS_MASK && ATTNGEN_NEEDS_CLASSIFIER
+    t.h = s.h;
+    while (s.i < s.i_end && !(s.i >= s.f_lo && s.i < s.f_hi) && !tile_any<BQ, BK>(C, t, s.i, j)) ++s.i;
+#endif
+    if (s.i < s.i_end) return s;
+    if (++s.h < h_end) {
+      t.h = s.h;
+      s = q_range<BQ, BK>(C, t, j);
+    }
+  }
+  return s;
+}
+
+// Whether visited tile (i, j) needs mask_mod: outside the FULL range and not proven FULL by tile_all.
+template <int BQ, int BK>
+ATTNGEN_DEV_INLINE bool q_tile_masked(const CapturedArgs& C, const TileArgs& t, const QStep& s, int j) {
+  bool masked = false;
+#if ATTNGEN_HAS_MASK
+  masked = !(s.i >= s.f_lo && s.i < s.f_hi);
+#if ATTNGEN_NEEDS_CLASSIFIER
+  if (masked) masked = !tile_all<BQ, BK>(C, t, s.i, j);
+#endif
+#endif
+  return masked;
+}
+
+}  // namespace attngen

@@ -1,0 +1,167 @@
+"""The backward library (kernel family 'sm80_bwd', templates/bwd_sm80.cuh), CPU only: tile policy, rendering,
+real nvcc builds for sm_80 and sm_90a without spills, and the transposed block predicates variant.inc prints
+(q_block_lo/q_block_hi/q_full_lo/q_full_hi) computed by g++ against BlockPredicates and a brute-force map."""
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import attngen
+from attngen import abi
+from attngen.codegen import render_variant_inc
+from attngen.jit import render, tiles
+from attngen.jit.ninja import BWD_LIBRARY_NAME, run_ninja, write_build_ninja
+from attngen.jit.spec import BWD_KERNEL, ptxas_report
+from attngen.symbols import BK, BQ, B, H, J, KVLEN, QLEN, QOFF
+
+from codegen_cases import COMMON_STUB, MATH, UNDEF, VARIANT_MATH, py_eval
+from helpers import tile_classes
+
+GXX = shutil.which("g++")
+NPOS = 400
+
+
+def _variants():
+    docs = torch.randint(0, 5, (NPOS,), generator=torch.Generator().manual_seed(3)).sort().values
+    return {
+        "full": attngen.compile(),
+        "causal": attngen.compile(causal=True),
+        "sliding_window": attngen.compile(window=96),
+        "document": attngen.compile(mask_mod=attngen.document(docs)),
+    }
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_86", "sm_90a", "sm_120"])
+def test_bwd_tiles_fit_shared_memory(arch):
+    limit = tiles.SMEM_PER_BLOCK.get(int(arch[3:].rstrip("a")), tiles.SMEM_DEFAULT)
+    for hd in abi.SUPPORTED_HEAD_DIMS:
+        cfg = tiles.bwd_tile_config(hd, arch)
+        wm = cfg.num_warps // cfg.warps_d
+        assert cfg.smem_bytes(hd) <= limit
+        assert cfg.block_k % (16 * wm) == 0 and cfg.block_q % 16 == 0 and (hd // cfg.warps_d) % 16 == 0
+
+
+def test_render_bwd_sources():
+    inc = "// variant.inc stand-in\n"
+    src = render.render_sources(inc, torch.bfloat16, 128, "sm_90a", kernel=BWD_KERNEL)
+    assert set(src) == {render.BWD_KERNEL_SOURCE, render.VARIANT_INCLUDE, *render.headers()}
+    cu = src[render.BWD_KERNEL_SOURCE]
+    cfg = tiles.bwd_tile_config(128, "sm_90a")
+    assert f"constexpr int BQ = {cfg.block_q};" in cu and f"constexpr int BK = {cfg.block_k};" in cu
+    assert f"constexpr int WN = {cfg.warps_d};" in cu and '#include "bwd_sm80.cuh"' in cu
+    assert "{{" not in cu and "{%" not in cu
+
+
+def test_bwd_spec_key_differs_from_forward():
+    attn = attngen.compile(causal=True)
+    fwd = attn.spec(torch.bfloat16, 128, "sm_90a", kernel="sm80")
+    bwd = attn.spec(torch.bfloat16, 128, "sm_90a", kernel=BWD_KERNEL)
+    assert bwd.kernel == BWD_KERNEL and bwd.uri.endswith("sm80_bwd")
+    assert fwd.fields()["kernel"] != bwd.fields()["kernel"] and fwd.fields()["tiles"] != bwd.fields()["tiles"]
+
+
+@pytest.mark.requires_nvcc
+def test_bwd_libraries_build_without_spills(tmp_path):
+    """Every (variant, head dim) for sm_80 and sm_90a: one build.ninja per arch, the libraries in subdirectories."""
+    V = _variants()
+    incs = {n: a.spec(torch.bfloat16, 64, "sm_80", kernel=BWD_KERNEL).variant_inc() for n, a in V.items()}
+    for arch in ("sm_80", "sm_90a"):
+        sources = dict(render.headers())
+        for n, inc in incs.items():
+            for hd in abi.SUPPORTED_HEAD_DIMS:
+                dt = torch.bfloat16 if hd != 128 else torch.float16
+                src = render.render_sources(inc, dt, hd, arch, kernel=BWD_KERNEL)
+                sources[f"{n}_{hd}/{render.BWD_KERNEL_SOURCE}"] = src[render.BWD_KERNEL_SOURCE]
+                sources[f"{n}_{hd}/{render.VARIANT_INCLUDE}"] = inc
+        libs = write_build_ninja(tmp_path / arch, sources, arch, ["-Xptxas", "-v"], library=BWD_LIBRARY_NAME)
+        out = run_ninja(tmp_path / arch)
+        report = ptxas_report(out)
+        assert report["spill_bytes"] == 0, f"{arch}: spills\n{out[-4000:]}"
+        assert len(libs) == len(incs) * len(abi.SUPPORTED_HEAD_DIMS)
+        for lib in libs:
+            syms = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True).stdout
+            for s in ("attngen_bwd", "attngen_bwd_kernel_info", "attngen_abi_version", "attngen_error_string"):
+                assert f" T {s}\n" in syms, f"{lib} does not export {s}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the transposed predicates: g++ evaluates the printed functions
+
+
+def _c_bytes(name, t):
+    raw = t.contiguous().reshape(-1).view(torch.uint8).tolist()
+    return f"alignas(16) static const unsigned char {name}[{len(raw)}] = {{{', '.join(map(str, raw))}}};"
+
+
+@pytest.mark.skipif(GXX is None, reason="needs g++")
+def test_transposed_predicates_match_block_predicates(tmp_path):
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    V = _variants()
+    (tmp_path / "attngen_common.cuh").write_text(COMMON_STUB)
+    (tmp_path / "variant_math.cuh").write_text(VARIANT_MATH.read_text())
+    tiles_ = [(16, 32), (32, 16), (64, 64)]
+    cases = [(rng.randint(1, 200), rng.randint(1, 200), rng.randint(0, 150)) for _ in range(4)]
+    src = ["#define __host__\n#define __device__\n#define __forceinline__ inline\n#include <cstdio>\n#include <cstring>\n"
+           '#include "attngen_common.cuh"\n' + MATH]
+    runs, expect = [], []
+    for n, attn in V.items():
+        traced, preds = attn.traced, attn.predicates
+        (tmp_path / f"{n}.inc").write_text(render_variant_inc(traced, preds))
+        tensors = {c.name: c.tensor for c in traced.captured}
+        for c in traced.captured:
+            src.append(_c_bytes(f"{n}_{c.name}", c.tensor))
+        body = []
+        for (bq, bk) in tiles_:
+            for (ql, kl, qo) in cases:
+                sums = [s.compute(tensors, bq, bk, ql, kl, qo) for s in preds.summaries]
+                tag = f"{n}_{bq}_{bk}_{ql}_{kl}_{qo}"
+                body.append("  {\n  CapturedArgs c; memset(&c, 0, sizeof(c));")
+                for m, c in enumerate(traced.captured):
+                    body.append(f"  c.ptr[{m}] = {n}_{c.name};")
+                    body += [f"  c.stride[{m}][{d}] = {st};" for d, st in enumerate(c.tensor.stride())]
+                for m, s in enumerate(sums):
+                    src.append(_c_bytes(f"s_{tag}_{m}", s.to(torch.int32 if preds.summaries[m].integer else torch.float32)))
+                    body.append(f"  c.summary[{m}] = s_{tag}_{m};")
+                nkb = -(-kl // bk)
+                body.append(f"  TileArgs t{{{ql}, {kl}, {qo}, 0, 0}};\n  for (int j = 0; j < {nkb}; ++j) printf(\"%d %d %d %d\\n\", "
+                            f"q_block_lo<{bq}, {bk}>(c, t, j), q_block_hi<{bq}, {bk}>(c, t, j), q_full_lo<{bq}, {bk}>(c, t, j), "
+                            f"q_full_hi<{bq}, {bk}>(c, t, j));\n  }}")
+                expect.append((n, attn, bq, bk, ql, kl, qo, {s.name: t for s, t in zip(preds.summaries, sums)}))
+        src.append(f"namespace v_{n} {{\n#include \"{n}.inc\"\nvoid run() {{\n" + "\n".join(body) + "\n}\n}\n" + UNDEF)
+        runs.append(f"  v_{n}::run();")
+    src.append("int main() {\n" + "\n".join(runs) + "\n  return 0;\n}\n")
+    (tmp_path / "host.cpp").write_text("\n".join(src))
+    exe = tmp_path / "host"
+    r = subprocess.run([GXX, "-std=c++17", "-O1", "-I", str(tmp_path), "-o", str(exe), str(tmp_path / "host.cpp")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[:8000]
+    lines = iter(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines())
+    for n, attn, bq, bk, ql, kl, qo, sums in expect:
+        preds = attn.predicates
+        nqb, nkb = -(-ql // bq), -(-kl // bk)
+        j = torch.arange(nkb)
+        got = torch.tensor([[int(x) for x in next(lines).split()] for _ in range(nkb)])
+        args = (J, BQ, BK, QLEN, KVLEN, QOFF, B, H)
+        for col, e in enumerate((preds.q_lo, preds.q_hi, preds.q_full_lo, preds.q_full_hi)):
+            want = torch.broadcast_to(torch.as_tensor(py_eval(e, args, sums, j, bq, bk, ql, kl, qo, 0, 0)), (nkb,))
+            want = want.clamp(-2**30, 2**30)
+            assert got[:, col].tolist() == want.tolist(), f"seed {seed}: {n} {bq}x{bk} {ql},{kl},{qo}: {e}"
+        # sound against the brute-force map: every non-EMPTY tile in range, every tile in the FULL range FULL
+        b_, h_, qi, kv = (torch.arange(1).view(1, 1), torch.zeros(1, 1, dtype=torch.long),
+                          (torch.arange(ql) + qo).view(ql, 1), torch.arange(kl).view(1, kl))
+        mm = attn.variant.mask_mod
+        m = torch.ones(ql, kl, dtype=torch.bool) if mm is None else torch.broadcast_to(
+            torch.as_tensor(mm(torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long), qi, kv)), (ql, kl))
+        cls = tile_classes(m, bq, bk)
+        for jj in range(nkb):
+            lo, hi, flo, fhi = got[jj].tolist()
+            for ii in range(nqb):
+                if cls[ii, jj] != 0:
+                    assert max(lo, 0) <= ii < min(hi, nqb), f"seed {seed}: {n}: tile ({ii}, {jj}) kept but out of range"
+                if flo <= ii < fhi:
+                    assert cls[ii, jj] == 2, f"seed {seed}: {n}: tile ({ii}, {jj}) in the FULL range but not full"
