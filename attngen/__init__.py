@@ -30,32 +30,20 @@ __all__ = [
     "reference", "MaskMod", "ScoreMod", "Variant", "compose",
     "AttngenError", "BuildError", "CacheError", "InputError", "UnsupportedOperation", "VariantArgumentError",
     "alibi", "block_diagonal", "causal", "chunked", "dilated", "document", "local", "prefix_lm",
-    "sliding_window", "softcap",
+    "sliding_window", "softcap", "flex_attention",
 ]
 
 # The sympy stages load on first use (PEP 562), so `import attngen` and a compile served from the analysis
 # records on disk never import sympy.
 _LAZY = {"analyze": "analysis", "block_map": "blockmap", "explain": "blockmap", "trace": "trace",
-         "derive": "predicates"}
+         "derive": "predicates", "flex_attention": "integrations.flex"}
 # submodules `import attngen` used to load, still reachable as attributes (attngen.predicates.derive)
-_LAZY_SUBMODULES = ("analysis", "blockmap", "codegen", "predicates", "printer", "symbols")
+_LAZY_SUBMODULES = ("analysis", "blockmap", "codegen", "integrations", "predicates", "printer", "symbols")
 
 
-def __getattr__(name):
-    from importlib import import_module
+from ._lazy import lazy_attributes  # noqa: E402
 
-    if name in _LAZY_SUBMODULES:
-        return import_module(f".{name}", __name__)
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'attngen' has no attribute {name!r}")
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY) | set(_LAZY_SUBMODULES))
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, _LAZY_SUBMODULES)
 
 
 class _Package(types.ModuleType):

@@ -77,13 +77,7 @@ def _resolve(op_id: str):
 def attention(attn, q, k, v, *, scale: Optional[float], return_lse: bool, q_offset: int):
     """``attn(q, k, v, ...)`` through the custom ops: differentiable in q, k, v and the captured tensors."""
     _, _, _, _, _, D, _ = reference._check_inputs(q, k, v)
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    else:
-        try:
-            scale = float(scale)
-        except (TypeError, ValueError):
-            raise InputError(f"scale must be a number (default 1/sqrt(D)), got {type(scale).__name__}") from None
+    scale = reference._check_scale(scale, D)
     captured = [c.tensor for c in attn.facts.captured]
     out, lse = torch.ops.attngen.attention_fwd(q, k, v, captured, attn.op_id, scale, q_offset)
     return (out, lse) if return_lse else out
@@ -244,16 +238,27 @@ def reference_backward(variant, dout, dlse, q, k, v, out, lse, captured, live_ca
             s = torch.matmul(qc, kf.transpose(-1, -2)).mul(scale).reshape(B, Hq, C, Lk)
             idx = reference._index_tensors(B, Hq, lo + q_offset, hi + q_offset, Lk, q.device)
             graph = None
-            if score_mod is not None:
-                with _autograd_inside_op():
-                    leaves = [s.detach().requires_grad_()] + [captured[i].detach().to(compute).requires_grad_()
-                                                              for i in sub_idx]
-                    with _Substitute([live_captured[i] for i in sub_idx], leaves[1:]):
-                        s_mod = reference._eval_score(score_mod, leaves[0], idx, sm_name)
-                graph = (s_mod, leaves) if s_mod.requires_grad else None  # None: the score_mod ignores s
-                s = s_mod.detach()
+            keep = None
             if mask_mod is not None:
                 keep = reference._eval_mask(mask_mod, idx, s.shape, s.device, mask_mod.name)
+            if score_mod is not None:
+                # The score_mod's graph covers kept elements only: at a masked one its local derivative may be
+                # inf or NaN (sqrt(q - kv) above the diagonal), and 0 * inf would poison dS and the captured
+                # tensors' gradients. Kept elements are gathered flat (mods are elementwise).
+                s_in, idx_in = s, idx
+                if keep is not None:
+                    s_in, idx_in = s[keep], tuple(t.expand(s.shape)[keep] for t in idx)
+                with _autograd_inside_op():
+                    leaves = [s_in.detach().requires_grad_()] + [captured[i].detach().to(compute).requires_grad_()
+                                                                 for i in sub_idx]
+                    with _Substitute([live_captured[i] for i in sub_idx], leaves[1:]):
+                        s_mod = reference._eval_score(score_mod, leaves[0], idx_in, sm_name)
+                graph = (s_mod, leaves) if s_mod.requires_grad else None  # None: the score_mod ignores s
+                if keep is None:
+                    s = s_mod.detach()
+                else:
+                    s = s.new_full(s.shape, -math.inf).masked_scatter_(keep, s_mod.detach())
+            elif keep is not None:
                 s = torch.where(keep, s, -math.inf)
             p = torch.exp(s - lse_safe[:, :, lo:hi, None])  # (B, Hq, C, Lk)
             pg = p.reshape(B, Hkv, G * C, Lk)  # the group's rows side by side: one matmul sums over them
@@ -269,8 +274,14 @@ def reference_backward(variant, dout, dlse, q, k, v, out, lse, captured, live_ca
                     ds = torch.zeros_like(ds)
                 else:
                     with _autograd_inside_op():
-                        ds, *dleaves = torch.autograd.grad(graph[0], graph[1], ds, allow_unused=True)
-                    ds = torch.zeros_like(p) if ds is None else ds
+                        ds_out = ds if keep is None else ds[keep]
+                        ds_in, *dleaves = torch.autograd.grad(graph[0], graph[1], ds_out, allow_unused=True)
+                    if ds_in is None:
+                        ds = torch.zeros_like(p)
+                    elif keep is None:
+                        ds = ds_in
+                    else:
+                        ds = torch.zeros_like(p).masked_scatter_(keep, ds_in)
                     for i, g in zip(sub_idx, dleaves):
                         if g is not None:
                             dcap[i] += g

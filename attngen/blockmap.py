@@ -187,17 +187,71 @@ def explain(variant, q_len: int = 32768, kv_len: Optional[int] = None, block: Tu
         f"  work relative to dense attention: {100.0 * (n_full + n_part) / n:.1f}% of tiles",
     ]
     if png:
-        write_png(bm, png)
+        write_png(bm, png, block=block)
         lines.append(f"  picture: {png}")
     return "\n".join(lines)
 
 
-def write_png(bm: torch.Tensor, path: str, max_side: int = 1024) -> None:
-    """Write the block map as a PNG (white empty, orange partial, dark blue full) with no imaging
-    dependency: zlib + a hand-made PNG container. Large maps are downsampled (max class per cell)."""
+# A 5x7 bitmap font (rows top to bottom, 5 bits each, MSB left) for the picture's labels: the PNG is written
+# without an imaging library, so attngen needs neither matplotlib nor PIL. Lowercase letters print as capitals.
+_FONT = {
+    "0": "0e11131519110e", "1": "040c040404040e", "2": "0e11010204081f", "3": "1f02040201110e",
+    "4": "02060a121f0202", "5": "1f101e0101110e", "6": "0608101e11110e", "7": "1f010204080808",
+    "8": "0e11110e11110e", "9": "0e11110f01020c", "A": "0e1111111f1111", "B": "1e11111e11111e",
+    "C": "0e11101010110e", "D": "1c12111111121c", "E": "1f10101e10101f", "F": "1f10101e101010",
+    "G": "0e11101711110f", "H": "1111111f111111", "I": "0e04040404040e",
+    "J": "0702020202120c", "K": "11121418141211", "L": "1010101010101f", "M": "111b1515111111",
+    "N": "11111915131111", "O": "0e11111111110e", "P": "1e11111e101010", "Q": "0e11111115120d",
+    "R": "1e11111e141211", "S": "0f10100e01011e", "T": "1f040404040404", "U": "1111111111110e",
+    "V": "1111110a0a0404", "W": "1111111515150a", "X": "11110a040a1111", "Y": "1111110a040404",
+    "Z": "1f01020408101f", " ": "00000000000000", ".": "00000000000c0c", ",": "000000000c0408",
+    ":": "000c0c000c0c00", "(": "02040808080402", ")": "08040202020408", "-": "0000001f000000",
+    "=": "00001f001f0000", "/": "00010204081000", "%": "18190204081303", "x": "0000110a040a11",
+    "?": "0e110102040004",
+}
+_INK = (40, 40, 40)
+_PALETTE = ((255, 255, 255), (240, 140, 40), (30, 60, 140))  # EMPTY, PARTIAL, FULL
+_LEGEND = (("EMPTY", EMPTY), ("PARTIAL", PARTIAL), ("FULL", FULL))
+
+
+def _text_mask(text: str, scale: int = 2) -> torch.Tensor:
+    """Bool (7*scale, 6*scale*len) bitmap of `text` in the 5x7 font, one blank column after each glyph."""
+    cols = []
+    for ch in text:
+        code = _FONT.get(ch) or _FONT.get(ch.upper()) or _FONT["?"]
+        rows = [int(code[i:i + 2], 16) for i in range(0, 14, 2)]
+        g = torch.tensor([[(r >> (4 - c)) & 1 for c in range(5)] + [0] for r in rows], dtype=torch.bool)
+        cols.append(g)
+    m = torch.cat(cols, 1) if cols else torch.zeros(7, 0, dtype=torch.bool)
+    return m.repeat_interleave(scale, 0).repeat_interleave(scale, 1)
+
+
+def _paste(canvas: torch.Tensor, mask: torch.Tensor, y: int, x: int, color=_INK) -> None:
+    h, w = mask.shape
+    y, x = max(0, y), max(0, x)
+    h, w = min(h, canvas.shape[0] - y), min(w, canvas.shape[1] - x)
+    if h > 0 and w > 0:
+        region = canvas[y:y + h, x:x + w]
+        region[mask[:h, :w]] = torch.tensor(color, dtype=torch.uint8)
+
+
+def _ticks(n: int) -> list:
+    """Block indices to label on an axis of n blocks: 0 and the multiples of a 1/2/5 x 10^k step, at most 6."""
+    step = 1
+    while -(-n // step) > 6:
+        step = next(step * f for f in (2, 5, 10) if -(-n // (step * f)) <= 6 or f == 10)
+    return list(range(0, n, step))
+
+
+def write_png(bm: torch.Tensor, path: str, max_side: int = 1024, block: Optional[Tuple[int, int]] = None) -> None:
+    """Write the block map as a PNG (white empty, orange partial, dark blue full; q blocks down, kv blocks
+    across) with axes, tick labels, a legend and a title giving the tile size (`block`). No imaging
+    dependency: a 5x7 bitmap font, zlib and a hand-made PNG container. Large maps are downsampled (a cell
+    shows partial if any of its tiles is partial, else full if any is full)."""
     import struct
     import zlib
 
+    nq, nk = bm.shape
     m = bm
     step = max(1, -(-max(m.shape) // max_side))
     if step > 1:
@@ -211,14 +265,61 @@ def write_png(bm: torch.Tensor, path: str, max_side: int = 1024) -> None:
         m = torch.where(has_part, PARTIAL, torch.where(has_full, FULL, EMPTY)).to(torch.int8)
     scale = max(1, 512 // max(m.shape))
     m = m.repeat_interleave(scale, 0).repeat_interleave(scale, 1)
-    palette = torch.tensor([[255, 255, 255], [240, 140, 40], [30, 60, 140]], dtype=torch.uint8)
-    rgb = palette[m.long()]
-    raw = b"".join(b"\x00" + bytes(row.flatten().tolist()) for row in rgb)
+    palette = torch.tensor(_PALETTE, dtype=torch.uint8)
+    img = palette[m.long()]
+    ppb = scale / step  # pixels per block along either axis
+    mh, mw = int(round(nq * ppb)), int(round(nk * ppb))  # the map's pixels (padding of a downsampled map cut)
+    img = img[:max(1, mh), :max(1, mw)]
+    mh, mw = img.shape[0], img.shape[1]
+
+    fs, ch, cw = 2, 14, 12  # font scale, glyph height and advance in pixels
+    title = f"BLOCK MAP, {nq} X {nk} TILES" + (f" OF {block[0]}x{block[1]} (Q X KV)" if block else "")
+    if step > 1:
+        title += f", 1 PIXEL = {step}x{step} TILES" if scale == 1 else f", 1 CELL = {step}x{step} TILES"
+    yt, xt = _ticks(nq), _ticks(nk)
+    ylab_w = max(len(str(t)) for t in yt) * cw
+    left = 8 + ch + 8 + ylab_w + 6
+    top = 8 + ch + 12
+    legend_w = 16 + ch + 6 + len("PARTIAL") * cw + 8
+    width = max(left + mw + legend_w, len(title) * cw + 16)
+    height = top + mh + 6 + ch + 8 + ch + 10
+    canvas = torch.full((height, width, 3), 255, dtype=torch.uint8)
+
+    canvas[top:top + mh, left:left + mw] = img
+    frame = torch.tensor((120, 120, 120), dtype=torch.uint8)
+    canvas[top - 1, left - 1:left + mw + 1] = frame
+    canvas[top + mh, left - 1:left + mw + 1] = frame
+    canvas[top - 1:top + mh + 1, left - 1] = frame
+    canvas[top - 1:top + mh + 1, left + mw] = frame
+
+    _paste(canvas, _text_mask(title, fs), 8, 8)
+    for t in xt:  # kv blocks across, below the map
+        x = left + int(t * ppb)
+        canvas[top + mh + 1:top + mh + 5, x] = torch.tensor(_INK, dtype=torch.uint8)
+        lab = _text_mask(str(t), fs)
+        _paste(canvas, lab, top + mh + 6, min(x - lab.shape[1] // 2 if t else x, width - lab.shape[1]))
+    xlabel = _text_mask("KV BLOCK", fs)
+    _paste(canvas, xlabel, top + mh + 6 + ch + 6, left + (mw - xlabel.shape[1]) // 2)
+    for t in yt:  # q blocks down, left of the map
+        y = top + int(t * ppb)
+        canvas[y, left - 5:left - 1] = torch.tensor(_INK, dtype=torch.uint8)
+        lab = _text_mask(str(t), fs)
+        _paste(canvas, lab, y if t == 0 else y - ch // 2, left - 6 - lab.shape[1])
+    ylabel = _text_mask("Q BLOCK", fs).T.flip(0)  # rotated a quarter turn, reading upwards
+    _paste(canvas, ylabel, top + (mh - ylabel.shape[0]) // 2, 8)
+    lx, ly = left + mw + 16, top
+    for i, (name, cls) in enumerate(_LEGEND):
+        y = ly + i * (ch + 8)
+        canvas[y:y + ch, lx:lx + ch] = torch.tensor(_INK, dtype=torch.uint8)
+        canvas[y + 1:y + ch - 1, lx + 1:lx + ch - 1] = palette[cls]
+        _paste(canvas, _text_mask(name, fs), y, lx + ch + 6)
+
+    raw = b"".join(b"\x00" + bytes(row.flatten().tolist()) for row in canvas)
 
     def chunk(tag, data):
         c = struct.pack(">I", len(data)) + tag + data
         return c + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
 
-    hdr = struct.pack(">IIBBBBB", rgb.shape[1], rgb.shape[0], 8, 2, 0, 0, 0)
+    hdr = struct.pack(">IIBBBBB", canvas.shape[1], canvas.shape[0], 8, 2, 0, 0, 0)
     with open(path, "wb") as f:
         f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", hdr) + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))

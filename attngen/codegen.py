@@ -425,9 +425,15 @@ def _float_d(e):
         return e
     args = [_float_d(x) for x in e.args]
     if (e.is_Add or e.is_Mul) and not e.is_integer:
-        args = [x.xreplace({REL_D: REL_FD}) if x.is_integer and x.free_symbols == {REL_D} and _int_poly(x) else x
-                for x in args]
+        args = [_on_fd(x) for x in args]
+    elif (e.is_Pow and not (e.exp.is_Integer and e.exp > 0)) or isinstance(e, ToFloat):
+        args[0] = _on_fd(args[0])  # 1 / (1 + d**2), float(d * d): the base / argument is used as a float
     return e.func(*args) if args != list(e.args) else e
+
+
+def _on_fd(x):
+    """An integer polynomial of d alone, evaluated on fd instead; anything else as it is."""
+    return x.xreplace({REL_D: REL_FD}) if x.is_integer and x.free_symbols == {REL_D} and _int_poly(x) else x
 
 
 def _int_poly(e) -> bool:

@@ -120,6 +120,21 @@ class CompiledAttention:
 
     def library(self, dtype: torch.dtype, head_dim: int, device_index: int, kernel: Optional[str] = None):
         """The loaded library for one signature on one device, built (or found in the cache) on first use."""
+        lib = self._load(dtype, head_dim, device_index, kernel, load_library)
+        if kernel is None and not self.facts.captured:
+            # the hot path: variants that read no captured tensors need no per-call layout checks
+            self._ready[(dtype, head_dim, device_index)] = lib
+        return lib
+
+    def backward_library(self, dtype: torch.dtype, head_dim: int, device_index: int):
+        """The loaded backward library (launch.backward; kernel family 'sm80_bwd', on any sm80+ GPU) for one
+        signature on one device, built (or found in the cache) on first use. Its block_q / block_k size the
+        block summaries of a backward call."""
+        return self._load(dtype, head_dim, device_index, BWD_KERNEL, load_bwd_library)
+
+    def _load(self, dtype: torch.dtype, head_dim: int, device_index: int, kernel: Optional[str], loader):
+        """The library of one signature and kernel family: memoised, else built (or found in the cache) and loaded
+        by `loader` under the build lock (checked again inside it)."""
         key = (dtype, head_dim, device_index, kernel)
         lib = self._libraries.get(key)
         if lib is None:
@@ -127,24 +142,7 @@ class CompiledAttention:
                 lib = self._libraries.get(key)
                 if lib is None:
                     spec = self.spec(dtype, head_dim, current_arch(device_index), kernel)
-                    lib = self._libraries[key] = load_library(spec.build_cached())
-            if kernel is None and not self.facts.captured:
-                # the hot path: variants that read no captured tensors need no per-call layout checks
-                self._ready[(dtype, head_dim, device_index)] = lib
-        return lib
-
-    def backward_library(self, dtype: torch.dtype, head_dim: int, device_index: int):
-        """The loaded backward library (launch.backward; kernel family 'sm80_bwd', on any sm80+ GPU) for one
-        signature on one device, built (or found in the cache) on first use. Its block_q / block_k size the
-        block summaries of a backward call."""
-        key = (dtype, head_dim, device_index, BWD_KERNEL)
-        lib = self._libraries.get(key)
-        if lib is None:
-            with _BUILD_LOCK:
-                lib = self._libraries.get(key)
-                if lib is None:
-                    spec = self.spec(dtype, head_dim, current_arch(device_index), BWD_KERNEL)
-                    lib = self._libraries[key] = load_bwd_library(spec.build_cached())
+                    lib = self._libraries[key] = loader(spec.build_cached())
         return lib
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optional[float] = None,
@@ -157,7 +155,7 @@ class CompiledAttention:
         except (AttributeError, IndexError, TypeError):
             lib = None
         if lib is not None and q_offset.__class__ is int and q_offset >= 0 and not _compiling() and not (
-                _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+                _grad_enabled() and _autograd.needs_grad(self, q, k, v)):  # captured tensors too (learned slopes)
             return self._run(lib, q, k, v, scale, return_lse, q_offset)
         if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
             raise InputError("q, k, v must be torch tensors of shape (B, H, L, D)")

@@ -23,6 +23,9 @@ from .abi import (ABI_VERSION, DTYPE_CODES, ERROR_SCALE_NOT_POSITIVE, MAX_CAPTUR
                   SUPPORTED_HEAD_DIMS)
 from .errors import BuildError, InputError, KernelLaunchError
 
+# q_offset + q_len and kv_len stay this far below 2**31: kernels compute indices a tile beyond them
+_INDEX_MARGIN = 256
+
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 _MAX_GRID_YZ = 65535
 _DTYPE_CODES = {code: getattr(torch, name) for code, name in DTYPE_CODES.items()}
@@ -82,8 +85,9 @@ assert _PACK_HEAD.size == AttngenFwdArgs.captured.offset
 _ZERO_TAIL = bytes(_PACK_TAIL.size)
 
 
-class KernelLibrary:
-    """A loaded kernel library and what it was built for."""
+class _Library:
+    """What the forward and backward libraries share: the handle, what the library was built for
+    (AttngenKernelInfo), attngen_error_string."""
 
     def __init__(self, path: str, handle: ctypes.CDLL, info: AttngenKernelInfo):
         self.path = path
@@ -95,12 +99,27 @@ class KernelLibrary:
         self.num_threads = info.num_threads
         self.smem_bytes = info.smem_bytes
         self.arch = info.arch
-        self._fwd = handle.attngen_fwd
-        self._fwd.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
-        self._fwd.restype = ctypes.c_int
         self._err = handle.attngen_error_string
         self._err.argtypes = [ctypes.c_int]
         self._err.restype = ctypes.c_char_p
+
+    def error_string(self, code: int) -> str:
+        s = self._err(int(code))
+        return s.decode(errors="replace") if s else f"CUDA error {code}"
+
+    def __repr__(self):
+        return (f"{type(self).__name__}({self.path!r}, {str(self.dtype).replace('torch.', '')}, "
+                f"head_dim={self.head_dim}, tiles={self.block_q}x{self.block_k}, sm_{self.arch})")
+
+
+class KernelLibrary(_Library):
+    """A loaded kernel library and what it was built for."""
+
+    def __init__(self, path: str, handle: ctypes.CDLL, info: AttngenKernelInfo):
+        super().__init__(path, handle, info)
+        self._fwd = handle.attngen_fwd
+        self._fwd.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+        self._fwd.restype = ctypes.c_int
         # debug builds (ATTNGEN_DEBUG=1) export the captured slot of their bounds record; None otherwise
         self.debug_slot = None
         debug_slot_fn = getattr(handle, "attngen_debug_slot", None)
@@ -109,45 +128,44 @@ class KernelLibrary:
             debug_slot_fn.restype = ctypes.c_int
             self.debug_slot = int(debug_slot_fn())
 
-    def error_string(self, code: int) -> str:
-        s = self._err(int(code))
-        return s.decode(errors="replace") if s else f"CUDA error {code}"
-
     def launch(self, packed_args: bytes, stream: int) -> int:
         """attngen_fwd on a packed AttngenFwdArgs (see _PACK); returns the cudaError_t code."""
         return self._fwd(packed_args, stream)
 
-    def __repr__(self):
-        return (f"KernelLibrary({self.path!r}, {str(self.dtype).replace('torch.', '')}, head_dim={self.head_dim}, "
-                f"tiles={self.block_q}x{self.block_k}, sm_{self.arch})")
 
-
-def load_library(path) -> KernelLibrary:
-    """Load a compiled kernel library and check that it speaks this ABI."""
-    path = str(path)
+def _open_library(path: str, info_name: str, entry: str, what: str) -> tuple:
+    """ctypes handle of a library exporting attngen_abi_version, `info_name`, `entry` and attngen_error_string;
+    (handle, attngen_abi_version(), its AttngenKernelInfo: all zero when the info call fails, which no check
+    accepts)."""
     try:
         handle = ctypes.CDLL(path)
     except OSError as e:
         raise BuildError(f"could not load the kernel library {path}: {e}. Delete it so that it is rebuilt.") from e
     try:
-        version_fn = handle.attngen_abi_version
-        info_fn = handle.attngen_kernel_info
-        handle.attngen_fwd
+        version_fn, info_fn = handle.attngen_abi_version, getattr(handle, info_name)
+        getattr(handle, entry)
         handle.attngen_error_string
     except AttributeError as e:
-        raise BuildError(f"{path} is not an attngen kernel library ({e}); delete it so that it is rebuilt") from e
-    version_fn.restype = ctypes.c_int
-    version_fn.argtypes = []
-    version = version_fn()
+        raise BuildError(f"{path} is not an attngen {what} ({e}); delete it so that it is rebuilt") from e
+    version_fn.restype, version_fn.argtypes = ctypes.c_int, []
+    info = AttngenKernelInfo()
+    info_fn.argtypes = [ctypes.POINTER(AttngenKernelInfo)]
+    info_fn.restype = ctypes.c_int
+    if info_fn(ctypes.byref(info)) != 0:
+        info = AttngenKernelInfo()
+    return handle, version_fn(), info
+
+
+def load_library(path) -> KernelLibrary:
+    """Load a compiled kernel library and check that it speaks this ABI."""
+    path = str(path)
+    handle, version, info = _open_library(path, "attngen_kernel_info", "attngen_fwd", "kernel library")
     if version != ABI_VERSION:
         raise BuildError(
             f"{path} speaks attngen ABI version {version}, this attngen expects {ABI_VERSION}: it was built by "
             "another attngen version; delete it (or clear the kernel cache) so that it is rebuilt"
         )
-    info = AttngenKernelInfo()
-    info_fn.argtypes = [ctypes.POINTER(AttngenKernelInfo)]
-    info_fn.restype = ctypes.c_int
-    if info_fn(ctypes.byref(info)) != 0 or info.args_size != _PACK.size or info.dtype not in _DTYPE_CODES:
+    if info.args_size != _PACK.size or info.dtype not in _DTYPE_CODES:
         raise BuildError(
             f"{path} reports an argument block of {info.args_size} bytes (dtype code {info.dtype}); this attngen "
             f"packs {_PACK.size}: the library is stale, delete it so that it is rebuilt"
@@ -361,7 +379,8 @@ def forward(
         q_offset = int(q_offset)
     if q_offset < 0:  # generated code and block predicates rely on q_idx >= 0 (C division, numeric ranges)
         raise InputError(f"q_offset must be >= 0 (the absolute position of the first query), got {q_offset}")
-    if not (q_offset + Lq < 2**31 and Lq < 2**31 and Lk < 2**31):
+    # kernels form indices up to a tile past the last row (the sm90 relative-score walk starts at q_idx + 8)
+    if not (q_offset + Lq + _INDEX_MARGIN < 2**31 and Lk + _INDEX_MARGIN < 2**31):
         raise InputError(f"q_offset {q_offset} with {Lq} queries and {Lk} keys leaves the int32 range of q_idx / "
                          "kv_idx: use a smaller q_offset or shorter sequences")
 
@@ -450,59 +469,28 @@ _PACK_BWD_HEAD = struct.Struct("<12Q24q6ifi")
 assert _PACK_BWD_HEAD.size == 320 and _PACK_BWD_HEAD.size + _PACK_TAIL.size == 704
 
 
-class BwdKernelLibrary:
+class BwdKernelLibrary(_Library):
     """A loaded backward library (``attngen_bwd``) and what it was built for. ``block_q`` / ``block_k`` are the
     backward's tiles: the block summaries of a call are computed for them."""
 
     def __init__(self, path: str, handle: ctypes.CDLL, info: AttngenKernelInfo):
-        self.path = path
-        self.handle = handle
-        self.head_dim = info.head_dim
-        self.dtype = _DTYPE_CODES[info.dtype]
-        self.block_q = info.block_q
-        self.block_k = info.block_k
-        self.num_threads = info.num_threads
-        self.smem_bytes = info.smem_bytes
-        self.arch = info.arch
+        super().__init__(path, handle, info)
         self._bwd = handle.attngen_bwd
         self._bwd.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
         self._bwd.restype = ctypes.c_int
-        self._err = handle.attngen_error_string
-        self._err.argtypes = [ctypes.c_int]
-        self._err.restype = ctypes.c_char_p
-
-    def error_string(self, code: int) -> str:
-        s = self._err(int(code))
-        return s.decode(errors="replace") if s else f"CUDA error {code}"
-
-    def __repr__(self):
-        return (f"BwdKernelLibrary({self.path!r}, {str(self.dtype).replace('torch.', '')}, head_dim={self.head_dim}, "
-                f"tiles={self.block_q}x{self.block_k}, sm_{self.arch})")
 
 
 def load_bwd_library(path) -> BwdKernelLibrary:
     """Load a compiled backward library and check that it speaks this ABI."""
     path = str(path)
-    try:
-        handle = ctypes.CDLL(path)
-    except OSError as e:
-        raise BuildError(f"could not load the kernel library {path}: {e}. Delete it so that it is rebuilt.") from e
-    try:
-        version_fn, info_fn = handle.attngen_abi_version, handle.attngen_bwd_kernel_info
-        handle.attngen_bwd
-        handle.attngen_error_string
-    except AttributeError as e:
-        raise BuildError(f"{path} is not an attngen backward library ({e}); delete it so that it is rebuilt") from e
-    version_fn.restype, version_fn.argtypes = ctypes.c_int, []
-    info = AttngenKernelInfo()
-    info_fn.argtypes = [ctypes.POINTER(AttngenKernelInfo)]
-    info_fn.restype = ctypes.c_int
-    if version_fn() != ABI_VERSION or info_fn(ctypes.byref(info)) != 0 or info.abi_version != BWD_ABI_VERSION \
-            or info.args_size != _PACK_BWD_HEAD.size + _PACK_TAIL.size or info.dtype not in _DTYPE_CODES:
+    handle, version, info = _open_library(path, "attngen_bwd_kernel_info", "attngen_bwd", "backward library")
+    size = _PACK_BWD_HEAD.size + _PACK_TAIL.size
+    if version != ABI_VERSION or info.abi_version != BWD_ABI_VERSION or info.args_size != size \
+            or info.dtype not in _DTYPE_CODES:
         raise BuildError(
-            f"{path} speaks another backward ABI (ABI {version_fn()}, backward ABI {info.abi_version}, argument block "
-            f"{info.args_size} bytes; this attngen expects {ABI_VERSION}, {BWD_ABI_VERSION}, "
-            f"{_PACK_BWD_HEAD.size + _PACK_TAIL.size}): delete it (or clear the kernel cache) so that it is rebuilt"
+            f"{path} speaks another backward ABI (ABI {version}, backward ABI {info.abi_version}, argument block "
+            f"{info.args_size} bytes; this attngen expects {ABI_VERSION}, {BWD_ABI_VERSION}, {size}): delete it (or "
+            "clear the kernel cache) so that it is rebuilt"
         )
     return BwdKernelLibrary(path, handle, info)
 
@@ -563,7 +551,7 @@ def backward(
     q_offset = int(q_offset)
     if q_offset < 0:
         raise InputError(f"q_offset must be >= 0 (the absolute position of the first query), got {q_offset}")
-    if not (q_offset + Lq < 2**31 and Lk < 2**31):
+    if not (q_offset + Lq + _INDEX_MARGIN < 2**31 and Lk + _INDEX_MARGIN < 2**31):
         raise InputError(f"q_offset {q_offset} with {Lq} queries and {Lk} keys leaves the int32 range of q_idx / "
                          "kv_idx: use a smaller q_offset or shorter sequences")
     if Hkv > _MAX_GRID_YZ:

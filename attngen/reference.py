@@ -147,13 +147,7 @@ def attention(
     v_obj, score_mod, mask_mod = _mods(variant)
     B, Hq, Hkv, Lq, Lk, D, Dv = _check_inputs(q, k, v)
     q_offset = _check_offset(q_offset)
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    else:
-        try:
-            scale = float(scale)
-        except (TypeError, ValueError):
-            raise InputError(f"scale must be a number (default 1/sqrt(D)), got {type(scale).__name__}") from None
+    scale = _check_scale(scale, D)
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     if chunk is None:
         chunk = max(1, _AUTO_CHUNK_ELEMENTS // max(1, B * Hq * Lk))
@@ -234,6 +228,16 @@ def _check_inputs(q, k, v):
             f"a divisor of it, or 1 (MQA), or repeat k/v heads to {Hq}"
         )
     return B, Hq, Hkv, Lq, Lk, D, Dv
+
+
+def _check_scale(scale, D: int) -> float:
+    """The softmax scale as a float: 1/sqrt(D) for None."""
+    if scale is None:
+        return 1.0 / math.sqrt(D)
+    try:
+        return float(scale)
+    except (TypeError, ValueError):
+        raise InputError(f"scale must be a number (default 1/sqrt(D)), got {type(scale).__name__}") from None
 
 
 def _check_offset(q_offset) -> int:

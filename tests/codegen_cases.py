@@ -3,6 +3,8 @@ across processes) and tests/gpu/test_codegen_gpu.py (device semantics): traced v
 predicates, their captured tensors, and the harness pieces that compile several variant.inc files together."""
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import sympy
@@ -223,3 +225,36 @@ def traced_gradient_variants(tensors):
         assert tv.mask is sympy.true, k
         out[k] = (tv, full_preds())
     return out
+
+
+def run_host_program(tmp_path: Path, src: list, runs) -> str:
+    """Compile the C++ pieces `src` with g++ (headers found in tmp_path), a main() calling `runs` (statements)
+    in order, and run it: its stdout."""
+    src = [*src, "int main() {\n" + "\n".join(runs) + "\n  return 0;\n}\n"]
+    (tmp_path / "host.cpp").write_text("\n".join(src))
+    exe = tmp_path / "host"
+    r = subprocess.run([shutil.which("g++"), "-std=c++17", "-O1", "-I", str(tmp_path), "-o", str(exe),
+                        str(tmp_path / "host.cpp")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[:8000]
+    return subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+
+
+def check_rendering_across_hash_seeds(factory: str, rendered: dict) -> None:
+    """variant.inc of every case of `factory` (an expression over this module, named t, giving {name: (traced,
+    predicates)}) rendered in fresh interpreters under two PYTHONHASHSEEDs is `rendered` ({name: text}, what this
+    process rendered)."""
+    import hashlib
+
+    from helpers import run_with_hash_seeds
+
+    code = (
+        "import sys, hashlib; sys.path.insert(0, %r)\n"
+        "import codegen_cases as t\n"
+        "from attngen.codegen import render_variant_inc\n"
+        "V = %s\n"
+        "print('\\n'.join(hashlib.sha256(render_variant_inc(a, b).encode()).hexdigest() for a, b in V.values()))\n"
+    ) % (str(Path(__file__).parent), factory)
+    want = "\n".join(hashlib.sha256(t.encode()).hexdigest() for t in rendered.values())
+    for seed, (rc, out, err) in run_with_hash_seeds(code, ("0", "777"), cwd=REPO).items():
+        assert rc == 0, err
+        assert out.strip() == want, f"PYTHONHASHSEED={seed}"

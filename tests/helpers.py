@@ -111,3 +111,27 @@ def tile_classes(m, BQ, BK):
     any_kept = (tiles == 1).any(-1)
     all_kept = ~(tiles == 0).any(-1)
     return torch.where(all_kept, 2, torch.where(any_kept, 1, 0)).to(torch.int8)
+
+
+def training_variants(slopes, table, docs, npos: int, window: int, softcap: float) -> dict:
+    """The variants the autograd tests differentiate (CPU and GPU suites, each with its own sizes): library
+    mods, ALiBi with a slopes tensor, a relative-position table (2 * npos - 1 entries per head) and a document
+    mask whose first tokens see nothing (fully masked rows)."""
+    import attngen
+
+    def relpos(s, b, h, q_idx, kv_idx):
+        return s + table[h, q_idx - kv_idx + npos - 1]
+
+    def doc_strict(b, h, q_idx, kv_idx):
+        # the first token of each document sees nothing: fully masked rows
+        return (docs[q_idx] == docs[kv_idx]) & (kv_idx < q_idx)
+
+    return {
+        "full": attngen.compile(),
+        "causal": attngen.compile(causal=True),
+        "sliding_window": attngen.compile(window=window),
+        "softcap": attngen.compile(softcap=softcap),
+        "alibi": attngen.compile(score_mod=attngen.alibi(slopes), causal=True),
+        "relpos": attngen.compile(score_mod=relpos),
+        "document": attngen.compile(mask_mod=doc_strict),
+    }

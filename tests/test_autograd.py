@@ -13,6 +13,7 @@ import torch
 import attngen
 import reference64
 from attngen import autograd as ag
+from helpers import training_variants
 
 NPOS = 16  # absolute positions the captured tables cover (q_offset + Lq and Lk stay within)
 
@@ -25,22 +26,7 @@ def data() -> types.SimpleNamespace:
     table = (torch.randn(4, 2 * NPOS - 1, generator=gen, dtype=torch.float64) * 0.5).requires_grad_()
     docs = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 4, 4, 5, 5, 5, 5])  # sorted ids over NPOS positions
 
-    def relpos(s, b, h, q_idx, kv_idx):
-        return s + table[h, q_idx - kv_idx + NPOS - 1]
-
-    def doc_strict(b, h, q_idx, kv_idx):
-        # the first token of each document sees nothing: fully masked rows
-        return (docs[q_idx] == docs[kv_idx]) & (kv_idx < q_idx)
-
-    variants = {
-        "full": attngen.compile(),
-        "causal": attngen.compile(causal=True),
-        "sliding_window": attngen.compile(window=3),
-        "softcap": attngen.compile(softcap=0.5),
-        "alibi": attngen.compile(score_mod=attngen.alibi(slopes), causal=True),
-        "relpos": attngen.compile(score_mod=relpos),
-        "document": attngen.compile(mask_mod=doc_strict),
-    }
+    variants = training_variants(slopes, table, docs, NPOS, window=3, softcap=0.5)
     return types.SimpleNamespace(slopes=slopes, table=table, docs=docs, variants=variants)
 
 
@@ -237,6 +223,21 @@ def test_hot_path_hands_gradients_to_the_ops(monkeypatch):
         assert attn(qg, q, q) == "launched"
 
 
+def test_hot_path_hands_captured_gradients_to_the_ops(monkeypatch):
+    """Learned slopes with frozen q/k/v (bias-only training): every call that records a graph goes through the
+    ops, also once a library is ready for the inputs, so the slopes get their gradient on every step."""
+    slopes = torch.full((2,), 0.25, requires_grad=True)
+    attn = attngen.compile(score_mod=attngen.alibi(slopes), causal=True)
+    q = torch.randn(1, 2, 8, 64)
+    attn._ready[(q.dtype, 64, q.get_device())] = "lib"
+    monkeypatch.setattr(attn, "_run", lambda lib, *a: "launched")
+    for _ in range(2):
+        out = attn(q, q, q)
+        assert out.grad_fn is not None
+        g, = torch.autograd.grad(out.sum(), [slopes])
+        assert torch.isfinite(g).all() and g.abs().sum() > 0
+
+
 def test_backward_kernel_hook_is_asked_first(monkeypatch):
     attn = data().variants["causal"]
     q, k, v = _inputs(CASES["causal"], torch.float32)
@@ -328,3 +329,35 @@ def test_torch_compile_inference():
     with torch.no_grad():
         got = torch.compile(lambda q, k, v: attn(q, k, v) * 2, fullgraph=True, backend="eager")(q, k, v)
         torch.testing.assert_close(got, attn(q, k, v) * 2)
+
+
+def test_score_mod_singular_at_masked_positions_gives_finite_gradients():
+    """A score_mod whose derivative is inf / NaN where the mask drops the score (sqrt(q - kv) above the causal
+    diagonal) must not poison the gradients (0 * inf): the reference backward differentiates kept elements only,
+    as the kernel does. Checked against float64 torch that computes the score only where kept."""
+    slopes = torch.tensor([0.3, 0.7], dtype=torch.float64, requires_grad=True)
+
+    def div_sqrt(s, b, h, q, kv):
+        return s / torch.sqrt((q - kv) * 1.0 + 1.0)
+
+    def sqrt_bias(s, b, h, q, kv):
+        return s - slopes[h] * torch.sqrt((q - kv) * 1.0)
+
+    L = 33
+    qi, ki = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    keep = qi >= ki
+    dist = torch.where(keep, (qi - ki) * 1.0, torch.zeros(()))
+    hh = torch.arange(2).view(1, 2, 1, 1)
+    for fn, want_mod in ((div_sqrt, lambda s: s / torch.sqrt(dist + 1.0)),
+                         (sqrt_bias, lambda s: s - slopes[hh] * torch.sqrt(dist))):
+        attn = attngen.compile(score_mod=attngen.ScoreMod(fn, fn.__name__), causal=True)
+        g = torch.Generator().manual_seed(5)
+        q, k, v = (torch.randn(1, 2, L, 16, dtype=torch.float64, generator=g).requires_grad_() for _ in range(3))
+        leaves = [q, k, v] + ([slopes] if fn is sqrt_bias else [])
+        got = torch.autograd.grad(attn(q, k, v).sum(), leaves)
+        s = (q @ k.transpose(-1, -2)) * 16 ** -0.5
+        ref = torch.softmax(torch.where(keep, want_mod(s), -torch.inf), -1) @ v
+        want = torch.autograd.grad(ref.sum(), leaves)
+        for a, b in zip(got, want):
+            assert torch.isfinite(a).all(), fn.__name__
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)

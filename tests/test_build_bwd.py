@@ -18,7 +18,7 @@ from attngen.jit.ninja import BWD_LIBRARY_NAME, run_ninja, write_build_ninja
 from attngen.jit.spec import BWD_KERNEL, ptxas_report
 from attngen.symbols import BK, BQ, B, H, J, KVLEN, QLEN, QOFF
 
-from codegen_cases import COMMON_STUB, MATH, UNDEF, VARIANT_MATH, py_eval
+from codegen_cases import COMMON_STUB, MATH, UNDEF, VARIANT_MATH, py_eval, run_host_program
 from helpers import tile_classes
 
 GXX = shutil.which("g++")
@@ -134,13 +134,7 @@ def test_transposed_predicates_match_block_predicates(tmp_path):
                 expect.append((n, attn, bq, bk, ql, kl, qo, {s.name: t for s, t in zip(preds.summaries, sums)}))
         src.append(f"namespace v_{n} {{\n#include \"{n}.inc\"\nvoid run() {{\n" + "\n".join(body) + "\n}\n}\n" + UNDEF)
         runs.append(f"  v_{n}::run();")
-    src.append("int main() {\n" + "\n".join(runs) + "\n  return 0;\n}\n")
-    (tmp_path / "host.cpp").write_text("\n".join(src))
-    exe = tmp_path / "host"
-    r = subprocess.run([GXX, "-std=c++17", "-O1", "-I", str(tmp_path), "-o", str(exe), str(tmp_path / "host.cpp")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[:8000]
-    lines = iter(subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines())
+    lines = iter(run_host_program(tmp_path, src, runs).splitlines())
     for n, attn, bq, bk, ql, kl, qo, sums in expect:
         preds = attn.predicates
         nqb, nkb = -(-ql // bq), -(-kl // bk)

@@ -413,16 +413,19 @@ def test_published_files_are_not_group_writable(ac, tmp_path):
     assert stat.S_IMODE(p.parent.stat().st_mode) == 0o700
 
 
-def test_unusable_root_falls_back_to_private_temp_dir(tmp_path):
+def test_unusable_root_falls_back_to_a_persistent_private_root(tmp_path):
     blocker = tmp_path / "regular-file"
     blocker.write_text("not a directory")
     bad = blocker / "cache"  # cannot be created, even by root
-    ac = ArtifactCache(bad, prebuilt=None)
-    with pytest.warns(CacheWarning, match=r"cannot be used.*ATTNGEN_CACHE_DIR"):
+    fb = tmp_path / "fallback"
+    ac = ArtifactCache(bad, prebuilt=None, fallback=[blocker / "also-bad", fb])
+    with pytest.warns(CacheWarning, match=rf"cannot be used.*new builds go to {fb}.*ATTNGEN_CACHE_DIR"):
         p = ac.get_or_build(fresh_key("fallback"), "k", make_build(tmp_path / "c"))
     assert p.read_bytes() == b"\x7fELF fake kernel"
-    assert ac.root != bad and not str(p).startswith(str(blocker))
+    assert ac.root == fb and p.parent.parent == fb / "entries"
     assert stat.S_IMODE(ac.root.stat().st_mode) == 0o700
+    del ac
+    assert p.is_file()  # not a temporary directory removed at exit
 
 
 def test_env_var_relocates_default_cache(tmp_path, monkeypatch):

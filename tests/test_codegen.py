@@ -22,16 +22,16 @@ import torch
 from attngen.codegen import render_variant_inc
 from attngen.errors import BuildError
 from attngen.ir import BlockPredicates, CapturedTensor, TracedVariant
-from attngen.mods import Variant
+from attngen.mods import ScoreMod, Variant
 from attngen.symbols import B, BK, BQ, H, I, J, KV, KVLEN, Q, QLEN, QOFF, SCORE, load
 
 from codegen_cases import (COMMON_STUB, REPO, VARIANT_MATH, causal_preds, full_preds, make_tensors, variants)
+from codegen_cases import check_rendering_across_hash_seeds, run_host_program
 from codegen_cases import gradient_tensors, traced_gradient_variants
 from codegen_cases import MATH as _MATH
 from codegen_cases import UNDEF as _UNDEF
 from codegen_cases import py_eval as _py
 from codegen_cases import write_includes as _write_includes
-from helpers import run_with_hash_seeds
 
 GXX = shutil.which("g++")
 
@@ -129,6 +129,10 @@ def test_relative_score_mods_get_score_rel():
     assert "fd * hc.h" in alibi and "(float)" not in alibi, alibi
     div = body(r["d_div_square"], "score_rel")
     assert "fd * fd" in div and "d * d" not in div.replace("fd * fd", ""), div
+    # an integer polynomial of d used as a float (a divisor here) is evaluated on fd too: no int square to overflow
+    t = _traced(ScoreMod(lambda s, b, h, q, k: s / (1 + (q - k) ** 2), "int_div"))
+    div = body(render_variant_inc(*t), "score_rel")
+    assert "fd * fd + 1.0f" in div and "(float)" not in div, div
 
 
 def test_every_contract_function_is_defined(rendered):
@@ -187,17 +191,7 @@ def test_work_is_hoisted_out_of_the_element_functions(rendered):
 
 @pytest.mark.heavy  # fresh interpreters (torch import each): ~8 s on 2 cores
 def test_output_is_deterministic_across_processes_and_hash_seeds(rendered):
-    code = (
-        "import sys, hashlib; sys.path.insert(0, %r)\n"
-        "import codegen_cases as t\n"
-        "from attngen.codegen import render_variant_inc\n"
-        "V = t.variants(t.make_tensors(0))\n"
-        "print('\\n'.join(hashlib.sha256(render_variant_inc(a, b).encode()).hexdigest() for a, b in V.values()))\n"
-    ) % str(Path(__file__).parent)
-    want = "\n".join(__import__("hashlib").sha256(t.encode()).hexdigest() for t in rendered.values())
-    for seed, (rc, out, err) in run_with_hash_seeds(code, ("0", "777"), cwd=REPO).items():
-        assert rc == 0, err
-        assert out.strip() == want, f"PYTHONHASHSEED={seed}"
+    check_rendering_across_hash_seeds("t.variants(t.make_tensors(0))", rendered)
     again = {k: render_variant_inc(t, p) for k, (t, p) in variants(make_tensors(0)).items()}
     assert again == rendered
 
@@ -440,13 +434,7 @@ void run() {{
 }}
 }}  // namespace
 """ + _UNDEF)
-    src.append("int main() {\n" + "\n".join(f"  v_{k}::run();" for k in V) + "\n  return 0;\n}\n")
-    (tmp_path / "host.cpp").write_text("\n".join(src))
-    exe = tmp_path / "host"
-    r = subprocess.run([GXX, "-std=c++17", "-O1", "-I", str(tmp_path), "-o", str(exe), str(tmp_path / "host.cpp")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[:8000]
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("END\n")
+    out = run_host_program(tmp_path, src, (f"  v_{k}::run();" for k in V)).split("END\n")
 
     q = torch.arange(QLEN_)[:, None] + QOFF_
     kv = torch.arange(KVLEN_)[None, :]

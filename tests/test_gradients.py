@@ -30,7 +30,7 @@ from attngen.symbols import B, H, KV, Q, SCORE, load
 from attngen.trace import trace
 
 from codegen_cases import COMMON_STUB, MATH, UNDEF, VARIANT_MATH, gradient_tensors, make_tensors
-from codegen_cases import traced_gradient_variants, variants
+from codegen_cases import check_rendering_across_hash_seeds, run_host_program, traced_gradient_variants, variants
 
 GXX = shutil.which("g++")
 ARGS = (SCORE, B, H, Q, KV)
@@ -172,22 +172,9 @@ def test_codegen_nodes_are_integer_valued():
 
 @pytest.mark.heavy  # fresh interpreters (torch import each): ~8 s on 2 cores
 def test_printed_gradients_are_deterministic_across_processes_and_hash_seeds():
-    from pathlib import Path
-
-    from helpers import run_with_hash_seeds
-
-    code = (
-        "import sys, hashlib; sys.path.insert(0, %r)\n"
-        "import codegen_cases as t\n"
-        "from attngen.codegen import render_variant_inc\n"
-        "V = t.traced_gradient_variants(t.gradient_tensors(0))\n"
-        "print('\\n'.join(hashlib.sha256(render_variant_inc(a, b).encode()).hexdigest() for a, b in V.values()))\n"
-    ) % str(Path(__file__).parent)
     V = traced_gradient_variants(gradient_tensors(0))
-    want = "\n".join(__import__("hashlib").sha256(render_variant_inc(*v).encode()).hexdigest() for v in V.values())
-    for seed, (rc, out, err) in run_with_hash_seeds(code, ("0", "777"), cwd=Path(__file__).parents[1]).items():
-        assert rc == 0, err
-        assert out.strip() == want, f"PYTHONHASHSEED={seed}"
+    check_rendering_across_hash_seeds("t.traced_gradient_variants(t.gradient_tensors(0))",
+                                      {k: render_variant_inc(*v) for k, v in V.items()})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -327,13 +314,7 @@ void run() {{
 }}
 }}  // namespace
 """ + UNDEF)
-    src.append("int main() {\n" + "\n".join(f"  v_{k}::run();" for k in V) + "\n  return 0;\n}\n")
-    (tmp_path / "host.cpp").write_text("\n".join(src))
-    exe = tmp_path / "host"
-    r = subprocess.run([GXX, "-std=c++17", "-O1", "-I", str(tmp_path), "-o", str(exe), str(tmp_path / "host.cpp")],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[:8000]
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("END\n")
+    out = run_host_program(tmp_path, src, (f"  v_{k}::run();" for k in V)).split("END\n")
 
     idx = _indices(q_offset)
     S64 = S.to(torch.float64)

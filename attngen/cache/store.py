@@ -7,15 +7,16 @@ Layout under the root ($ATTNGEN_CACHE_DIR, else $XDG_CACHE_HOME/attngen, else ~/
     locks/<key[:16]>.lock                 flock(2) target, one per entry; never deleted
     tmp/<key[:16]>.<pid>.<random>/        builds in progress (renamed into entries/ when complete)
 
-Lookup: in-process memo -> prebuilt entries shipped in attngen/prebuilt/ -> entries/ -> build under the lock.
-An entry is visible only after os.rename of a complete directory, so a killed build never leaves a half entry;
-its tmp dir is removed by a later build once nobody holds that entry's lock (the kernel drops flock locks of
-dead processes, SIGKILL included).
+Lookup: in-process memo -> read-only roots ($ATTNGEN_CACHE_READONLY, then the package's attngen/prebuilt/) ->
+the user cache -> build under the lock. Lookups only read: a read-only user cache (a shared filesystem) serves
+its entries as they are, and builds then go to a writable fallback root (logged once). An entry is visible
+only after os.rename of a complete directory, so a killed build never leaves a half entry; its tmp dir is
+removed by a later build once nobody holds that entry's lock (the kernel drops flock locks of dead processes,
+SIGKILL included).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import datetime
@@ -34,7 +35,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 try:
     import fcntl
@@ -49,6 +50,7 @@ __all__ = [
     "CacheWarning",
     "default_cache",
     "default_cache_dir",
+    "readonly_cache_dirs",
     "cache_root",
     "get_or_build",
     "list_entries",
@@ -71,10 +73,11 @@ _K16_RE = re.compile(r"^[0-9a-f]{16}$")
 _STALE_SECONDS_WITHOUT_LOCKS = 3600.0
 _PREBUILT_DIR = Path(__file__).resolve().parent.parent / "prebuilt"
 _META_PROTECTED = ("format", "name", "key", "artifact", "created", "created_unix")
+READONLY_ENV = "ATTNGEN_CACHE_READONLY"
 
 
 class CacheWarning(UserWarning):
-    """The cache recovered from a problem (corrupt entry rebuilt, unusable root replaced by a temp dir)."""
+    """The cache recovered from a problem (corrupt entry rebuilt or skipped, unusable root replaced)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +90,8 @@ class CacheEntry:
     created: float  # unix time
     path: Path  # the entry directory
     artifact: str | None  # file name of the artifact inside the entry
+    source: str = "user"  # "user" (the writable cache), "read-only" ($ATTNGEN_CACHE_READONLY or a read-only
+    #                       user cache) or "prebuilt" (shipped in the package)
 
 
 # ----------------------------------------------------------------------------------------------- logging
@@ -152,14 +157,18 @@ def _slug(name: str) -> str:
     return s[:80] or "entry"
 
 
-def _check_owner_and_mode(path: Path, st: os.stat_result, what: str, *, allow_root_owner: bool = False) -> None:
-    """Refuse paths another user could have written: loading a cached library runs its code."""
+def _check_owner_and_mode(path: Path, st: os.stat_result, what: str, *, trusted: frozenset[int] | None = None) -> None:
+    """Refuse paths another user could have written: loading a cached library runs its code.
+
+    `trusted`: the uids allowed to own `path` (default: only you). Group/other-writable is refused always.
+    """
     uid = os.geteuid()
-    if st.st_uid != uid and not (allow_root_owner and st.st_uid == 0):
+    allowed = trusted if trusted is not None else frozenset((uid,))
+    if st.st_uid not in allowed:
         raise CacheError(
             f"attngen cache {what} {path} is owned by uid {st.st_uid}, not by you (uid {uid}); loading kernels "
-            f"from it would run code another user controls. Fix: set ATTNGEN_CACHE_DIR to a directory you own, "
-            f"or remove {path}."
+            f"from it would run code another user controls. Fix: set ATTNGEN_CACHE_DIR to a directory you own "
+            f"(to use kernels someone else built, list their cache in {READONLY_ENV}), or remove {path}."
         )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise CacheError(
@@ -175,20 +184,7 @@ def _rmtree(path: Path) -> None:
         os.unlink(path)  # a symlink or file where a directory was expected
 
 
-# ----------------------------------------------------------------------------------------- fallback root
-
-_fallback_root: Path | None = None
-_fallback_lock = threading.Lock()
-
-
-def _private_temp_root() -> Path:
-    """One mkdtemp (mode 0700) per process, removed at exit; used when the configured root is unusable."""
-    global _fallback_root
-    with _fallback_lock:
-        if _fallback_root is None:
-            _fallback_root = Path(tempfile.mkdtemp(prefix=f"attngen-cache-{os.geteuid()}-"))
-            atexit.register(shutil.rmtree, str(_fallback_root), True)
-        return _fallback_root
+# ------------------------------------------------------------------------------------------------ roots
 
 
 def default_cache_dir() -> Path:
@@ -196,9 +192,52 @@ def default_cache_dir() -> Path:
     env = os.environ.get("ATTNGEN_CACHE_DIR")
     if env:
         return Path(env).expanduser().absolute()
+    return _home_cache_dir()
+
+
+def _home_cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return (base / "attngen").absolute()
+
+
+def readonly_cache_dirs() -> list[Path]:
+    """$ATTNGEN_CACHE_READONLY split on ':' (os.pathsep): roots looked up before the user cache, never written."""
+    raw = os.environ.get(READONLY_ENV, "")
+    return [Path(p).expanduser().absolute() for p in raw.split(os.pathsep) if p.strip()]
+
+
+def _default_fallback_roots(requested: Path | None) -> list[Path]:
+    """Where builds go when the configured root cannot be written: the usual per-user cache (when
+    ATTNGEN_CACHE_DIR pointed elsewhere), then <tmp>/attngen-cache-<uid>. Both persist across processes."""
+    out: list[Path] = []
+    with contextlib.suppress(RuntimeError):  # Path.home() without HOME or a passwd entry
+        home = _home_cache_dir()
+        if home != requested:
+            out.append(home)
+    out.append(Path(tempfile.gettempdir()) / f"attngen-cache-{os.geteuid()}")
+    return out
+
+
+_announced: set[str] = set()
+_announce_lock = threading.Lock()
+
+
+def _log_once(msg: str) -> None:
+    with _announce_lock:
+        if msg in _announced:
+            return
+        _announced.add(msg)
+    log(msg)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    """A directory of entries that lookups search: `entries` holds <name>-<key16>/ directories."""
+
+    entries: Path
+    kind: str  # "user" (the writable root: corrupt entries are replaced), "read-only", "prebuilt"
+    trusted: frozenset[int]  # uids that may own what is inside
 
 
 # ------------------------------------------------------------------------------------------------ cache
@@ -207,21 +246,34 @@ def default_cache_dir() -> Path:
 class ArtifactCache:
     """Per-signature build artifacts on disk, safe across threads and processes.
 
-    `root=None` means `default_cache_dir()` at construction time. `prebuilt` is the directory searched for
-    entries shipped with the package (same layout as entries/); pass None to disable it.
-    Nothing touches the disk until the first operation.
+    `root=None` means `default_cache_dir()` at construction time. `prebuilt` is the directory of entries shipped
+    with the package (pass None to disable it); `readonly` the extra read-only roots looked up first (None:
+    $ATTNGEN_CACHE_READONLY; each is a cache root with entries/, or a directory of entries). `fallback` lists
+    where builds go when `root` cannot be written (None: the per-user defaults, see `_default_fallback_roots`).
+    Nothing touches the disk until the first operation, and lookups never write.
     """
 
-    def __init__(self, root: str | os.PathLike | None = None, *, prebuilt: str | os.PathLike | None = _PREBUILT_DIR):
+    def __init__(
+        self,
+        root: str | os.PathLike | None = None,
+        *,
+        prebuilt: str | os.PathLike | None = _PREBUILT_DIR,
+        readonly: Iterable[str | os.PathLike] | None = None,
+        fallback: Iterable[str | os.PathLike] | None = None,
+    ):
         try:
             self._requested: Path | None = Path(root).expanduser().absolute() if root is not None else default_cache_dir()
         except RuntimeError:  # Path.home() without HOME or a passwd entry
             self._requested = None
         self._prebuilt = Path(prebuilt) if prebuilt is not None else None
+        ro = readonly_cache_dirs() if readonly is None else [Path(d).expanduser().absolute() for d in readonly]
+        self._readonly = tuple(d for d in ro if d != self._requested)
+        self._fallback = None if fallback is None else [Path(d).expanduser().absolute() for d in fallback]
         self._root: Path | None = None
         self._memo: dict[tuple[str, str], Path] = {}
         self._init_lock = threading.Lock()
         self._warned_no_flock = False
+        self._warned: set[tuple[str, str]] = set()
 
     def __repr__(self) -> str:
         return f"ArtifactCache(root={str(self._root or self._requested)!r})"
@@ -230,9 +282,14 @@ class ArtifactCache:
 
     @property
     def root(self) -> Path:
-        """The root in use (created on first access; a private temp dir if the configured one is unusable)."""
+        """The writable root builds go to (created on first access). When the configured root cannot be
+        written, a fallback root (logged once); CacheError if no candidate is writable."""
         root = self._root
         return root if root is not None else self._ensure_root()
+
+    def _fallback_roots(self) -> list[Path]:
+        cands = self._fallback if self._fallback is not None else _default_fallback_roots(self._requested)
+        return [c for c in cands if c != self._requested]
 
     def _ensure_root(self) -> Path:
         with self._init_lock:
@@ -245,24 +302,46 @@ class ArtifactCache:
                 self._prepare_root(requested)
                 root = requested
             except OSError as e:
-                root = _private_temp_root()
-                warnings.warn(
-                    f"attngen: cache directory {requested} cannot be used ({e}); using the private temporary "
-                    f"directory {root} for this process instead, so kernels will be rebuilt in every new "
-                    f"process. Fix: make {requested} writable, or set ATTNGEN_CACHE_DIR to a writable "
-                    f"directory you own.",
-                    CacheWarning,
-                    stacklevel=4,
-                )
-                self._prepare_root(root)
+                root = self._fallback_root(requested, e)
             self._root = root
             vlog(f"cache root {root}")
             return root
 
+    def _fallback_root(self, requested: Path | None, err: OSError) -> Path:
+        tried = []
+        for cand in self._fallback_roots():
+            try:
+                self._prepare_root(cand)
+            except (OSError, CacheError) as e:
+                tried.append(f"{cand} ({getattr(e, 'strerror', None) or e})")
+                continue
+            why = err.strerror or str(err)
+            if requested is not None and requested.is_dir():
+                # A shared or packaged cache: its entries still serve (looked up read-only), builds go elsewhere.
+                _log_once(
+                    f"cache directory {requested} is read-only ({why}): kernels found there are used as they are, "
+                    f"new builds go to {cand}. To choose where builds go, set ATTNGEN_CACHE_DIR to a writable "
+                    f"directory and list {requested} in {READONLY_ENV}."
+                )
+            else:
+                warnings.warn(
+                    f"attngen: cache directory {requested} cannot be used ({why}); new builds go to {cand} "
+                    f"instead. Fix: make {requested} writable, or set ATTNGEN_CACHE_DIR to a writable "
+                    f"directory you own.",
+                    CacheWarning,
+                    stacklevel=5,
+                )
+            return cand
+        raise CacheError(
+            f"attngen cache: no writable cache directory: {requested} ({err.strerror or err}), "
+            f"{', '.join(tried) or 'no fallback'}. Fix: set ATTNGEN_CACHE_DIR to a writable directory you own."
+        )
+
     @staticmethod
     def _prepare_root(root: Path) -> None:
         """Create root and its subdirectories (mode 0700). OSError: unusable; CacheError: unsafe."""
-        os.makedirs(root, mode=0o700, exist_ok=True)
+        if not os.path.isdir(root):  # (makedirs on an existing root would still call mkdir there)
+            os.makedirs(root, mode=0o700, exist_ok=True)
         _check_owner_and_mode(root, os.stat(root), "directory")
         if not os.access(root, os.W_OK | os.X_OK):
             raise PermissionError(errno.EACCES, "not writable", str(root))
@@ -277,6 +356,62 @@ class ArtifactCache:
                     f"or set ATTNGEN_CACHE_DIR to another directory."
                 )
             _check_owner_and_mode(p, st, "directory")
+
+    # --------------------------------------------------------------------------------------- sources
+
+    def _sources(self) -> Iterator[_Source]:
+        """The entry directories lookups search, in order; reads only (nothing is created). A generator, so a
+        hit in an earlier source never looks at (or trips over) a later one."""
+        me = os.geteuid()
+        for ro in self._readonly:
+            try:
+                rst = os.stat(ro)
+            except OSError:
+                continue  # a listed root that is absent serves nothing
+            trusted = frozenset((me, 0, rst.st_uid))  # you listed it, so you trust its owner
+            _check_owner_and_mode(ro, rst, f"read-only root ({READONLY_ENV})", trusted=trusted)
+            entries = ro
+            if os.path.isdir(ro / "entries"):
+                entries = ro / "entries"
+                _check_owner_and_mode(entries, os.stat(entries), "directory", trusted=trusted)
+            yield _Source(entries, "read-only", trusted)
+        if self._prebuilt is not None and self._prebuilt.is_dir():
+            yield _Source(self._prebuilt, "prebuilt", frozenset((me, 0)))
+        user_roots: list[Path] = []
+        if self._root is not None:
+            user_roots.append(self._root)
+        if self._requested is not None and self._requested not in user_roots:
+            user_roots.append(self._requested)
+        writable = self._root
+        if writable is None and self._requested is not None:
+            if self._requested_writable():
+                writable = self._requested
+            else:  # builds will go to a fallback root: the one an earlier process used serves too
+                fbs = [c for c in self._fallback_roots() if c not in user_roots and c.is_dir()]
+                user_roots += fbs
+                writable = next((c for c in fbs if os.access(c, os.W_OK | os.X_OK)), None)
+        for r in user_roots:
+            if not os.path.isdir(r):
+                continue
+            entries = r / "entries"
+            try:
+                _check_owner_and_mode(r, os.stat(r), "directory")  # the root itself may be a symlink
+                est = os.lstat(entries)
+                if not stat.S_ISDIR(est.st_mode):
+                    continue  # a build in this root repairs it (_prepare_root)
+                _check_owner_and_mode(entries, est, "directory")
+            except FileNotFoundError:
+                continue
+            except CacheError:
+                if r in (self._root, self._requested):
+                    raise
+                continue  # an unsafe fallback candidate is skipped here, as when choosing where to build
+            kind = "user" if r == writable else "read-only"
+            yield _Source(entries, kind, frozenset((me,)))
+
+    def _requested_writable(self) -> bool:
+        r = self._requested
+        return r is not None and (not r.exists() or os.access(r, os.W_OK | os.X_OK))
 
     # ------------------------------------------------------------------------------------ main entry
 
@@ -314,35 +449,60 @@ class ArtifactCache:
             )
         k16 = key[:16]
 
-        found = self._find_prebuilt(key, artifact)
-        if found is not None:
-            return self._remember(key, artifact, found / artifact, f"prebuilt {name}")
-
-        entries = self.root / "entries"
-        wanted = entries / f"{_slug(name)}-{k16}"
-
-        found = self._locate(wanted, entries, k16)
-        if found is not None and self._check_entry(found, key, artifact)[0] == "ok":
-            return self._remember(key, artifact, found / artifact, name)
-
-        with self._entry_lock(k16, name):
-            # Re-check: another process may have published (or repaired) the entry while we waited.
-            found = self._locate(wanted, entries, k16)
+        # Lookup: reads only, so a read-only cache serves without a single write.
+        for src in self._sources():
+            found = self._find_in(src, key, name, artifact)
             if found is not None:
-                status, reason = self._check_entry(found, key, artifact)
-                if status == "ok":
-                    return self._remember(key, artifact, found / artifact, name)
-                if status == "corrupt":
-                    warnings.warn(
-                        f"attngen: cache entry {found} ({name}) is corrupt: {reason}; removing it and "
-                        f"rebuilding.",
-                        CacheWarning,
-                        stacklevel=3,
-                    )
-                    self._discard(found, k16)
-            self._cleanup_tmp(held_k16=k16)
-            entry = self._build_and_publish(wanted, key, k16, name, build, meta, artifact)
-            return self._remember(key, artifact, entry / artifact, None)
+                label = name if src.kind == "user" else f"{src.kind} {name}"
+                return self._remember(key, artifact, found / artifact, label)
+
+        try:
+            root = self.root
+            entries = root / "entries"
+            wanted = entries / f"{_slug(name)}-{k16}"
+            with self._entry_lock(k16, name):
+                # Re-check: another process may have published (or repaired) the entry while we waited.
+                found = self._locate(wanted, entries, k16)
+                if found is not None:
+                    status, reason = self._check_entry(found, key, artifact)
+                    if status == "ok":
+                        return self._remember(key, artifact, found / artifact, name)
+                    if status == "corrupt":
+                        warnings.warn(
+                            f"attngen: cache entry {found} ({name}) is corrupt: {reason}; removing it and "
+                            f"rebuilding.",
+                            CacheWarning,
+                            stacklevel=3,
+                        )
+                        self._discard(found, k16)
+                self._cleanup_tmp(held_k16=k16)
+                entry = self._build_and_publish(wanted, key, k16, name, build, meta, artifact)
+        except OSError as e:  # the cache's own file operations (the build function's errors pass through)
+            if getattr(e, "_attngen_from_build", False):
+                raise
+            raise CacheError(
+                f"attngen cache: cannot write {e.filename or self._root} ({e.strerror or e}) while building {name}. "
+                f"Fix: make it writable, or set ATTNGEN_CACHE_DIR to a writable directory you own."
+            ) from e
+        return self._remember(key, artifact, entry / artifact, None)
+
+    def _find_in(self, src: _Source, key: str, name: str, artifact: str) -> Path | None:
+        """The valid entry for `key` in `src`, or None. Corrupt entries of read-only sources are skipped with a
+        warning (once per entry); those of the writable root are left for the locked re-check to replace."""
+        k16 = key[:16]
+        for cand in self._candidates(src.entries, f"{_slug(name)}-{k16}", k16):
+            status, reason = self._check_entry(cand, key, artifact, trusted=src.trusted)
+            if status == "ok":
+                return cand
+            if status == "corrupt" and src.kind != "user" and (str(cand), reason) not in self._warned:
+                self._warned.add((str(cand), reason))
+                fix = "reinstall attngen" if src.kind == "prebuilt" else f"rebuild or remove {cand}"
+                warnings.warn(
+                    f"attngen: {src.kind} cache entry {cand} ({name}) is unusable: {reason}; ignoring it. Fix: {fix}.",
+                    CacheWarning,
+                    stacklevel=5,
+                )
+        return None
 
     def _remember(self, key: str, artifact: str, path: Path, hit_name: str | None) -> Path:
         if hit_name is not None:
@@ -351,48 +511,37 @@ class ArtifactCache:
         return path
 
     @staticmethod
-    def _locate(wanted: Path, entries: Path, k16: str) -> Path | None:
-        if os.path.lexists(wanted):
-            return wanted
-        # The same key published under another readable name still serves.
-        for p in sorted(entries.glob(f"*-{k16}")):
-            return p
-        return None
+    def _candidates(entries: Path, wanted_name: str, k16: str) -> list[Path]:
+        """Entry directories for k16 under `entries`: the expected name first, then the same key published
+        under another readable name."""
+        wanted = entries / wanted_name
+        out = [wanted] if os.path.lexists(wanted) else []
+        out += [p for p in sorted(entries.glob(f"*-{k16}")) if p != wanted]
+        return out
 
-    def _find_prebuilt(self, key: str, artifact: str) -> Path | None:
-        pre = self._prebuilt
-        if pre is None or not pre.is_dir():
-            return None
-        for cand in sorted(pre.glob(f"*-{key[:16]}")):
-            status, reason = self._check_entry(cand, key, artifact, allow_root_owner=True)
-            if status == "ok":
-                return cand
-            if status == "corrupt":
-                warnings.warn(
-                    f"attngen: prebuilt entry {cand} is corrupt: {reason}; ignoring it. "
-                    f"Fix: reinstall attngen.",
-                    CacheWarning,
-                    stacklevel=4,
-                )
-        return None
+    @classmethod
+    def _locate(cls, wanted: Path, entries: Path, k16: str) -> Path | None:
+        found = cls._candidates(entries, wanted.name, k16)
+        return found[0] if found else None
 
     # ------------------------------------------------------------------------------------ validation
 
     def _check_entry(
-        self, entry: Path, key: str, artifact: str, *, allow_root_owner: bool = False
+        self, entry: Path, key: str, artifact: str, *, trusted: frozenset[int] | None = None
     ) -> tuple[str, str | None]:
         """("ok"|"missing"|"corrupt", reason). Raises CacheError for entries another user could have written.
 
-        Checks every file's size and sha256 against the manifest; this runs once per key per process
-        (afterwards the memo answers), so hashing a few MB of .so is paid once.
+        Reads only. Every file must be a regular file listed in the manifest with its size and sha256 (no
+        symlinks anywhere in the entry, no unlisted files); this runs once per key per process (afterwards the
+        memo answers), so hashing a few MB of .so is paid once.
         """
         try:
             st = os.lstat(entry)
         except FileNotFoundError:
             return "missing", None
         if not stat.S_ISDIR(st.st_mode):
-            return "corrupt", "it is not a directory"
-        _check_owner_and_mode(entry, st, "entry", allow_root_owner=allow_root_owner)
+            return "corrupt", "it is not a directory" + (" (a symlink)" if stat.S_ISLNK(st.st_mode) else "")
+        _check_owner_and_mode(entry, st, "entry", trusted=trusted)
         mpath = entry / MANIFEST_NAME
         try:
             mst = os.lstat(mpath)
@@ -400,36 +549,61 @@ class ArtifactCache:
             return "corrupt", f"{MANIFEST_NAME} is missing (the build was interrupted or files were removed)"
         if not stat.S_ISREG(mst.st_mode):
             return "corrupt", f"{MANIFEST_NAME} is not a regular file"
-        _check_owner_and_mode(mpath, mst, "file", allow_root_owner=allow_root_owner)
+        _check_owner_and_mode(mpath, mst, "file", trusted=trusted)
         try:
             manifest = json.loads(mpath.read_text(encoding="utf-8"))
             files = manifest["files"]
             mkey = manifest["key"]
+        except PermissionError as e:
+            return "corrupt", f"{MANIFEST_NAME} cannot be read ({e.strerror}; `chmod -R a+rX` the cache to share it)"
         except (OSError, ValueError, KeyError, TypeError) as e:
             return "corrupt", f"{MANIFEST_NAME} is unreadable ({type(e).__name__}: {e})"
         if mkey != key:
             return "corrupt", f"{MANIFEST_NAME} belongs to key {str(mkey)[:16]}..., not {key[:16]}..."
         if not isinstance(files, dict) or artifact not in files:
             return "corrupt", f"the manifest does not list the artifact {artifact!r}"
-        for rel, rec in files.items():
+        for rel in files:
             relp = Path(rel)
             if relp.is_absolute() or ".." in relp.parts or rel == MANIFEST_NAME:
                 return "corrupt", f"the manifest lists the invalid path {rel!r}"
-            fpath = entry / rel
-            try:
-                fst = os.lstat(fpath)
-            except FileNotFoundError:
+        # Everything in the entry, symlinks included (os.walk does not follow them): only listed regular files.
+        seen: dict[str, os.stat_result] = {}
+        for dirpath, dirnames, filenames in os.walk(entry):
+            dpath = Path(dirpath)
+            for d in dirnames:
+                dst = os.lstat(dpath / d)
+                if stat.S_ISLNK(dst.st_mode):
+                    return "corrupt", f"{(dpath / d).relative_to(entry)} is a symlink (entries hold regular files only)"
+                _check_owner_and_mode(dpath / d, dst, "directory", trusted=trusted)
+            for f in filenames:
+                fp = dpath / f
+                rel = fp.relative_to(entry).as_posix()
+                fst = os.lstat(fp)
+                if stat.S_ISLNK(fst.st_mode):
+                    return "corrupt", f"{rel} is a symlink (entries hold regular files only)"
+                if not stat.S_ISREG(fst.st_mode):
+                    return "corrupt", f"{rel} is not a regular file"
+                if rel != MANIFEST_NAME:
+                    seen[rel] = fst
+        for rel in sorted(set(seen) - set(files)):
+            return "corrupt", f"{rel} is not listed in the manifest"
+        for rel, rec in files.items():
+            fst = seen.get(rel)
+            if fst is None:
                 return "corrupt", f"{rel} is missing"
-            if not stat.S_ISREG(fst.st_mode):
-                return "corrupt", f"{rel} is not a regular file"
-            _check_owner_and_mode(fpath, fst, "file", allow_root_owner=allow_root_owner)
+            fpath = entry / rel
+            _check_owner_and_mode(fpath, fst, "file", trusted=trusted)
             try:
                 size, digest = int(rec["size"]), str(rec["sha256"])
             except (KeyError, TypeError, ValueError):
                 return "corrupt", f"the manifest record of {rel} is malformed"
             if fst.st_size != size:
                 return "corrupt", f"{rel} has {fst.st_size} bytes, the manifest says {size}"
-            if _sha256_file(fpath) != digest:
+            try:
+                ok = _sha256_file(fpath) == digest
+            except PermissionError as e:
+                return "corrupt", f"{rel} cannot be read ({e.strerror}; `chmod -R a+rX` the cache to share it)"
+            if not ok:
                 return "corrupt", f"{rel} does not match its sha256 in the manifest"
         return "ok", None
 
@@ -534,7 +708,11 @@ class ArtifactCache:
             sys.stderr.flush()
         t0 = time.perf_counter()
         try:
-            extra = build(tmpdir)
+            try:
+                extra = build(tmpdir)
+            except OSError as e:
+                e._attngen_from_build = True  # type: ignore[attr-defined]  # not the cache's: passes through as is
+                raise
             seconds = time.perf_counter() - t0
             if extra is None:
                 extra = {}
@@ -637,11 +815,11 @@ class ArtifactCache:
 
     # ------------------------------------------------------------------------------------ management
 
-    def _entry_dirs(self) -> list[Path]:
-        entries = self.root / "entries"
+    @staticmethod
+    def _entry_dirs(entries: Path) -> list[Path]:
         try:
             return sorted(p for p in entries.iterdir() if p.is_dir() and not p.is_symlink())
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
             return []
 
     @staticmethod
@@ -652,7 +830,7 @@ class ArtifactCache:
         except (OSError, ValueError):
             return None
 
-    def _describe(self, d: Path) -> tuple[CacheEntry, dict[str, Any]]:
+    def _describe(self, d: Path, source: str = "user") -> tuple[CacheEntry, dict[str, Any]]:
         meta = self._read_json(d / META_NAME) or {}
         manifest = self._read_json(d / MANIFEST_NAME) or {}
         size = 0
@@ -671,30 +849,40 @@ class ArtifactCache:
             created=created,
             path=d,
             artifact=meta.get("artifact") or manifest.get("artifact"),
+            source=source,
         )
         return entry, meta
 
+    def _all_entry_dirs(self, *, prebuilt: bool) -> list[tuple[Path, str]]:
+        """(entry dir, source kind) over every source, reads only; `prebuilt=False` leaves out the package's."""
+        return [(d, src.kind) for src in self._sources() if prebuilt or src.kind != "prebuilt"
+                for d in self._entry_dirs(src.entries) if (d / MANIFEST_NAME).exists() or src.kind == "user"]
+
     def list_entries(self) -> list[CacheEntry]:
-        """Published entries on disk (not prebuilt ones), oldest first."""
-        return sorted((self._describe(d)[0] for d in self._entry_dirs()), key=lambda e: (e.created, e.path.name))
+        """Published entries of the user cache and of the read-only roots (not prebuilt ones), oldest first;
+        `CacheEntry.source` says which. Reads only."""
+        return sorted((self._describe(d, kind)[0] for d, kind in self._all_entry_dirs(prebuilt=False)),
+                      key=lambda e: (e.created, e.path.name))
+
+    def readonly_roots(self) -> list[Path]:
+        """The entry directories looked up but never written (read-only roots, prebuilt, a read-only user cache)."""
+        return [src.entries for src in self._sources() if src.kind != "user"]
 
     def info(self, key_or_prefix: str) -> dict[str, Any]:
         """meta.json of the entry whose key starts with `key_or_prefix` (or whose directory name does),
-        plus "path", "size_bytes" and "files" (the manifest). Searches disk entries, then prebuilt ones."""
+        plus "path", "source", "size_bytes" and "files" (the manifest). Searches every source."""
         q = key_or_prefix.strip()
         if not q:
             raise CacheError("attngen cache info: empty key. Fix: pass a key or key prefix from `attngen cache ls`.")
-        dirs = self._entry_dirs()
-        if self._prebuilt is not None and self._prebuilt.is_dir():
-            dirs += sorted(p for p in self._prebuilt.iterdir() if p.is_dir() and (p / MANIFEST_NAME).exists())
         matches = []
-        for d in dirs:
-            entry, meta = self._describe(d)
+        for d, kind in self._all_entry_dirs(prebuilt=True):
+            entry, meta = self._describe(d, kind)
             if (entry.key and entry.key.startswith(q.lower())) or d.name == q or d.name.startswith(q):
                 matches.append((entry, meta))
         if not matches:
+            where = ", ".join(str(src.entries) for src in self._sources()) or str(self._requested)
             raise CacheError(
-                f"attngen cache info: no entry matches {q!r} in {self.root / 'entries'}. "
+                f"attngen cache info: no entry matches {q!r} in {where}. "
                 f"Fix: pick a key from `python -m attngen cache ls`."
             )
         if len(matches) > 1:
@@ -705,17 +893,19 @@ class ArtifactCache:
         entry, meta = matches[0]
         out = dict(meta)
         out["path"] = str(entry.path)
+        out["source"] = entry.source
         out["size_bytes"] = entry.size
         out["files"] = (self._read_json(entry.path / MANIFEST_NAME) or {}).get("files", {})
         return out
 
     def clear(self) -> int:
-        """Remove every published entry (and stale temp dirs); returns the number of entries removed.
+        """Remove every published entry of the writable root (and stale temp dirs); returns the number of entries
+        removed. Read-only roots are never touched.
 
         Libraries already loaded by running processes stay valid (Linux keeps unlinked files mapped).
         """
         n = 0
-        for d in self._entry_dirs():
+        for d in self._entry_dirs(self.root / "entries"):
             k16 = d.name.rsplit("-", 1)[-1][:16]
             self._discard(d, k16 if _K16_RE.match(k16) else "0" * 16)
             n += 1
@@ -730,13 +920,14 @@ class ArtifactCache:
 
 # ------------------------------------------------------------------------------------ module-level API
 
-_defaults: dict[tuple[str | None, str | None], ArtifactCache] = {}
+_defaults: dict[tuple[str | None, ...], ArtifactCache] = {}
 
 
 def default_cache() -> ArtifactCache:
-    """The process-wide cache for the current ATTNGEN_CACHE_DIR / XDG_CACHE_HOME (one instance per value)."""
+    """The process-wide cache for the current ATTNGEN_CACHE_DIR / XDG_CACHE_HOME / ATTNGEN_CACHE_READONLY (one
+    instance per combination)."""
     env = os.environ
-    k = (env.get("ATTNGEN_CACHE_DIR"), env.get("XDG_CACHE_HOME"))
+    k = (env.get("ATTNGEN_CACHE_DIR"), env.get("XDG_CACHE_HOME"), env.get(READONLY_ENV))
     c = _defaults.get(k)
     if c is None:
         c = _defaults.setdefault(k, ArtifactCache())

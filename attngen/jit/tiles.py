@@ -40,14 +40,19 @@ SMEM_DEFAULT = 101376  # sm86, sm89, sm120, ...
 
 def tile_config(head_dim: int, arch: str = "sm_80") -> TileConfig:
     """The sm80 kernel's tiles for a head dim on an arch: the first preference that fits its shared memory."""
+    return _first_fitting(SM80_TILES, head_dim, arch, "tile configuration")
+
+
+def _first_fitting(table: dict, head_dim: int, arch: str, what: str):
+    """The first of table[head_dim] whose smem_bytes fit the arch's shared memory per block."""
     num, _ = parse_arch(arch)
-    if head_dim not in SM80_TILES:
+    if head_dim not in table:
         raise BuildError(f"head dim {head_dim} is not supported: expected one of {SUPPORTED_HEAD_DIMS}")
     limit = SMEM_PER_BLOCK.get(num, SMEM_DEFAULT)
-    for cfg in SM80_TILES[head_dim]:
+    for cfg in table[head_dim]:
         if cfg.smem_bytes(head_dim) <= limit:
             return cfg
-    raise BuildError(f"no tile configuration for head dim {head_dim} fits the {limit} bytes of shared memory of {arch}")
+    raise BuildError(f"no {what} for head dim {head_dim} fits the {limit} bytes of shared memory of {arch}")
 
 
 # ----------------------------------------------------------------------------------- sm80 backward
@@ -84,15 +89,7 @@ SM80_BWD_TILES = {
 
 def bwd_tile_config(head_dim: int, arch: str = "sm_80") -> BwdTileConfig:
     """The backward kernel's tiles for a head dim on an arch: the first preference that fits its shared memory."""
-    num, _ = parse_arch(arch)
-    if head_dim not in SM80_BWD_TILES:
-        raise BuildError(f"head dim {head_dim} is not supported: expected one of {SUPPORTED_HEAD_DIMS}")
-    limit = SMEM_PER_BLOCK.get(num, SMEM_DEFAULT)
-    for cfg in SM80_BWD_TILES[head_dim]:
-        if cfg.smem_bytes(head_dim) <= limit:
-            return cfg
-    raise BuildError(f"no backward tile configuration for head dim {head_dim} fits the {limit} bytes of shared "
-                     f"memory of {arch}")
+    return _first_fitting(SM80_BWD_TILES, head_dim, arch, "backward tile configuration")
 
 
 # ---------------------------------------------------------------------------------------------- sm90

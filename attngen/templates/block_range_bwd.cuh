@@ -15,6 +15,7 @@ struct QStep {
 };
 
 // Head t.h's range of q blocks for kv-block j (clamped to [0, nqb)), starting the walk at its first block.
+// The transpose of block_range.cuh's kv_range, kept apart: it reads the other four predicates of variant.inc.
 template <int BQ, int BK>
 ATTNGEN_DEV_INLINE QStep q_range(const CapturedArgs& C, const TileArgs& t, int j) {
   const int nqb = (t.QLEN + BQ - 1) / BQ;

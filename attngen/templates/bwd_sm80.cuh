@@ -18,8 +18,7 @@
 
 #include "attngen_common.cuh"
 #include "attngen_bwd_abi.cuh"
-#include "sm80_mma.cuh"
-#include "sm80_copy.cuh"
+#include "sm80_tiles.cuh"
 #include "block_range_bwd.cuh"
 #include "bwd_probs.cuh"
 #include "host_abi_bwd.cuh"
@@ -38,13 +37,12 @@ constexpr int KC_D = D / 16;            // k16 steps of K Q^T and V dO^T
 constexpr int KC_Q = BQ / 16;           // k16 steps of P^T dO and dS^T Q
 constexpr int KC_K = BK / 16;           // k16 steps of dS K
 
-// Shared memory, rows padded by 16 bytes as in fwd_sm80.cuh (an odd number of 16-byte chunks per row: every
-// 8x8 ldmatrix phase is conflict free): K, V [BK][LDS]; Q, dO [STAGES][BQ][LDS]; dS^T [BK][LDS_S];
-// the row statistics [STAGES][2][BQ] floats (lse_log2, delta).
-constexpr int PAD = 8;
-constexpr int LDS = D + PAD;
-constexpr int ROW_BYTES = LDS * 2;
-constexpr int LDS_S = BQ + PAD;
+// Shared memory, in padded rows (sm80_tiles.cuh; dS^T's rows padded the same way): K, V [BK][LDS]; Q, dO
+// [STAGES][BQ][LDS]; dS^T [BK][LDS_S]; the row statistics [STAGES][2][BQ] floats (lse_log2, delta).
+using Rows = PaddedRows<Elem, D, NTHREADS>;
+constexpr int LDS = Rows::LDS;
+constexpr int ROW_BYTES = Rows::ROW_BYTES;
+constexpr int LDS_S = BQ + Rows::PAD;
 constexpr int ROW_S_BYTES = LDS_S * 2;
 constexpr int Q_TILE = BQ * LDS;  // elements
 constexpr int KV_TILE = BK * LDS;
@@ -52,48 +50,13 @@ constexpr int DS_TILE = BK * LDS_S;
 constexpr int STAGES = 2;
 constexpr int STATS_OFFSET = (2 * KV_TILE + 2 * STAGES * Q_TILE + DS_TILE) * 2;  // bytes
 constexpr int SMEM_BYTES = STATS_OFFSET + STAGES * 2 * BQ * 4;
-constexpr int CHUNKS_PER_ROW = D / 8;  // 16-byte chunks per row
 
-static_assert(sizeof(Elem) == 2, "16-bit inputs only");
 static_assert(attngen_head_dim_supported(D), "head dim: one of ATTNGEN_HEAD_DIMS");
-static_assert(D % 64 == 0 && (BQ / 8) % 2 == 0, "padding argument above: D/8 and BQ/8 even");
+static_assert((BQ / 8) % 2 == 0, "padding argument of sm80_tiles.cuh for dS^T: BQ/8 even");
 static_assert(NWARPS % WN == 0 && BK % (16 * WM) == 0 && MT >= 1, "BK must be a multiple of 16 * (NWARPS / WN)");
 static_assert(DW % 16 == 0, "each warp's dK / dV columns come in ldmatrix.x4 pairs of n8 tiles");
 static_assert(BQ % 16 == 0 && D % 32 == 0, "dQ work items are 16 q rows x 32 columns");
-static_assert(NTHREADS % CHUNKS_PER_ROW == 0, "tile loader assumes whole rows per pass");
-static_assert(BQ % (NTHREADS / CHUNKS_PER_ROW) == 0 && BK % (NTHREADS / CHUNKS_PER_ROW) == 0,
-              "tile loader assumes whole passes");
 static_assert(NTHREADS >= BQ / 2, "one thread per 16-byte chunk of the row statistics");
-
-template <int MM, int N>
-__device__ __forceinline__ void zero(float (&x)[MM][N][4]) {
-#pragma unroll
-  for (int m = 0; m < MM; ++m) {
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) x[m][n][r] = 0.f;
-    }
-  }
-}
-
-// Rows [row0, row0 + ROWS) of a row-major (nrows x D) matrix into smem[ROWS][LDS], rows >= nrows zero-filled
-// (fwd_sm80.cuh's load_tile).
-template <int ROWS>
-__device__ __forceinline__ void load_tile(uint32_t smem, const Elem* gbase, long long row_stride, int row0, int nrows,
-                                          int tid) {
-  constexpr int ROWS_PER_PASS = NTHREADS / CHUNKS_PER_ROW;
-  const int chunk = tid % CHUNKS_PER_ROW;
-  const int r_first = tid / CHUNKS_PER_ROW;
-#pragma unroll
-  for (int p = 0; p < ROWS / ROWS_PER_PASS; ++p) {
-    const int r = r_first + p * ROWS_PER_PASS;
-    const int grow = row0 + r;
-    const bool valid = grow < nrows;
-    const Elem* src = gbase + (long long)(valid ? grow : 0) * row_stride + chunk * 8;
-    cp_async_16(smem + (uint32_t)(r * ROW_BYTES + chunk * 16), src, valid);
-  }
-}
 
 // Q, dO and the row statistics of q-block s.i of head s.h into one stage (the statistics are padded to whole
 // q-blocks by the preprocess, so they need no bounds).
@@ -102,8 +65,8 @@ __device__ __forceinline__ void load_q_block(uint32_t sQ, uint32_t sdO, uint32_t
   const Elem* qbase = static_cast<const Elem*>(a.q) + (long long)b * a.q_stride[0] + (long long)s.h * a.q_stride[1];
   const Elem* dobase =
       static_cast<const Elem*>(a.dout) + (long long)b * a.do_stride[0] + (long long)s.h * a.do_stride[1];
-  load_tile<BQ>(sQ, qbase, a.q_stride[2], s.i * BQ, a.Lq, tid);
-  load_tile<BQ>(sdO, dobase, a.do_stride[2], s.i * BQ, a.Lq, tid);
+  Rows::load<BQ>(sQ, qbase, a.q_stride[2], s.i * BQ, a.Lq, tid);
+  Rows::load<BQ>(sdO, dobase, a.do_stride[2], s.i * BQ, a.Lq, tid);
   if (tid < BQ / 2) {
     const long long row = ((long long)b * a.Hq + s.h) * Lq_pad + (long long)s.i * BQ;
     const int which = tid / (BQ / 4), chunk = tid % (BQ / 4);
@@ -121,9 +84,9 @@ __device__ __forceinline__ void add_dq(uint32_t sdS, uint32_t sK, float* dq_rows
   constexpr int ITEMS = MQ * (D / 32);
   // dS as the A operand (q x kv) from dS^T stored kv-major, via ldmatrix.trans: matrices (kv 0-7, q 0),
   // (kv 0-7, q 8), (kv 8-15, q 0), (kv 8-15, q 8) are a0..a3 after the transpose.
-  const uint32_t ds_lane = (uint32_t)(((lane & 7) + ((lane >> 4) << 3)) * ROW_S_BYTES + ((lane >> 3) & 1) * 16);
+  const uint32_t ds_lane = lane_b<ROW_S_BYTES>(lane);
   // K as the B operand (kv x d), as V in the forward.
-  const uint32_t k_lane = (uint32_t)((lane & 15) * ROW_BYTES + (lane >> 4) * 16);
+  const uint32_t k_lane = lane_b_trans<ROW_BYTES>(lane);
   for (int w = warp; w < ITEMS; w += NWARPS) {
     const int mq = w % MQ, dc = w / MQ;
     float acc[4][4];
@@ -216,8 +179,8 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_bwd_kernel(const
   QStep cur = next_q_tile<BQ, BK>(C, t, j, q_range<BQ, BK>(C, t, j), h_end);
 
   // Prologue: group 0 = K, V and the first q-block (stage 0).
-  load_tile<BK>(sK, kbase, a.k_stride[2], j * BK, KVLEN, tid);
-  load_tile<BK>(sV, vbase, a.v_stride[2], j * BK, KVLEN, tid);
+  Rows::load<BK>(sK, kbase, a.k_stride[2], j * BK, KVLEN, tid);
+  Rows::load<BK>(sV, vbase, a.v_stride[2], j * BK, KVLEN, tid);
   if (cur.h < h_end) load_q_block(sQ, sdO, sStats, a, b, cur, Lq_pad, tid);
   cp_async_commit();
 
@@ -226,13 +189,12 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_bwd_kernel(const
   zero(dk);
   zero(dv);
 
-  // Per-lane ldmatrix offsets (bytes), fragment layouts in sm80_mma.cuh.
-  //  K, V rows (A operand, x4 = one m16 x k16 block), as Q in the forward.
-  const uint32_t a_lane = (uint32_t)((wm * MT * 16 + (lane & 15)) * ROW_BYTES + (lane >> 4) * 16);
-  //  Q, dO rows as the B operand of K Q^T, V dO^T (x4 = two n8 tiles x k16), as K in the forward.
-  const uint32_t bn_lane = (uint32_t)(((lane & 7) + ((lane >> 4) << 3)) * ROW_BYTES + ((lane >> 3) & 1) * 16);
-  //  dO, Q as the B operand of P^T dO, dS^T Q (k = q rows, via .trans), as V in the forward.
-  const uint32_t bt_lane = (uint32_t)((lane & 15) * ROW_BYTES + (lane >> 4) * 16 + wn * DW * 2);
+  // Per-lane ldmatrix offsets (bytes), sm80_tiles.cuh: K, V rows as the A operand (as Q in the forward); Q, dO
+  // rows as the B operand of K Q^T, V dO^T (as K in the forward); dO, Q as the B operand of P^T dO, dS^T Q (k = q
+  // rows, read transposed as V in the forward), at this warp's dK / dV columns.
+  const uint32_t a_lane = lane_a<ROW_BYTES>(lane, wm * MT * 16);
+  const uint32_t bn_lane = lane_b<ROW_BYTES>(lane);
+  const uint32_t bt_lane = lane_b_trans<ROW_BYTES>(lane, wn * DW * 2);
 
   const int kv_row0 = wm * MT * 16 + g;  // this thread's row g of slice 0, inside the kv block
   const int kv0 = j * BK + kv_row0;
@@ -305,17 +267,12 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_bwd_kernel(const
       else probs_t<false, false>(s, gs, scale, C, hc, cc, kv0, q0, t, lse2, tig);
     }
 
-    // dV += P^T dO. The accumulator pair (n8 tiles 2kc, 2kc+1) is the A fragment of k16 step kc.
+    // dV += P^T dO
 #pragma unroll
     for (int kc = 0; kc < KC_Q; ++kc) {
       uint32_t pa[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        pa[mt][0] = pack2<Elem>(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-        pa[mt][1] = pack2<Elem>(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-        pa[mt][2] = pack2<Elem>(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-        pa[mt][3] = pack2<Elem>(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
-      }
+      for (int mt = 0; mt < MT; ++mt) acc_to_a<Elem>(pa[mt], s[mt], kc);
 #pragma unroll
       for (int dp = 0; dp < NT_D / 2; ++dp) {
         uint32_t ob[4];
@@ -357,10 +314,7 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_bwd_kernel(const
       uint32_t da[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        da[mt][0] = pack2<Elem>(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-        da[mt][1] = pack2<Elem>(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-        da[mt][2] = pack2<Elem>(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-        da[mt][3] = pack2<Elem>(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+        acc_to_a<Elem>(da[mt], s[mt], kc);
         if (wn == 0) {
           Elem* row = dS_ptr + (kv_row0 + mt * 16) * LDS_S + kc * 16 + tig * 2;
           *reinterpret_cast<uint32_t*>(row) = da[mt][0];
@@ -483,7 +437,7 @@ AttngenKernelInfo bwd_kernel_info() {
 
 int launch_bwd(const AttngenBwdArgs& a, cudaStream_t stream) {
   int dev = 0, sms = 0;
-  cudaError_t err = prepare_bwd_device(attngen_bwd_kernel, SMEM_BYTES, dev, sms);
+  cudaError_t err = prepare_device(attngen_bwd_kernel, SMEM_BYTES, dev, sms);
   if (err != cudaSuccess) return (int)err;
   const int nqb = (a.Lq + BQ - 1) / BQ;
   const long long rows = (long long)a.B * a.Hq * nqb * BQ;

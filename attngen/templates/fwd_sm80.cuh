@@ -10,8 +10,7 @@
 #pragma once
 
 #include "attngen_common.cuh"
-#include "sm80_mma.cuh"
-#include "sm80_copy.cuh"
+#include "sm80_tiles.cuh"
 #include "block_range.cuh"
 #include "score_mask.cuh"
 #include "softmax.cuh"
@@ -30,60 +29,20 @@ constexpr int NT_O = D / 8;              // n8 tiles of O (head-dim columns) per
 constexpr int KC_QK = D / 16;            // k16 steps of Q K^T
 constexpr int KC_PV = BK / 16;           // k16 steps of P V
 
-// Shared memory: rows padded by 16 bytes, so that 8 consecutive rows at one column start in 8
-// different 16-byte bank groups (row pitch = D/8 + 1 chunks, D/8 a multiple of 8): every 8x8 ldmatrix
-// phase and every 16-byte cp.async/store phase is conflict free, with no swizzle to get wrong.
-constexpr int PAD = 8;
-constexpr int LDS = D + PAD;                     // row pitch in elements
-constexpr int ROW_BYTES = LDS * 2;
+// Shared memory: Q, then K and V double-buffered, in padded rows (sm80_tiles.cuh).
+using Rows = PaddedRows<Elem, D, NTHREADS>;
+constexpr int LDS = Rows::LDS;                   // row pitch in elements
+constexpr int ROW_BYTES = Rows::ROW_BYTES;
 constexpr int Q_TILE = BQ * LDS;                 // elements
 constexpr int KV_TILE = BK * LDS;
 constexpr int STAGES = 2;
 constexpr int SMEM_BYTES = (Q_TILE + 2 * STAGES * KV_TILE) * 2;
-constexpr int CHUNKS_PER_ROW = D / 8;            // 16-byte chunks per row
+constexpr int CHUNKS_PER_ROW = Rows::CHUNKS_PER_ROW;
 
-static_assert(sizeof(Elem) == 2, "16-bit inputs only");
 static_assert(attngen_head_dim_supported(D), "head dim: one of ATTNGEN_HEAD_DIMS");
-static_assert(D % 64 == 0, "padding argument above assumes D/8 is a multiple of 8");
 static_assert(BQ % (16 * NWARPS) == 0 && MT >= 1, "BQ must be a multiple of 16 * NUM_WARPS");
 static_assert(BK % 16 == 0, "BK must be a multiple of 16");
-static_assert(NTHREADS % CHUNKS_PER_ROW == 0, "tile loader assumes whole rows per pass");
-static_assert(BQ % (NTHREADS / CHUNKS_PER_ROW) == 0 && BK % (NTHREADS / CHUNKS_PER_ROW) == 0,
-              "tile loader assumes whole passes");
 static_assert((ROWS_PER_WARP * CHUNKS_PER_ROW) % 32 == 0, "epilogue store assumes whole warp passes");
-
-// Every accumulator of a fragment to 0.
-template <int N>
-__device__ __forceinline__ void zero(float (&x)[MT][N][4]) {
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) x[mt][n][r] = 0.f;
-    }
-  }
-}
-
-// Copy rows [row0, row0 + ROWS) of a row-major (nrows x D) matrix (row r at gbase + r * row_stride)
-// into smem[ROWS][LDS]. Rows >= nrows are zero-filled (and their source clamped to row 0, so no
-// address outside the tensor is ever formed). Each thread owns one 16-byte column chunk and every
-// (NTHREADS / CHUNKS_PER_ROW)-th row, so a warp writes whole rows: coalesced 16-byte accesses.
-template <int ROWS>
-__device__ __forceinline__ void load_tile(uint32_t smem, const Elem* gbase, long long row_stride, int row0, int nrows,
-                                          int tid) {
-  constexpr int ROWS_PER_PASS = NTHREADS / CHUNKS_PER_ROW;
-  const int chunk = tid % CHUNKS_PER_ROW;
-  const int r_first = tid / CHUNKS_PER_ROW;
-#pragma unroll
-  for (int p = 0; p < ROWS / ROWS_PER_PASS; ++p) {
-    const int r = r_first + p * ROWS_PER_PASS;
-    const int grow = row0 + r;
-    const bool valid = grow < nrows;
-    const Elem* src = gbase + (long long)(valid ? grow : 0) * row_stride + chunk * 8;
-    cp_async_16(smem + (uint32_t)(r * ROW_BYTES + chunk * 16), src, valid);
-  }
-}
 
 // O (normalised) -> shared (this warp's own rows of the Q tile, which only this warp reads) -> 16-byte
 // global stores. Every copy must be complete first: with zero visited tiles the Q copies may still be
@@ -153,10 +112,10 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_fwd_kernel(const
   int j = next_kv_tile<BQ, BK>(C, t, i, range.j_begin, j_end, f_lo, f_hi);
 
   // Prologue: group 0 = Q tile + first K/V tile (stage 0).
-  load_tile<BQ>(sQ, qbase, q_rs, i * BQ, QLEN, tid);
+  Rows::load<BQ>(sQ, qbase, q_rs, i * BQ, QLEN, tid);
   if (j < j_end) {
-    load_tile<BK>(sK, kbase, k_rs, j * BK, KVLEN, tid);
-    load_tile<BK>(sV, vbase, v_rs, j * BK, KVLEN, tid);
+    Rows::load<BK>(sK, kbase, k_rs, j * BK, KVLEN, tid);
+    Rows::load<BK>(sV, vbase, v_rs, j * BK, KVLEN, tid);
   }
   cp_async_commit();
 
@@ -189,14 +148,11 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_fwd_kernel(const
     }
   }
 
-  // Per-lane ldmatrix offsets (bytes) inside a tile; see sm80_mma.cuh for the fragment layouts.
-  //  Q (A operand, x4 = one m16 x k16 block): lanes 0-15 rows 0-15 at k 0, lanes 16-31 rows 0-15 at k 8.
-  const uint32_t q_lane = (uint32_t)((warp * ROWS_PER_WARP + (lane & 15)) * ROW_BYTES + (lane >> 4) * 16);
-  //  K (B operand, x4 = two n8 tiles x k16): matrices (n 0-7, k 0), (n 0-7, k 8), (n 8-15, k 0), (n 8-15, k 8).
-  const uint32_t k_lane = (uint32_t)(((lane & 7) + ((lane >> 4) << 3)) * ROW_BYTES + ((lane >> 3) & 1) * 16);
-  //  V (B operand via .trans, x4 = k16 x two n8 tiles): matrices (kv 0-7, d 0), (kv 8-15, d 0),
-  //  (kv 0-7, d 8), (kv 8-15, d 8).
-  const uint32_t v_lane = (uint32_t)((lane & 15) * ROW_BYTES + (lane >> 4) * 16);
+  // Per-lane ldmatrix offsets (bytes) inside a tile (sm80_tiles.cuh): Q the A operand (this warp's rows), K the
+  // B operand, V the B operand read transposed.
+  const uint32_t q_lane = lane_a<ROW_BYTES>(lane, warp * ROWS_PER_WARP);
+  const uint32_t k_lane = lane_b<ROW_BYTES>(lane);
+  const uint32_t v_lane = lane_b_trans<ROW_BYTES>(lane);
 
   const float scale = a.scale;
   int stage = 0;
@@ -207,8 +163,8 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_fwd_kernel(const
     __syncthreads();
     if (j_next < j_end) {
       const uint32_t off = (uint32_t)((stage ^ 1) * KV_TILE * 2);
-      load_tile<BK>(sK + off, kbase, k_rs, j_next * BK, KVLEN, tid);
-      load_tile<BK>(sV + off, vbase, v_rs, j_next * BK, KVLEN, tid);
+      Rows::load<BK>(sK + off, kbase, k_rs, j_next * BK, KVLEN, tid);
+      Rows::load<BK>(sV + off, vbase, v_rs, j_next * BK, KVLEN, tid);
     }
     cp_async_commit();   // possibly empty: keeps "all but the newest group" = this tile's data
     cp_async_wait<1>();
@@ -240,18 +196,12 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_fwd_kernel(const
     score_kv_tile</*RAW=*/false, BQ, BK>(s, j, f_lo, f_hi, scale, C, t, i, hc, rc, qi, tig);
     online_softmax_rescale(s, m, l, o);
 
-    // O += P V. The S accumulator pair (n8 tiles 2kc, 2kc+1) is exactly the A fragment of the k16
-    // step kc: a0 = row g cols 2tig.. of tile 2kc, a1 = row g+8 of it, a2/a3 = same of tile 2kc+1.
+    // O += P V (the S accumulators are the A fragments: acc_to_a)
 #pragma unroll
     for (int kc = 0; kc < KC_PV; ++kc) {
       uint32_t pa[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        pa[mt][0] = pack2<Elem>(s[mt][2 * kc][0], s[mt][2 * kc][1]);
-        pa[mt][1] = pack2<Elem>(s[mt][2 * kc][2], s[mt][2 * kc][3]);
-        pa[mt][2] = pack2<Elem>(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
-        pa[mt][3] = pack2<Elem>(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
-      }
+      for (int mt = 0; mt < MT; ++mt) acc_to_a<Elem>(pa[mt], s[mt], kc);
 #pragma unroll
       for (int dp = 0; dp < NT_O / 2; ++dp) {
         uint32_t vb[4];

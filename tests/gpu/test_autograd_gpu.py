@@ -4,8 +4,9 @@ forward + backward step (needs a CUDA GPU).
 
 Judged as FlexAttention's tests judge bf16 gradients: each gradient's error against float64 (torch.autograd
 through tests/reference64.py) may be at most ~2x the error of an eager bf16 implementation's gradient (plus a
-small slack relative to the gradient's size). The backward is attngen.autograd.reference_backward (float32 torch
-ops) until a backward kernel is plugged into attngen.autograd.backward_kernel; these tests then check the kernel.
+small slack relative to the gradient's size). A loss that uses the LSE, or captured tensors that require grad, run
+attngen.autograd.reference_backward (float32 torch ops); the output alone runs the portable backward kernel
+(attngen.autograd.backward_kernel), and the tests check which one ran.
 """
 import concurrent.futures as cf
 import functools
@@ -17,6 +18,7 @@ import torch
 
 import attngen
 import reference64
+from helpers import training_variants
 
 pytestmark = pytest.mark.requires_gpu
 
@@ -33,22 +35,7 @@ def data() -> types.SimpleNamespace:
     table = (torch.randn(4, 2 * NPOS - 1, generator=gen) * 0.5).to(DEV).requires_grad_()
     docs = torch.randint(0, 6, (NPOS,), generator=gen).sort().values.to(DEV)
 
-    def relpos(s, b, h, q_idx, kv_idx):
-        return s + table[h, q_idx - kv_idx + NPOS - 1]
-
-    def doc_strict(b, h, q_idx, kv_idx):
-        # the first token of each document sees nothing: fully masked rows
-        return (docs[q_idx] == docs[kv_idx]) & (kv_idx < q_idx)
-
-    variants = {
-        "full": attngen.compile(),
-        "causal": attngen.compile(causal=True),
-        "sliding_window": attngen.compile(window=64),
-        "softcap": attngen.compile(softcap=5.0),
-        "alibi": attngen.compile(score_mod=attngen.alibi(slopes), causal=True),
-        "relpos": attngen.compile(score_mod=relpos),
-        "document": attngen.compile(mask_mod=doc_strict),
-    }
+    variants = training_variants(slopes, table, docs, NPOS, window=64, softcap=5.0)
     return types.SimpleNamespace(slopes=slopes, table=table, variants=variants)
 
 
@@ -109,8 +96,13 @@ def _loss(out, lse, w_out, w_lse):
     return (out.double() * w_out).sum() + (torch.where(torch.isfinite(lse), lse.double(), 0.0) * w_lse).sum()
 
 
+@pytest.mark.parametrize("with_lse", [True, False], ids=["out_and_lse", "out_only"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_gradients_bf16_match_float64(name):
+def test_gradients_bf16_match_float64(name, with_lse, monkeypatch):
+    """With the LSE in the loss the float32 recompute runs (the kernel takes no LSE gradient); with the output
+    alone the backward kernel runs wherever it can (no captured gradients): checked through the hook."""
+    import attngen.autograd as ag
+
     attn = data().variants[name]
     shape = CASES[name]
     q_offset = shape[-1]
@@ -118,11 +110,19 @@ def test_gradients_bf16_match_float64(name):
     q, k, v = _inputs(shape)
     caps = _captured_leaves(name)
     gen = torch.Generator(device=DEV).manual_seed(1)
+    kernel_ran = []
+    hook = ag.backward_kernel
+    monkeypatch.setattr(ag, "backward_kernel", lambda *a: kernel_ran.append(hook(*a)) or kernel_ran[-1])
 
     out, lse = attn(q, k, v, return_lse=True, q_offset=q_offset)
     w_out = torch.randn(out.shape, device=DEV, dtype=torch.float64, generator=gen)
-    w_lse = torch.randn(lse.shape, device=DEV, dtype=torch.float64, generator=gen)
-    got = torch.autograd.grad(_loss(out, lse, w_out, w_lse), [q, k, v, *caps])
+    w_lse = torch.randn(lse.shape, device=DEV, dtype=torch.float64, generator=gen) * float(with_lse)
+    if not with_lse:
+        out = attn(q, k, v, q_offset=q_offset)
+    got = torch.autograd.grad(_loss(out, lse.detach(), w_out, w_lse) if not with_lse else
+                              _loss(out, lse, w_out, w_lse), [q, k, v, *caps])
+    assert len(kernel_ran) == 1
+    assert (kernel_ran[0] is not None) == (not with_lse and not caps), "the backward kernel ran where it should"
 
     e_out, e_lse = _eager(q, k, v, attn.variant, scale, q_offset)
     eager = torch.autograd.grad(_loss(e_out, e_lse, w_out, w_lse), [q, k, v, *caps])
@@ -192,5 +192,6 @@ def test_cuda_graph_captures_a_training_step(name):
     graph.replay()
     torch.cuda.synchronize()
     want = step()
+    # dQ sums fp32 atomics from several kv blocks in any order: a replay may differ from eager in the last bf16 bit
     for g, e in zip(static_grads, want):
-        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(g.float(), e.float(), rtol=1e-2, atol=1e-2 * e.float().abs().max().item())
