@@ -244,9 +244,11 @@ def reference_backward(variant, dout, dlse, q, k, v, out, lse, captured, live_ca
             if score_mod is not None:
                 # The score_mod's graph covers kept elements only: at a masked one its local derivative may be
                 # inf or NaN (sqrt(q - kv) above the diagonal), and 0 * inf would poison dS and the captured
-                # tensors' gradients. Kept elements are gathered flat (mods are elementwise).
+                # tensors' gradients. Kept elements are gathered flat (mods are elementwise). The gather's size
+                # is data-dependent (a host sync), which a CUDA graph capture forbids: there every element is
+                # differentiated, as the mask-after-mod forward does.
                 s_in, idx_in = s, idx
-                if keep is not None:
+                if keep is not None and not (s.is_cuda and torch.cuda.is_current_stream_capturing()):
                     s_in, idx_in = s[keep], tuple(t.expand(s.shape)[keep] for t in idx)
                 with _autograd_inside_op():
                     leaves = [s_in.detach().requires_grad_()] + [captured[i].detach().to(compute).requires_grad_()
@@ -254,8 +256,9 @@ def reference_backward(variant, dout, dlse, q, k, v, out, lse, captured, live_ca
                     with _Substitute([live_captured[i] for i in sub_idx], leaves[1:]):
                         s_mod = reference._eval_score(score_mod, leaves[0], idx_in, sm_name)
                 graph = (s_mod, leaves) if s_mod.requires_grad else None  # None: the score_mod ignores s
-                if keep is None:
-                    s = s_mod.detach()
+                gathered = s_in is not s
+                if not gathered:
+                    s = s_mod.detach() if keep is None else torch.where(keep, s_mod.detach(), -math.inf)
                 else:
                     s = s.new_full(s.shape, -math.inf).masked_scatter_(keep, s_mod.detach())
             elif keep is not None:
@@ -274,14 +277,14 @@ def reference_backward(variant, dout, dlse, q, k, v, out, lse, captured, live_ca
                     ds = torch.zeros_like(ds)
                 else:
                     with _autograd_inside_op():
-                        ds_out = ds if keep is None else ds[keep]
+                        ds_out = ds[keep] if gathered else ds
                         ds_in, *dleaves = torch.autograd.grad(graph[0], graph[1], ds_out, allow_unused=True)
                     if ds_in is None:
                         ds = torch.zeros_like(p)
-                    elif keep is None:
-                        ds = ds_in
-                    else:
+                    elif gathered:
                         ds = torch.zeros_like(p).masked_scatter_(keep, ds_in)
+                    else:
+                        ds = ds_in
                     for i, g in zip(sub_idx, dleaves):
                         if g is not None:
                             dcap[i] += g

@@ -188,3 +188,12 @@ def nvcc_path(requires_nvcc) -> str:
     from attngen.jit.toolchain import find_nvcc
 
     return find_nvcc()
+
+
+def pytest_runtest_logreport(report):
+    """ATTNGEN_TEST_FAILURES=path: each failure's traceback is appended there as it happens, so a device run cut
+    short by its time limit still says what failed and why (pytest prints its summary only at the end)."""
+    path = os.environ.get("ATTNGEN_TEST_FAILURES")
+    if path and report.failed:
+        with open(path, "a") as f:
+            f.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n")
