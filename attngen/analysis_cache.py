@@ -7,7 +7,9 @@ tensors bound to the live objects, the runtime summaries). With a fingerprint (f
 looks for the record ``<cache root>/analysis/<fingerprint>.json``; on a miss it runs the analysis (trace +
 derive, analysis.py) and writes the record when that is sound: the trace read no tensor values, and every
 tensor it captured is one the fingerprint walk met (the record names it by walk position). A cache root
-that cannot be written only costs the record.
+that cannot be written only costs the record. Records are read (never written) from every root the kernel
+lookup reads too: read-only roots and prebuilt roots ship the records of their variants, so a deployment's first
+call of a library variant needs no sympy when its Python, torch and sympy match the build's (docs/deploy.md).
 """
 from __future__ import annotations
 
@@ -67,7 +69,22 @@ def variant_facts(variant) -> Tuple[VariantFacts, Optional[tuple]]:
 
 
 def record_path(digest: str) -> Path:
+    """Where a record is written: the writable cache root (created if needed)."""
     return default_cache().root / RECORD_DIR / f"{digest}.json"
+
+
+def _stored_records(digest: str):
+    """The parsed record files of ``digest`` in the roots the kernel lookup reads, in its order (read-only and
+    prebuilt roots, then the user cache); reads only, creates no directory."""
+    try:
+        roots = default_cache().search_roots()
+    except (OSError, CacheError):
+        return
+    for root in roots:
+        try:
+            yield json.loads((root / RECORD_DIR / f"{digest}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -137,15 +154,14 @@ def _all_fields(obj) -> tuple:
 def _read_record(fp: Fingerprint) -> Optional[VariantFacts]:
     with _LOCK:
         record = _RECORDS.get(fp.digest)
-    if record is None:
+    for record in [record] if record is not None else _stored_records(fp.digest):
         try:
-            record = json.loads(record_path(fp.digest).read_text(encoding="utf-8"))
-        except (OSError, ValueError, CacheError):
-            return None
-    try:
-        facts = _decode(record, fp)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
-        return None  # damaged or foreign: a miss, and the analysis rewrites it
+            facts = _decode(record, fp)
+            break
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+            continue  # damaged or foreign: a miss (unless another root has it), and the analysis rewrites it
+    else:
+        return None
     with _LOCK:
         if len(_RECORDS) >= _RECORDS_SIZE:
             _RECORDS.clear()

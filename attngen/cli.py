@@ -1,4 +1,4 @@
-"""Command line: ``python -m attngen demo | explain | compile | cache``.
+"""Command line: ``python -m attngen demo | explain | compile | prebuild | cache``.
 
 Errors (attngen's own, and the environment's OSErrors) print one line and exit 1; ``--verbose`` shows the
 traceback instead (and sets ATTNGEN_VERBOSE=1, so cache hits and nvcc command lines are logged too).
@@ -6,7 +6,6 @@ traceback instead (and sets ATTNGEN_VERBOSE=1, so cache hits and nvcc command li
 from __future__ import annotations
 
 import argparse
-import ast
 import os
 import sys
 import time
@@ -14,91 +13,7 @@ import time
 import torch
 
 from .errors import AttngenError, InputError
-
-VARIANT_HELP = (
-    "variant spec: library calls joined with & | ~ and score mods with '+', e.g. "
-    "'causal()', 'sliding_window(1024)', 'softcap(30)+causal()', 'chunked(2048) | sliding_window(512)', "
-    "'alibi(16)+causal()', 'document(sorted_random(8))'"
-)
-
-# Targets `compile --arch` builds for. sm_90 means sm_90a for the sm90 kernel (TMA + wgmma exist only in the
-# arch-specific sm_90a target), and plain sm_90 for the portable kernel (`--kernel sm80`).
-ARCHS = ("sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_90a")
-
-
-def resolve_arch(arch: str, kernel: str) -> tuple[str, str | None]:
-    """(arch to build for, a note to print or None) for `compile --arch ARCH --kernel KERNEL`; InputError for a
-    target attngen does not build, or a kernel the target cannot run."""
-    a = arch.strip().lower()
-    if a not in ARCHS:
-        raise InputError(
-            f"--arch {arch} is not a target attngen builds: expected one of {', '.join(ARCHS)} "
-            f"(Ampere sm_80/86/87, Ada sm_89, Hopper sm_90a). Older GPUs (sm_75 and below) are not supported."
-        )
-    if a == "sm_90" and kernel in ("auto", "sm90"):
-        return "sm_90a", ("attngen: --arch sm_90 builds for sm_90a (H100/H200): the sm90 kernel needs the "
-                          "arch-specific target. For the portable kernel on sm_90, pass --kernel sm80.")
-    if kernel == "sm90" and a != "sm_90a":
-        raise InputError(f"--kernel sm90 needs --arch sm_90a (H100/H200), got --arch {arch}. Fix: pass --arch "
-                         f"sm_90a, or --kernel sm80 (the portable kernel) for {arch}.")
-    return a, None
-
-
-def _sorted_random(n_docs: int, length: int = 32768):
-    return torch.randint(0, n_docs, (length,)).sort().values
-
-
-def parse_variant(spec: str, length: int = 32768):
-    """Parse a variant spec into a Variant. Only library names and literals are accepted (the spec is
-    parsed, never passed to eval)."""
-    import attngen
-    from attngen.mods import Variant, compose
-
-    names = {n: getattr(attngen, n) for n in ("causal", "sliding_window", "local", "prefix_lm", "chunked",
-                                              "document", "block_diagonal", "dilated", "softcap", "alibi")}
-    names["sorted_random"] = lambda n: _sorted_random(n, length)
-    try:
-        tree = ast.parse(spec.strip(), mode="eval").body
-    except SyntaxError as e:
-        raise InputError(f"cannot parse variant spec {spec!r}: {e.msg}. {VARIANT_HELP}") from None
-
-    def ev(node):
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, type(None))):
-            return node.value
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -ev(node.operand)
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Invert):
-            return ~ev(node.operand)
-        if isinstance(node, ast.Tuple):
-            return tuple(ev(e) for e in node.elts)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names:
-            args, kwargs = [ev(a) for a in node.args], {k.arg: ev(k.value) for k in node.keywords}
-            try:
-                return names[node.func.id](*args, **kwargs)
-            except AttngenError:
-                raise
-            except TypeError as e:  # wrong argument count
-                raise InputError(f"variant spec {spec!r}: {ast.unparse(node)}: {e}. {VARIANT_HELP}") from None
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr, ast.Add)):
-            a, b = ev(node.left), ev(node.right)
-            if isinstance(node.op, ast.BitAnd):
-                return a & b
-            if isinstance(node.op, ast.BitOr):
-                return a | b
-            return [a, b]
-        raise InputError(f"cannot parse variant spec {spec!r} at {ast.unparse(node)!r}: only library calls, "
-                         f"numbers and & | ~ + are accepted. {VARIANT_HELP}")
-
-    def flatten(x):
-        return sum((flatten(e) for e in x), []) if isinstance(x, list) else [x]
-
-    mods = flatten(ev(tree))
-    score = [m for m in mods if isinstance(m, attngen.ScoreMod)]
-    mask = [m for m in mods if isinstance(m, attngen.MaskMod)]
-    if len(mask) > 1:
-        raise InputError(f"variant spec {spec!r} joins two masks with '+': combine masks with & or |")
-    return Variant(score_mod=compose(*score), mask_mod=mask[0] if mask else None)
-
+from .specs import ARCHS, VARIANT_HELP, parse_variant, resolve_arch
 
 def _naive_float64(q, k, v, variant, scale, rows=None):
     """Dense float64 attention straight from the mods (independent of tracing and predicates), for the query
@@ -180,6 +95,31 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def _csv(text: str) -> list:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def cmd_prebuild(args) -> int:
+    from pathlib import Path
+
+    from . import prebuild as pb
+
+    out = Path(args.out)
+    if args.wheel_only:
+        pb.build_wheel(out, Path(args.wheel_dir))
+        return 0
+    try:
+        head_dims = [int(h) for h in _csv(args.head_dims)]
+    except ValueError:
+        raise InputError(f"--head-dims takes comma-separated integers, e.g. 64,128,256; got {args.head_dims!r}") from None
+    tasks = pb.plan(args.variants or list(pb.DEFAULT_VARIANTS), _csv(args.dtypes), head_dims, _csv(args.archs),
+                    backward=not args.no_backward)
+    doc = pb.prebuild(out, tasks, max(1, args.jobs), strip=not args.no_strip)
+    if args.wheel:
+        pb.build_wheel(out, Path(args.wheel_dir))
+    return 1 if doc["last_run"]["failed"] and args.strict else 0
+
+
 def cmd_cache(argv) -> int:
     from .cache.cli import main as cache_main
 
@@ -213,6 +153,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--kernel", default="auto", choices=["auto", "sm80", "sm90"],
                    help="kernel template: auto (sm90 on sm_90a, else sm80), sm80 (portable), sm90 (sm_90a only)")
     c.add_argument("--no-fast-math", action="store_true")
+    b = sub.add_parser("prebuild", parents=[common], help="build the library variants ahead of time into a prebuilt "
+                       "root (and the attngen-kernels wheel): deployments then need no nvcc (docs/deploy.md)")
+    b.add_argument("--out", default="attngen-prebuilt", help="the prebuilt root to build into (default ./%(default)s;"
+                   " a second run only builds what is missing)")
+    b.add_argument("--variants", nargs="+", metavar="VARIANT", help="names (full, causal, sliding_window, local, "
+                   "softcap, softcap_causal, softcap_window, alibi, alibi_causal, prefix_lm, chunked, document, "
+                   "document_i32: the default is all) or variant specs; parameters are baked in (issue 14.1)")
+    b.add_argument("--dtypes", default="bf16,fp16")
+    b.add_argument("--head-dims", default="64,128,256")
+    b.add_argument("--archs", default="sm_90a,sm_80")
+    b.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel builds (default: CPU count)")
+    b.add_argument("--no-backward", action="store_true", help="forward libraries only (default: also sm80_bwd)")
+    b.add_argument("--no-strip", action="store_true", help="keep the host symbol tables of the libraries")
+    b.add_argument("--strict", action="store_true", help="exit 1 when a library fails to build")
+    b.add_argument("--wheel", action="store_true", help="then package the root as the attngen-kernels wheel")
+    b.add_argument("--wheel-only", action="store_true", help="package an existing --out root, build nothing")
+    b.add_argument("--wheel-dir", default="dist", help="where the wheel goes (default ./%(default)s)")
     sub.add_parser("cache", help="cache ls | clear | info <key> | path")
     return p
 
@@ -225,7 +182,7 @@ def main(argv=None) -> int:
     if args.verbose:
         os.environ["ATTNGEN_VERBOSE"] = "1"
     try:
-        return {"demo": cmd_demo, "explain": cmd_explain, "compile": cmd_compile}[args.cmd](args)
+        return {"demo": cmd_demo, "explain": cmd_explain, "compile": cmd_compile, "prebuild": cmd_prebuild}[args.cmd](args)
     except (AttngenError, OSError) as e:
         if args.verbose:
             raise

@@ -208,6 +208,32 @@ class CompiledAttention:
         return forward(lib, q, k, v, scale=scale, q_offset=int(q_offset), return_lse=return_lse,
                        captured=captured, summaries=summaries)
 
+    def with_kvcache(self, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, page_table=None,
+                     rotary_cos=None, rotary_sin=None, rotary_interleaved=False, cache_batch_idx=None, num_splits=0,
+                     return_lse=False, scale=None):
+        """Attention against a KV cache, appending ``k``/``v`` in place (flash_attn_with_kvcache, (B, H, L, D)).
+
+        q (B, Hq, Lq, D); cache (B, Hkv, L_max, D), or paged (num_pages, Hkv, page_size, D) with an int32
+        ``page_table`` (B, max_pages); ``cache_seqlens`` (int or int32 (B,)) the cached lengths s_b before the
+        append. Query i of batch b sits at position s_b + i; keys are cache positions 0 .. s_b + L_new - 1.
+        Returns out (B, Hq, Lq, Dv) (and lse (B, Hq, Lq)). Reference only for now (attngen/kvcache.py): CUDA
+        tensors need ``backend='reference'`` until the decode kernels exist."""
+        from .kvcache import with_kvcache
+
+        return with_kvcache(self, q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos, rotary_sin,
+                            rotary_interleaved, cache_batch_idx, num_splits, return_lse, scale)
+
+    def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None,
+               scale=None, return_lse=False):
+        """Packed variable-length sequences (flash_attn_varlen_func's layout): q (total_q, Hq, D), k/v
+        (total_k, Hkv, D), int32 ``cu_seqlens_q``/``cu_seqlens_k`` (B + 1,). Indices are local to each
+        sequence, queries aligned to the end of its keys. Returns out (total_q, Hq, Dv) (and lse (Hq, total_q)).
+        Reference only for now (attngen/varlen.py): CUDA tensors need ``backend='reference'``."""
+        from .varlen import varlen
+
+        return varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, scale,
+                      return_lse)
+
     def block_map(self, q_len: int, kv_len: Optional[int] = None, block=(128, 128), **kw):
         from .blockmap import block_map
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attngen import cli
+from attngen import cli, specs
 from attngen.errors import BuildError, CacheError, InputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,27 +27,27 @@ REPO = Path(__file__).resolve().parents[1]
     ("sm_90", "sm80", "sm_90"),  # the portable kernel, asked for: plain sm_90, no note
 ])
 def test_accepted_archs(arch, kernel, want):
-    assert cli.resolve_arch(arch, kernel) == (want, None)
+    assert specs.resolve_arch(arch, kernel) == (want, None)
 
 
 @pytest.mark.parametrize("kernel", ["auto", "sm90"])
 def test_sm_90_means_sm_90a_for_the_sm90_kernel_and_says_so(kernel):
-    arch, note = cli.resolve_arch("sm_90", kernel)
+    arch, note = specs.resolve_arch("sm_90", kernel)
     assert arch == "sm_90a" and "sm_90a" in note and "--kernel sm80" in note
 
 
 @pytest.mark.parametrize("arch", ["sm_75", "sm_70", "sm_100a", "sm_120", "90", "compute_90", "sm_90f", ""])
 def test_other_archs_are_refused_listing_the_accepted_ones(arch):
     with pytest.raises(InputError) as ei:
-        cli.resolve_arch(arch, "auto")
+        specs.resolve_arch(arch, "auto")
     msg = str(ei.value)
-    assert f"--arch {arch} is not a target" in msg and all(a in msg for a in cli.ARCHS)
+    assert f"--arch {arch} is not a target" in msg and all(a in msg for a in specs.ARCHS)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_89"])
 def test_sm90_kernel_on_another_arch_is_refused(arch):
     with pytest.raises(InputError, match=r"--kernel sm90 needs --arch sm_90a.*--kernel sm80"):
-        cli.resolve_arch(arch, "sm90")
+        specs.resolve_arch(arch, "sm90")
 
 
 def test_arch_is_refused_before_anything_is_traced(monkeypatch, capsys):

@@ -78,7 +78,7 @@ def test_explain_examples_have_no_dead_parts(page, spec, q_len):
     """Every part of a documented combination changes the block map: dropping any operand of its top-level | or &
     gives another map (a `prefix_lm(2048) | sliding_window(512)` example showed a window that did nothing)."""
     import attngen
-    from attngen.cli import parse_variant
+    from attngen.specs import parse_variant
 
     tree = ast.parse(spec, mode="eval").body
     op = type(tree.op) if isinstance(tree, ast.BinOp) and isinstance(tree.op, (ast.BitOr, ast.BitAnd)) else None

@@ -11,6 +11,7 @@ from attngen.cache.keys import cache_key, canonical_json, hash_bytes
 from attngen.cache.store import (
     META_NAME,
     MANIFEST_NAME,
+    PREBUILT_MANIFEST,
     ArtifactCache,
     CacheEntry,
     CacheWarning,
@@ -26,6 +27,7 @@ from attngen.cache.store import (
     verbose,
     vlog,
     write_if_different,
+    write_manifest,
 )
 from attngen.errors import CacheError
 
@@ -36,6 +38,7 @@ __all__ = [
     "CacheWarning",
     "MANIFEST_NAME",
     "META_NAME",
+    "PREBUILT_MANIFEST",
     "cache_key",
     "cache_root",
     "canonical_json",
@@ -51,4 +54,5 @@ __all__ = [
     "verbose",
     "vlog",
     "write_if_different",
+    "write_manifest",
 ]

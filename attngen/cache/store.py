@@ -7,8 +7,10 @@ Layout under the root ($ATTNGEN_CACHE_DIR, else $XDG_CACHE_HOME/attngen, else ~/
     locks/<key[:16]>.lock                 flock(2) target, one per entry; never deleted
     tmp/<key[:16]>.<pid>.<random>/        builds in progress (renamed into entries/ when complete)
 
-Lookup: in-process memo -> read-only roots ($ATTNGEN_CACHE_READONLY, then the package's attngen/prebuilt/) ->
-the user cache -> build under the lock. Lookups only read: a read-only user cache (a shared filesystem) serves
+Lookup: in-process memo -> read-only roots ($ATTNGEN_CACHE_READONLY, then the package's attngen/prebuilt/ and
+the attngen_kernels package) -> the user cache -> build under the lock. A root holding prebuilt.json (made by
+`python -m attngen prebuild`) records the toolchain its entries were built with ("pins"); its entries are looked
+up under the key computed with those values (`key_for`), so a machine without nvcc finds them. Lookups only read: a read-only user cache (a shared filesystem) serves
 its entries as they are, and builds then go to a writable fallback root (logged once). An entry is visible
 only after os.rename of a complete directory, so a killed build never leaves a half entry; its tmp dir is
 removed by a later build once nobody holds that entry's lock (the kernel drops flock locks of dead processes,
@@ -60,8 +62,11 @@ __all__ = [
     "log",
     "vlog",
     "write_if_different",
+    "write_manifest",
     "MANIFEST_NAME",
     "META_NAME",
+    "PREBUILT_MANIFEST",
+    "KERNELS_PACKAGE",
 ]
 
 FORMAT_VERSION = 1
@@ -72,6 +77,8 @@ _KEY_RE = re.compile(r"^[0-9a-f]{16,128}$")
 _K16_RE = re.compile(r"^[0-9a-f]{16}$")
 _STALE_SECONDS_WITHOUT_LOCKS = 3600.0
 _PREBUILT_DIR = Path(__file__).resolve().parent.parent / "prebuilt"
+PREBUILT_MANIFEST = "prebuilt.json"  # a prebuilt root's manifest: its pins, versions and entries (prebuild.py)
+KERNELS_PACKAGE = "attngen_kernels"  # the package the attngen-kernels wheel installs: a prebuilt root
 _META_PROTECTED = ("format", "name", "key", "artifact", "created", "created_unix")
 READONLY_ENV = "ATTNGEN_CACHE_READONLY"
 
@@ -184,6 +191,37 @@ def _rmtree(path: Path) -> None:
         os.unlink(path)  # a symlink or file where a directory was expected
 
 
+def write_manifest(entry: Path, key: str, artifact: str, name: str) -> None:
+    """Drop group/other write bits in `entry` and write its manifest.json (size + sha256 of every other file).
+    The build's last step; also reseals an entry whose files a tool changed on purpose (prebuild strips)."""
+    files: dict[str, dict[str, Any]] = {}
+    for dirpath, dirnames, filenames in os.walk(entry):
+        dpath = Path(dirpath)
+        for d in dirnames:
+            dp = dpath / d
+            if dp.is_symlink():
+                raise BuildError(
+                    f"attngen cache: the build of {name} created the symlink {dp}; entries hold regular "
+                    f"files only. Fix: copy the target instead."
+                )
+            os.chmod(dp, stat.S_IMODE(os.lstat(dp).st_mode) & ~0o022)
+        for f in filenames:
+            fp = dpath / f
+            st = os.lstat(fp)
+            if not stat.S_ISREG(st.st_mode):
+                raise BuildError(
+                    f"attngen cache: the build of {name} created {fp}, which is not a regular file "
+                    f"(symlink, socket, ...). Fix: write regular files only."
+                )
+            os.chmod(fp, stat.S_IMODE(st.st_mode) & ~0o022)
+            rel = fp.relative_to(entry).as_posix()
+            if rel != MANIFEST_NAME:
+                files[rel] = {"size": st.st_size, "sha256": _sha256_file(fp)}
+    manifest = {"format": FORMAT_VERSION, "key": key, "artifact": artifact, "files": dict(sorted(files.items()))}
+    (entry / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    os.chmod(entry / MANIFEST_NAME, 0o644)  # independent of the umask, like the files above
+
+
 # ------------------------------------------------------------------------------------------------ roots
 
 
@@ -238,6 +276,43 @@ class _Source:
     entries: Path
     kind: str  # "user" (the writable root: corrupt entries are replaced), "read-only", "prebuilt"
     trusted: frozenset[int]  # uids that may own what is inside
+    pins: Mapping[str, Any] | None = None  # a prebuilt root's recorded toolchain (prebuilt.json); None: this machine's
+
+    @property
+    def root(self) -> Path:
+        """The root the entries belong to (analysis records live in <root>/analysis)."""
+        return self.entries.parent if self.entries.name == "entries" else self.entries
+
+
+def _read_pins(root: Path, trusted: frozenset[int]) -> Mapping[str, Any] | None:
+    """The "pins" of root/prebuilt.json (the toolchain fields its entries were keyed with), None without the file.
+    CacheError when the file is unsafe; a damaged one pins nothing it could be trusted for: {"unreadable": why}."""
+    path = root / PREBUILT_MANIFEST
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    _check_owner_and_mode(path, st, "file", trusted=trusted)
+    try:
+        pins = json.loads(path.read_text(encoding="utf-8"))["pins"]
+        if not isinstance(pins, dict):
+            raise TypeError("pins is not an object")
+        return pins
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return {"unreadable": f"{PREBUILT_MANIFEST} is unreadable ({type(e).__name__}: {e})"}
+
+
+def _kernels_package_dir() -> Path | None:
+    """Where the attngen-kernels wheel installed its prebuilt root (the attngen_kernels package), without importing
+    it; None when it is not installed."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(KERNELS_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(locations[0]) if locations else None
 
 
 # ------------------------------------------------------------------------------------------------ cache
@@ -247,7 +322,8 @@ class ArtifactCache:
     """Per-signature build artifacts on disk, safe across threads and processes.
 
     `root=None` means `default_cache_dir()` at construction time. `prebuilt` is the directory of entries shipped
-    with the package (pass None to disable it); `readonly` the extra read-only roots looked up first (None:
+    with the package, or a list of such directories (default: attngen/prebuilt and the attngen_kernels package when
+    installed; pass None to disable them); `readonly` the extra read-only roots looked up first (None:
     $ATTNGEN_CACHE_READONLY; each is a cache root with entries/, or a directory of entries). `fallback` lists
     where builds go when `root` cannot be written (None: the per-user defaults, see `_default_fallback_roots`).
     Nothing touches the disk until the first operation, and lookups never write.
@@ -257,7 +333,7 @@ class ArtifactCache:
         self,
         root: str | os.PathLike | None = None,
         *,
-        prebuilt: str | os.PathLike | None = _PREBUILT_DIR,
+        prebuilt: str | os.PathLike | Iterable[str | os.PathLike] | None = _PREBUILT_DIR,
         readonly: Iterable[str | os.PathLike] | None = None,
         fallback: Iterable[str | os.PathLike] | None = None,
     ):
@@ -265,7 +341,12 @@ class ArtifactCache:
             self._requested: Path | None = Path(root).expanduser().absolute() if root is not None else default_cache_dir()
         except RuntimeError:  # Path.home() without HOME or a passwd entry
             self._requested = None
-        self._prebuilt = Path(prebuilt) if prebuilt is not None else None
+        if prebuilt is None:
+            self._prebuilt: tuple[Path, ...] | None = ()
+        elif isinstance(prebuilt, (str, os.PathLike)):
+            self._prebuilt = None if Path(prebuilt) == _PREBUILT_DIR else (Path(prebuilt),)  # None: found lazily
+        else:
+            self._prebuilt = tuple(Path(d) for d in prebuilt)
         ro = readonly_cache_dirs() if readonly is None else [Path(d).expanduser().absolute() for d in readonly]
         self._readonly = tuple(d for d in ro if d != self._requested)
         self._fallback = None if fallback is None else [Path(d).expanduser().absolute() for d in fallback]
@@ -374,9 +455,12 @@ class ArtifactCache:
             if os.path.isdir(ro / "entries"):
                 entries = ro / "entries"
                 _check_owner_and_mode(entries, os.stat(entries), "directory", trusted=trusted)
-            yield _Source(entries, "read-only", trusted)
-        if self._prebuilt is not None and self._prebuilt.is_dir():
-            yield _Source(self._prebuilt, "prebuilt", frozenset((me, 0)))
+            yield _Source(entries, "read-only", trusted, _read_pins(ro, trusted))
+        for pre in self._prebuilt_dirs():
+            if pre.is_dir():
+                trusted = frozenset((me, 0))
+                entries = pre / "entries" if os.path.isdir(pre / "entries") else pre
+                yield _Source(entries, "prebuilt", trusted, _read_pins(pre, trusted))
         user_roots: list[Path] = []
         if self._root is not None:
             user_roots.append(self._root)
@@ -409,6 +493,21 @@ class ArtifactCache:
             kind = "user" if r == writable else "read-only"
             yield _Source(entries, kind, frozenset((me,)))
 
+    def _prebuilt_dirs(self) -> tuple[Path, ...]:
+        if self._prebuilt is None:  # the defaults, found once (the package lookup costs a sys.path scan)
+            pkg = _kernels_package_dir()
+            self._prebuilt = (_PREBUILT_DIR,) + ((pkg,) if pkg is not None else ())
+        return self._prebuilt
+
+    def search_roots(self) -> list[Path]:
+        """The roots lookups read, in lookup order (read-only roots, prebuilt roots, the user cache); reads only,
+        creates nothing. Callers keeping other records per root (analysis/) look them up here."""
+        out: list[Path] = []
+        for src in self._sources():
+            if src.root not in out:
+                out.append(src.root)
+        return out
+
     def _requested_writable(self) -> bool:
         r = self._requested
         return r is not None and (not r.exists() or os.access(r, os.W_OK | os.X_OK))
@@ -422,20 +521,71 @@ class ArtifactCache:
         build: Callable[[Path], Mapping[str, Any] | None],
         meta: Mapping[str, Any] | None = None,
         artifact: str = "kernel.so",
+        *,
+        key_for: Callable[[Mapping[str, Any]], str | None] | None = None,
     ) -> Path:
         """Path of `artifact` inside the published entry for `key`, building it first if needed.
 
         `build(tmpdir)` writes sources, build.ninja and the artifact into `tmpdir` and returns extra meta
         (e.g. {"compiler": ..., "build_seconds": ...}) or None. If it raises, nothing is published and the
         exception propagates. `meta` (JSON-able; by convention {"fields": ..., "expressions": ...}) goes into
-        meta.json. `name` is the readable name shown in logs and directory names.
+        meta.json. `name` is the readable name shown in logs and directory names. `key_for(pins)`: the key of
+        the same signature built with a prebuilt root's recorded toolchain (see `lookup`).
         """
         hit = self._memo.get((key, artifact))
         if hit is not None:
             return hit
-        return self._lookup_or_build(key, name, build, meta, artifact)
+        return self._lookup_or_build(key, name, build, meta, artifact, key_for)
 
-    def _lookup_or_build(self, key, name, build, meta, artifact) -> Path:
+    def lookup(
+        self,
+        key: str | None,
+        name: str,
+        artifact: str = "kernel.so",
+        *,
+        key_for: Callable[[Mapping[str, Any]], str | None] | None = None,
+    ) -> Path | None:
+        """Path of `artifact` in a published entry for the signature, or None; reads only, never builds.
+
+        A root with prebuilt.json is searched under `key_for(its pins)` (None: the root serves nothing for this
+        signature), every other source under `key`; `key=None` (this machine's toolchain is unknown, e.g. no nvcc)
+        searches the prebuilt roots only."""
+        if key is not None:
+            hit = self._memo.get((key, artifact))
+            if hit is not None:
+                return hit
+        self._check_request(key if key is not None else "0" * 64, artifact)
+        for src in self._sources():
+            k = self._key_in(src, key, key_for)
+            if k is None:
+                continue
+            hit = self._memo.get((k, artifact))
+            if hit is None:
+                found = self._find_in(src, k, name, artifact)
+                if found is None:
+                    continue
+                hit = self._remember(k, artifact, found / artifact,
+                                     name if src.kind == "user" else f"{'prebuilt' if src.pins is not None else src.kind} {name}")
+            if key is not None:
+                self._memo[(key, artifact)] = hit
+            return hit
+        return None
+
+    def _key_in(self, src: _Source, key: str | None, key_for) -> str | None:
+        """The key `src` files this signature under: its pins' key for a prebuilt root, else `key`."""
+        if src.pins is None or src.kind == "user" or key_for is None:
+            return key
+        why = src.pins.get("unreadable")
+        if why is not None:
+            if (str(src.root), why) not in self._warned:
+                self._warned.add((str(src.root), why))
+                warnings.warn(f"attngen: prebuilt root {src.root} is unusable: {why}; ignoring it. Fix: rebuild it "
+                              f"(`python -m attngen prebuild`) or reinstall the package that installed it.",
+                              CacheWarning, stacklevel=5)
+            return None
+        return key_for(src.pins)
+
+    def _check_request(self, key, artifact) -> None:
         if not isinstance(key, str) or not _KEY_RE.match(key):
             raise CacheError(
                 f"attngen cache: key {key!r} is not a lowercase hex digest (16-128 chars). "
@@ -447,14 +597,18 @@ class ArtifactCache:
                 f"attngen cache: artifact {artifact!r} must be a relative path inside the entry, without '..', "
                 f"and not {' or '.join(_RESERVED)}. Fix: pass e.g. artifact='kernel.so'."
             )
+
+    def _lookup_or_build(self, key, name, build, meta, artifact, key_for=None) -> Path:
+        self._check_request(key, artifact)
         k16 = key[:16]
 
         # Lookup: reads only, so a read-only cache serves without a single write.
-        for src in self._sources():
-            found = self._find_in(src, key, name, artifact)
-            if found is not None:
-                label = name if src.kind == "user" else f"{src.kind} {name}"
-                return self._remember(key, artifact, found / artifact, label)
+        found = self.lookup(key, name, artifact, key_for=key_for)
+        if found is not None:
+            return found
+        pinned = [str(src.root) for src in self._sources() if src.pins is not None and src.kind != "user"]
+        if pinned:  # a deployment expecting prebuilt kernels should see the one that is missing
+            log(f"no prebuilt kernel for {name} in {', '.join(pinned)}: building it with nvcc (JIT)")
 
         try:
             root = self.root
@@ -496,7 +650,7 @@ class ArtifactCache:
                 return cand
             if status == "corrupt" and src.kind != "user" and (str(cand), reason) not in self._warned:
                 self._warned.add((str(cand), reason))
-                fix = "reinstall attngen" if src.kind == "prebuilt" else f"rebuild or remove {cand}"
+                fix = "reinstall the package that installed it" if src.kind == "prebuilt" else f"rebuild or remove {cand}"
                 warnings.warn(
                     f"attngen: {src.kind} cache entry {cand} ({name}) is unusable: {reason}; ignoring it. Fix: {fix}.",
                     CacheWarning,
@@ -769,33 +923,7 @@ class ArtifactCache:
         doc.update(extra)  # the build may refine e.g. build_seconds, but not the identity fields
         doc.update({k: base[k] for k in _META_PROTECTED})
         (tmpdir / META_NAME).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
-
-        files: dict[str, dict[str, Any]] = {}
-        for dirpath, dirnames, filenames in os.walk(tmpdir):
-            dpath = Path(dirpath)
-            for d in dirnames:
-                dp = dpath / d
-                if dp.is_symlink():
-                    raise BuildError(
-                        f"attngen cache: the build of {name} created the symlink {dp}; entries hold regular "
-                        f"files only. Fix: copy the target instead."
-                    )
-                os.chmod(dp, stat.S_IMODE(os.lstat(dp).st_mode) & ~0o022)
-            for f in filenames:
-                fp = dpath / f
-                st = os.lstat(fp)
-                if not stat.S_ISREG(st.st_mode):
-                    raise BuildError(
-                        f"attngen cache: the build of {name} created {fp}, which is not a regular file "
-                        f"(symlink, socket, ...). Fix: write regular files only."
-                    )
-                os.chmod(fp, stat.S_IMODE(st.st_mode) & ~0o022)
-                rel = fp.relative_to(tmpdir).as_posix()
-                if rel != MANIFEST_NAME:
-                    files[rel] = {"size": st.st_size, "sha256": _sha256_file(fp)}
-        manifest = {"format": FORMAT_VERSION, "key": key, "artifact": artifact, "files": dict(sorted(files.items()))}
-        (tmpdir / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-        os.chmod(tmpdir / MANIFEST_NAME, 0o644)  # independent of the umask, like the files above
+        write_manifest(tmpdir, key, artifact, name)
 
     def _publish(self, tmpdir: Path, wanted: Path, key: str, k16: str, artifact: str) -> Path:
         """os.rename the sealed tmp dir to its entry name; resolve a racing or broken occupant."""

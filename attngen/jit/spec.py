@@ -18,17 +18,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Tuple
+from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 from ..abi import SUPPORTED_HEAD_DIMS, __version__
 from ..analysis_cache import VariantFacts
 from ..cache import cache_key, default_cache
-from ..errors import InputError
+from ..errors import BuildError, InputError
 from ..ir import BlockPredicates, TracedVariant
 from .ninja import BWD_LIBRARY_NAME, LIBRARY_NAME, ptxas_spill_bytes, run_ninja, write_build_ninja
 from .render import dtype_info, render_sources, template_hash
 from .tiles import bwd_tile_config, sm90_ladder, tile_config
-from .toolchain import find_nvcc, nvcc_version
+from .toolchain import NVCC_HELP, find_nvcc, nvcc_version
 
 KERNEL_CHOICES = ("auto", "sm80", "sm90")
 BWD_KERNEL = "sm80_bwd"  # the backward library's family (bwd_sm80.cuh): a kernel value, so it enters the key
@@ -96,8 +96,9 @@ class KernelSpec:
             return bwd_tile_config(self.head_dim, self.arch)
         return tile_config(self.head_dim, self.arch)
 
-    def fields(self) -> dict:
-        """Everything that changes the binary: the cache key is a hash of these."""
+    def fields(self, nvcc: Optional[Sequence[int]] = None) -> dict:
+        """Everything that changes the binary: the cache key is a hash of these. ``nvcc``: the (major, minor) to
+        key with (a prebuilt root's recorded toolchain); default: this machine's nvcc (BuildError without one)."""
         return {
             "variant": self.facts.canonical,
             "summaries": [s.key for s in self.facts.summaries],
@@ -109,7 +110,7 @@ class KernelSpec:
             "fast_math": self.fast_math,
             "templates": template_hash(),
             "attngen": __version__,
-            "nvcc": list(nvcc_version()),
+            "nvcc": list(nvcc if nvcc is not None else nvcc_version()),
             # present only in debug builds, so normal builds keep their keys and the two never share one
             **({"debug": True} if self.debug else {}),
         }
@@ -159,13 +160,33 @@ class KernelSpec:
         return {"score": str(traced.score), "mask": str(traced.mask),
                 "kv_range": [str(predicates.kv_lo), str(predicates.kv_hi)], "notes": list(predicates.notes)}
 
+    def key_for_pins(self, pins: Mapping) -> Optional[str]:
+        """The cache key of this signature as a prebuilt root built it: ``pins`` is that root's recorded toolchain
+        ({"nvcc": [13, 0]}, docs/deploy.md); None when the pins do not say (that root serves nothing here)."""
+        nv = pins.get("nvcc")
+        if not (isinstance(nv, list) and len(nv) == 2 and all(type(x) is int for x in nv)):
+            return None
+        return cache_key(self.fields(nvcc=nv))
+
     def build_cached(self) -> Path:
         """The library of this spec from the on-disk cache, built on a miss (needs nvcc, not a GPU). A hit
-        needs only the key fields: no analysis, no sympy (the expressions go into meta.json with the build)."""
-        fields = self.fields()
-        return default_cache().get_or_build(cache_key(fields), self.uri, lambda d: self.build(Path(d)),
-                                            meta={"fields": fields},
-                                            artifact=BWD_LIBRARY_NAME if self.kernel == BWD_KERNEL else LIBRARY_NAME)
+        needs only the key fields: no analysis, no sympy (the expressions go into meta.json with the build).
+        Without nvcc here only prebuilt roots can serve (keyed by the toolchain they record): a miss there is a
+        BuildError naming the roots searched and how to get nvcc."""
+        cache = default_cache()
+        artifact = BWD_LIBRARY_NAME if self.kernel == BWD_KERNEL else LIBRARY_NAME
+        try:
+            fields = self.fields()
+        except BuildError as e:  # no nvcc (or none that runs): this machine's key is unknown
+            found = cache.lookup(None, self.uri, artifact, key_for=self.key_for_pins)
+            if found is not None:
+                return found
+            roots = ", ".join(str(r) for r in cache.search_roots()) or "none"
+            raise BuildError(f"no prebuilt kernel for {self.uri} (searched: {roots}) and no nvcc to build it: "
+                             f"{str(e).split('. ')[0]}. Install the attngen-kernels wheel that matches attngen "
+                             f"{__version__} (docs/deploy.md), or get nvcc: {NVCC_HELP}.") from e
+        return cache.get_or_build(cache_key(fields), self.uri, lambda d: self.build(Path(d)), meta={"fields": fields},
+                                  artifact=artifact, key_for=self.key_for_pins)
 
 
 def ptxas_report(output: str) -> dict:

@@ -1,0 +1,87 @@
+"""One sequence at a time: what the KV-cache (kvcache.py) and varlen (varlen.py) reference paths share.
+
+Both entry points give every sequence of a batch its own lengths and its own query offset, which
+``reference.attention`` (one q_offset, one kv length per call) cannot express for a whole batch. So they call
+it once per sequence, on a batch of one, with the variant's ``b`` shifted back to the sequence number: a mod
+that reads ``doc_ids[b, q_idx]`` sees the same ``b`` it would in a batched kernel.
+
+Also here: the policy for CUDA tensors until the kernels of issue 12 exist, and the checks of the int32 index
+tensors (lengths, page tables, offsets) both entry points take.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+
+from .errors import AttngenError, InputError
+from .ir import check_extents
+from .mods import MaskMod, ScoreMod, Variant
+
+
+class GpuPathNotAvailable(AttngenError, NotImplementedError):
+    """An entry point whose CUDA kernels are not built yet was called on CUDA tensors with a kernel backend."""
+
+
+def check_reference_path(attn, device: torch.device, entry: str) -> None:
+    """Raise GpuPathNotAvailable for CUDA tensors on a kernel backend.
+
+    The alternative, running the reference on the GPU tensors with a warning, was rejected: a decode loop
+    would run an O(L) Python loop per step at a fraction of the kernel's speed, and a warning printed once
+    is easy to miss in a serving log. Asking for the reference explicitly costs one argument."""
+    if device.type == "cuda" and attn.backend != "reference":
+        raise GpuPathNotAvailable(
+            f"attn.{entry} has no CUDA kernel yet (issue 12: decode and varlen kernels), so it does not run on "
+            f"{device} tensors with backend={attn.backend!r}. Fix: compile the variant with backend='reference' "
+            "to run the PyTorch reference on these tensors (slow, exact), or pass CPU tensors; for prefill of "
+            "one sequence at a time, attn(q, k, v, q_offset=...) runs the kernel"
+        )
+
+
+def check_index_tensor(name: str, t, ndim: int, device: torch.device, what: str) -> torch.Tensor:
+    """``t`` as an int32 tensor of rank ``ndim`` on ``device``; InputError naming the fix otherwise.
+
+    int32 only, as flash-attn: the kernels will read these tensors directly, and accepting int64 here would
+    make a CPU-tested call fail on the GPU."""
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{name} must be an int32 torch.Tensor ({what}), got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise InputError(f"{name} must have dtype torch.int32 ({what}), got {t.dtype}; convert it with "
+                         f"{name}.to(torch.int32)")
+    if t.dim() != ndim:
+        raise InputError(f"{name} must be {ndim}-D ({what}), got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise InputError(f"{name} is on {t.device} but q is on {device}; move it with {name}.to('{device}')")
+    return t
+
+
+def check_nonnegative_int(name: str, value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(f"{name} must be an int >= 0 ({what}), got {value!r}")
+    return value
+
+
+def shifted_variant(variant: Variant, b0: int) -> Variant:
+    """``variant`` with its mods called at batch index ``b + b0``: the variant seen by sequence ``b0`` when it
+    runs as a batch of one."""
+    if b0 == 0:
+        return variant
+    sm, mm = variant.score_mod, variant.mask_mod
+    return Variant(
+        score_mod=None if sm is None else ScoreMod(lambda s, b, h, q, kv: sm(s, b + b0, h, q, kv), sm.name),
+        mask_mod=None if mm is None else MaskMod(lambda b, h, q, kv: mm(b + b0, h, q, kv), mm.name),
+    )
+
+
+def attend_sequence(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int, batch: int, q_offset: int,
+                    scale) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Reference attention of sequence ``b`` of a batch of ``batch``: q (1, Hq, Lq, D), k (1, Hkv, Lk, D),
+    v (1, Hkv, Lk, Dv), query row i at absolute position ``q_offset + i``. Returns (out, lse) of that sequence.
+    Captured tensors are checked against this sequence's positions and the whole batch's ``b`` range."""
+    from . import reference
+
+    if attn.facts.captured:
+        check_extents(attn.facts.captured, [c.tensor for c in attn.facts.captured], batch, q.shape[1], q.shape[2],
+                      k.shape[2], q_offset)
+    return reference.attention(q, k, v, shifted_variant(attn.variant, b), scale=scale, return_lse=True,
+                               q_offset=q_offset)
