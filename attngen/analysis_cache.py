@@ -75,16 +75,16 @@ def record_path(digest: str) -> Path:
 
 def _stored_records(digest: str):
     """The parsed record files of ``digest`` in the roots the kernel lookup reads, in its order (read-only and
-    prebuilt roots, then the user cache); reads only, creates no directory."""
+    prebuilt roots, then the user cache), checked as entries are (owner, mode, no symlink; a prebuilt root's
+    listed with their sha256): a planted record could drop a variant's mask. Reads only, creates no directory."""
     try:
-        roots = default_cache().search_roots()
+        for data in default_cache().read_root_files(f"{RECORD_DIR}/{digest}.json"):
+            try:
+                yield json.loads(data.decode("utf-8"))
+            except ValueError:
+                continue
     except (OSError, CacheError):
         return
-    for root in roots:
-        try:
-            yield json.loads((root / RECORD_DIR / f"{digest}.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
 
 
 # ----------------------------------------------------------------------------------------------------------

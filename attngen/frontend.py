@@ -247,23 +247,31 @@ class CompiledAttention:
 
 class _SummaryCache:
     """Per-block summaries of captured tensors, recomputed only when a tensor or a length changes
-    (keyed by data pointer and torch's in-place version counter)."""
+    (keyed by data pointer and torch's in-place version counter).
+
+    Key and value are stored as one tuple and a call returns the value it computed or read: with two fields,
+    threads calling one variant could return each other's summaries. Inference tensors
+    (``torch.inference_mode``) have no version counter: their summaries are recomputed on every call."""
 
     def __init__(self):
-        self.key = None
-        self.value = ()
+        self.entry = (None, ())  # (key, summaries)
 
     def get(self, attn, captured, lib, Lq, Lk, q_offset):
         summaries = attn.facts.summaries
         if not summaries:
             return ()
-        key = (lib.block_q, lib.block_k, Lq, Lk, q_offset,
-               tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in captured))
-        if key != self.key:
-            tensors = {c.name: t for c, t in zip(attn.facts.captured, captured)}
-            self.value = tuple(s.compute(tensors, lib.block_q, lib.block_k, Lq, Lk, q_offset) for s in summaries)
-            self.key = key
-        return self.value
+        key = None
+        if not any(t.is_inference() for t in captured):
+            key = (lib.block_q, lib.block_k, Lq, Lk, q_offset,
+                   tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in captured))
+            entry = self.entry
+            if key == entry[0]:
+                return entry[1]
+        tensors = {c.name: t for c, t in zip(attn.facts.captured, captured)}
+        value = tuple(s.compute(tensors, lib.block_q, lib.block_k, Lq, Lk, q_offset) for s in summaries)
+        if key is not None:
+            self.entry = (key, value)
+        return value
 
 
 def compile(score_mod=None, mask_mod=None, *, causal: bool = False, window: Union[None, int, Tuple] = None,

@@ -17,8 +17,9 @@ Sequence b has ``s_b = cache_seqlens[b]`` cached keys before the call (positions
      kv_idx = cache position, so causal, windows, ALiBi, document and custom masks read absolute positions.
 
 Position p of sequence b lives at ``k_cache[row_b, :, p]`` (row_b = cache_batch_idx[b], or b), or paged at
-``k_cache[page_table[b, p // page_size], :, p % page_size]``. All appends happen before any attention, and a
-cache slot one sequence writes must not be read by another in the same call (checked).
+``k_cache[page_table[b, p // page_size], :, p % page_size]`` (a page at most once in the entries a sequence
+uses). All appends happen before any attention, and a cache slot one sequence writes must not be read by another
+in the same call (checked).
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ import torch
 from .errors import InputError
 from .reference import _check_scale
 from .rotary import apply_rotary, check_rotary
-from .sequences import attend_sequence, check_index_tensor, check_nonnegative_int, check_reference_path
+from .sequences import (attend_sequence, check_index_tensor, check_nonnegative_int, check_reference_path,
+                        check_sequence_extents)
 
 MAX_PAGE_SIZE = 256  # the decode kernels gather pages of 1 to 256 keys (cp.async, or TMA on whole kv tiles)
 
@@ -66,6 +68,8 @@ def with_kvcache(attn, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, 
     scale = _check_scale(scale, D)
     if L_new and (paged or cache_batch_idx is not None):
         _check_no_shared_writes(locate, starts, L_new, k_cache.shape[2], q.device)
+    for b in range(B):  # before the appends: a failing call writes nothing
+        check_sequence_extents(attn, B, Hq, Lq, starts[b] + L_new, starts[b])
 
     def rotate(x, b, n):  # x (H, n, D): at positions s_b .. s_b + n - 1
         if rotary_cos is None:
@@ -206,8 +210,9 @@ def _cache_seqlens(cache_seqlens, B: int, device, capacity: int, L_new: int) -> 
 
 
 def _check_pages(page_table, num_pages: int, page_size: int, starts: List[int], L_new: int) -> None:
-    """Every page a sequence reads or writes (those covering positions < s_b + L_new) exists; the rest of a row
-    is never read, so padding there (-1, say) is allowed."""
+    """Every page a sequence reads or writes (those covering positions < s_b + L_new) exists and appears once in
+    its row (twice, an append would overwrite the sequence's own keys); the rest of a row is never read, so
+    padding there (-1, say) is allowed."""
     for b, s in enumerate(starts):
         used = page_table[b, :math.ceil((s + L_new) / page_size)]
         bad = ((used < 0) | (used >= num_pages)).nonzero()
@@ -215,6 +220,13 @@ def _check_pages(page_table, num_pages: int, page_size: int, starts: List[int], 
             j = int(bad[0, 0])
             raise InputError(f"page_table[{b}, {j}] = {int(used[j])} is not a page of the cache (it has {num_pages}); "
                              f"sequence {b} uses its first {used.numel()} entries, which must be in [0, {num_pages})")
+        first: dict = {}  # page -> its first entry in the row
+        for j, page in enumerate(used.tolist()):
+            i = first.setdefault(page, j)
+            if i != j:
+                raise InputError(f"page_table[{b}, {i}] and page_table[{b}, {j}] are both page {page}: sequence {b} "
+                                 f"would keep positions {i * page_size} and {j * page_size} (and the rest of those "
+                                 "pages) in the same cache slots; list each page at most once in a row")
 
 
 def _check_no_shared_writes(locate: Locate, starts: List[int], L_new: int, slots_per_page: int, device) -> None:

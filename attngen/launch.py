@@ -136,7 +136,8 @@ class KernelLibrary(_Library):
 def _open_library(path: str, info_name: str, entry: str, what: str) -> tuple:
     """ctypes handle of a library exporting attngen_abi_version, `info_name`, `entry` and attngen_error_string;
     (handle, attngen_abi_version(), its AttngenKernelInfo: all zero when the info call fails, which no check
-    accepts)."""
+    accepts). The info function is called only for a library of this ABI version: a stale one may fill a larger
+    struct than ours, writing past it."""
     try:
         handle = ctypes.CDLL(path)
     except OSError as e:
@@ -148,12 +149,15 @@ def _open_library(path: str, info_name: str, entry: str, what: str) -> tuple:
     except AttributeError as e:
         raise BuildError(f"{path} is not an attngen {what} ({e}); delete it so that it is rebuilt") from e
     version_fn.restype, version_fn.argtypes = ctypes.c_int, []
+    version = version_fn()
     info = AttngenKernelInfo()
+    if version != ABI_VERSION:
+        return handle, version, info  # the callers' version checks reject it
     info_fn.argtypes = [ctypes.POINTER(AttngenKernelInfo)]
     info_fn.restype = ctypes.c_int
     if info_fn(ctypes.byref(info)) != 0:
         info = AttngenKernelInfo()
-    return handle, version_fn(), info
+    return handle, version, info
 
 
 def load_library(path) -> KernelLibrary:

@@ -115,16 +115,25 @@ def plan(variants: Iterable[str], dtypes: Iterable[str], head_dims: Iterable[int
 _COMPILED = {}
 
 
+_OUT: List[Path] = []  # the worker's output root
+
+
 def _worker_init(out: str, log_path: str) -> None:
+    from .cache import ArtifactCache
+    from .cache.store import set_default_cache
+
     os.environ["ATTNGEN_CACHE_DIR"] = out
     os.environ.pop("ATTNGEN_CACHE_READONLY", None)
+    # Only --out: an installed attngen_kernels, attngen/prebuilt or a fallback root would answer instead of a build.
+    set_default_cache(ArtifactCache(out, prebuilt=None, readonly=(), fallback=()))
+    _OUT[:] = [Path(out)]
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 2)  # the store's build lines and compiler output go to the log, not interleaved on the terminal
 
 
 def _build(task: Task) -> dict:
     from .cache import cache_key
-    from .errors import AttngenError
+    from .errors import AttngenError, BuildError
     from .frontend import CompiledAttention
 
     t0 = time.perf_counter()
@@ -135,6 +144,9 @@ def _build(task: Task) -> dict:
         spec = attn.spec(DTYPES[task.dtype], task.head_dim, task.arch, task.kernel)
         path = spec.build_cached()
         key = cache_key(spec.fields())
+        entries = (_OUT[0] / "entries").resolve()
+        if entries not in path.resolve().parents:
+            raise BuildError(f"{spec.uri} came from {path}, not from {entries}: the prebuilt root would lack it")
     except AttngenError as e:
         return {"task": asdict(task), "error": str(e).strip().splitlines()[0][:400],
                 "seconds": round(time.perf_counter() - t0, 2)}
@@ -210,7 +222,9 @@ def write_root_manifest(out: Path, versions: dict, results: list, wall: float, j
         entries.append({"key": meta["key"], "name": meta["name"], "dir": d.name, "size": _dir_size(d),
                         "build_seconds": meta.get("build_seconds"), "created": meta.get("created"),
                         **({"task": by_key[meta["key"]]} if meta["key"] in by_key else {})})
-    doc = {"format": 1, **versions, "note": PARAMETER_NOTE,
+    records = {f"analysis/{f.name}": hashlib.sha256(f.read_bytes()).hexdigest()
+               for f in sorted((out / "analysis").glob("*.json"))}  # the records lookups trust (cache.md)
+    doc = {"format": 1, **versions, "note": PARAMETER_NOTE, "records": records,
            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "entries": entries, "total_bytes": sum(e["size"] for e in entries),
            "build_seconds_sum": round(sum(e["build_seconds"] or 0 for e in entries), 1),

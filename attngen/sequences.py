@@ -73,15 +73,21 @@ def shifted_variant(variant: Variant, b0: int) -> Variant:
     )
 
 
+def check_sequence_extents(attn, batch: int, Hq: int, q_len: int, kv_len: int, q_offset: int) -> None:
+    """InputError when a captured tensor is too short for one sequence of a batch of ``batch``: its positions
+    (``q_len`` queries from ``q_offset``, ``kv_len`` keys) and the whole batch's ``b`` range. Callers check every
+    sequence before writing anything (a KV-cache append) or attending any (``attend_sequence`` does not check)."""
+    if attn.facts.captured:
+        check_extents(attn.facts.captured, [c.tensor for c in attn.facts.captured], batch, Hq, q_len, kv_len,
+                      q_offset)
+
+
 def attend_sequence(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int, batch: int, q_offset: int,
                     scale) -> Tuple[torch.Tensor, torch.Tensor]:
     """Reference attention of sequence ``b`` of a batch of ``batch``: q (1, Hq, Lq, D), k (1, Hkv, Lk, D),
     v (1, Hkv, Lk, Dv), query row i at absolute position ``q_offset + i``. Returns (out, lse) of that sequence.
-    Captured tensors are checked against this sequence's positions and the whole batch's ``b`` range."""
+    Captured tensors must have been checked first (``check_sequence_extents``)."""
     from . import reference
 
-    if attn.facts.captured:
-        check_extents(attn.facts.captured, [c.tensor for c in attn.facts.captured], batch, q.shape[1], q.shape[2],
-                      k.shape[2], q_offset)
     return reference.attention(q, k, v, shifted_variant(attn.variant, b), scale=scale, return_lse=True,
                                q_offset=q_offset)

@@ -19,7 +19,7 @@ import torch
 
 from .errors import InputError
 from .reference import _check_scale
-from .sequences import attend_sequence, check_index_tensor, check_reference_path
+from .sequences import attend_sequence, check_index_tensor, check_reference_path, check_sequence_extents
 
 
 def varlen(attn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: Optional[int] = None,
@@ -44,6 +44,10 @@ def varlen(attn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: Optional[int
         raise InputError(f"return_lse must be a bool, got {return_lse!r}")
     scale = _check_scale(scale, D)
 
+    offsets = [max(n_k[b] - n_q[b], 0) for b in range(B)]  # queries aligned to the end of the keys
+    for b in range(B):
+        check_sequence_extents(attn, B, Hq, n_q[b], n_k[b], offsets[b])
+
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = q.new_empty((q.shape[0], Hq, Dv))
     lse = torch.empty((Hq, q.shape[0]), dtype=compute, device=q.device)
@@ -51,7 +55,7 @@ def varlen(attn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: Optional[int
         rows = slice(starts_q[b], starts_q[b + 1])
         keys = slice(starts_k[b], starts_k[b] + n_k[b])
         ob, lb = attend_sequence(attn, q[rows].transpose(0, 1).unsqueeze(0), k[keys].transpose(0, 1).unsqueeze(0),
-                                 v[keys].transpose(0, 1).unsqueeze(0), b, B, max(n_k[b] - n_q[b], 0), scale)
+                                 v[keys].transpose(0, 1).unsqueeze(0), b, B, offsets[b], scale)
         out[rows] = ob[0].transpose(0, 1)
         lse[:, rows] = lb[0]
     return (out, lse) if return_lse else out

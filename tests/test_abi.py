@@ -46,3 +46,35 @@ def test_no_other_module_restates_abi_facts():
             assert str(code) not in text, f"{p.relative_to(root)} restates return code {code}: import it from attngen.abi"
         assert not re.search(r"^\s*(MAX_CAPTURED|MAX_SUMMARIES|ABI_VERSION|SUPPORTED_HEAD_DIMS)\s*=", text, re.M), \
             f"{p.relative_to(root)} defines an ABI fact: import it from attngen.abi"
+
+
+def _stale_library(version: int, called: list):
+    """A stand-in for a ctypes handle: an attngen library of ABI `version` whose kernel-info functions record
+    that they ran (a library of another ABI may fill a larger info struct than launch.AttngenKernelInfo)."""
+    from types import SimpleNamespace
+
+    def fn(result, name=None):
+        def f(*args):
+            if name:
+                called.append(name)
+            return result
+        return f
+
+    return SimpleNamespace(attngen_abi_version=fn(version), attngen_kernel_info=fn(0, "attngen_kernel_info"),
+                           attngen_bwd_kernel_info=fn(0, "attngen_bwd_kernel_info"), attngen_fwd=fn(0),
+                           attngen_bwd=fn(0), attngen_error_string=fn(b""))
+
+
+def test_loaders_check_the_abi_version_before_the_kernel_info(monkeypatch):
+    import pytest
+
+    from attngen import launch
+    from attngen.errors import BuildError
+
+    called: list = []
+    monkeypatch.setattr(launch.ctypes, "CDLL", lambda path: _stale_library(abi.ABI_VERSION + 1, called))
+    with pytest.raises(BuildError, match=f"speaks attngen ABI version {abi.ABI_VERSION + 1}, this attngen expects"):
+        launch.load_library("stale.so")
+    with pytest.raises(BuildError, match=f"another backward ABI \\(ABI {abi.ABI_VERSION + 1}, backward ABI 0"):
+        launch.load_bwd_library("stale_bwd.so")
+    assert called == []

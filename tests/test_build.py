@@ -386,3 +386,33 @@ def test_signature_covers_tile_settings(monkeypatch):
     assert cache_key(changed) != cache_key(fields)
     sm80 = attn.spec(torch.bfloat16, 128, "sm_80", "sm80").fields()
     assert "block_k" in sm80["tiles"] and sm80["tiles"] != fields["tiles"]
+
+
+def test_signature_covers_the_generator_sources(tmp_path, monkeypatch):
+    """Codegen, predicates and build flags live in Python, outside the hashed templates: a change to any of them
+    must change the cache key (kernels rendered by older code are not served)."""
+    import shutil
+
+    import torch
+
+    import attngen
+    from attngen.cache import cache_key
+    from attngen.jit import render
+
+    pkg = Path(render.__file__).resolve().parent.parent
+    assert {"codegen.py", "predicates.py", "printer.py", "gradients.py", "jit/ninja.py"} <= set(render.GENERATOR_SOURCES)
+    attn = attngen.compile(causal=True)
+    before = cache_key(attn.spec(torch.bfloat16, 128, "sm_90a", "sm90").fields())
+    copy = tmp_path / "attngen"
+    shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("__pycache__", "templates"))
+    with open(copy / "codegen.py", "a") as f:
+        f.write("\n# a change\n")
+    monkeypatch.setattr(render, "__file__", str(copy / "jit" / "render.py"))
+    render.generator_hash.cache_clear()
+    try:
+        after = cache_key(attn.spec(torch.bfloat16, 128, "sm_90a", "sm90").fields())
+    finally:
+        monkeypatch.undo()
+        render.generator_hash.cache_clear()
+    assert after != before
+    assert cache_key(attn.spec(torch.bfloat16, 128, "sm_90a", "sm90").fields()) == before

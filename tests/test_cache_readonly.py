@@ -165,11 +165,25 @@ def test_readonly_root_owned_by_someone_else_serves_but_as_user_cache_is_refused
         ArtifactCache(d, prebuilt=None, readonly=()).get_or_build(key, "k", make_build(count))
 
 
-def test_group_writable_readonly_root_is_refused(shared, tmp_path):
+@pytest.mark.parametrize("where", ["root", "entries", "files"])
+def test_unsafe_readonly_root_is_skipped_with_one_warning(shared, tmp_path, where):
+    """A root installed with umask 002 (files 0664) serves nothing but breaks no lookup: skipped like a corrupt one."""
     d, key, so = shared
-    os.chmod(d / "entries", 0o775)
-    with pytest.raises(CacheError, match=r"writable by group/others.*chmod go-w"):
-        ArtifactCache(tmp_path / "mine", prebuilt=None, readonly=[d]).get_or_build(key, "k", make_build([]))
+    if where == "files":
+        for f in so.parent.iterdir():
+            os.chmod(f, 0o664)
+    else:
+        os.chmod(d if where == "root" else d / "entries", 0o775)
+    count: list = []
+    ac = ArtifactCache(tmp_path / "mine", prebuilt=None, readonly=[d])
+    with pytest.warns(CacheWarning, match=rf"ignoring the read-only kernel root {d}: .*writable by group/others.*"
+                                          rf"chmod -R go-w {d}") as rec:
+        p = ac.get_or_build(key, "k", make_build(count))
+        ac.forget()
+        ac.get_or_build(key, "k", make_build(count))
+        assert ac.list_entries()
+    assert count == [1] and p.parent.parent == tmp_path / "mine" / "entries"
+    assert len([w for w in rec if issubclass(w.category, CacheWarning)]) == 1
 
 
 @pytest.mark.parametrize("what", ["file", "dir", "unlisted"])
@@ -240,3 +254,63 @@ def test_build_function_errors_pass_through_unchanged(tmp_path):
 
     with pytest.raises(FileNotFoundError):
         ArtifactCache(tmp_path / "c", prebuilt=None, readonly=()).get_or_build(fresh_key("oserr"), "k", build)
+
+
+def test_root_without_owner_write_bit_is_read_only_even_for_root(shared, tmp_path, capsys):
+    """os.access is always true for root: the mode bits decide. Nothing in a read-only root is written or deleted."""
+    d, key, so = shared
+    fb = tmp_path / "fb"
+    so.write_bytes(so.read_bytes() + b"!")  # corrupt (root may write a 0444 file; others get a read-only root)
+    count: list = []
+    ac = ArtifactCache(d, prebuilt=None, readonly=(), fallback=[fb])
+    with pytest.warns(CacheWarning, match="unusable"):
+        p = ac.get_or_build(key, "causal bf16 hd128 sm_90a", make_build(count))
+    assert count == [1] and p.parent.parent == fb / "entries"
+    assert ac.clear() == 1
+    assert so.is_file() and so.read_bytes().endswith(b"!")  # skipped, never removed or cleared
+
+
+def test_cache_ls_and_path_create_nothing_and_log_nothing(shared, tmp_path, monkeypatch, capsys):
+    from attngen.cache.cli import main
+
+    d, key, so = shared
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, m, **k: False if Path(p) == d else real_access(p, m, **k))
+    fresh = ArtifactCache(tmp_path / "new" / "root", prebuilt=None, readonly=(), fallback=[tmp_path / "fb0"])
+    readonly_user = ArtifactCache(d, prebuilt=None, readonly=(), fallback=[tmp_path / "fb"])
+    w = WriteCounter(monkeypatch)
+    assert main(["path"], cache=fresh) == 0 and main(["ls"], cache=fresh) == 0
+    assert main(["path"], cache=readonly_user) == 0 and main(["ls"], cache=readonly_user) == 0
+    calls = list(w.calls)
+    monkeypatch.undo()
+    out, err = capsys.readouterr()
+    assert calls == [] and err == ""
+    assert out.splitlines()[0] == str(tmp_path / "new" / "root") and f"new builds go to {tmp_path / 'fb'}" in out
+    assert not (tmp_path / "new").exists() and not (tmp_path / "fb").exists()
+
+
+def test_no_home_warning_names_no_none(tmp_path, monkeypatch):
+    monkeypatch.delenv("ATTNGEN_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    ac = ArtifactCache(prebuilt=None, readonly=(), fallback=[tmp_path / "fb"])
+    with pytest.warns(CacheWarning) as rec:
+        assert ac.root == tmp_path / "fb"
+    msg = str(rec[0].message)
+    assert "None" not in msg and "~/.cache/attngen" in msg and "set HOME" in msg
+
+
+def test_symlink_alias_of_the_user_cache_listed_read_only_is_never_cleared(tmp_path):
+    user = tmp_path / "user"
+    key = fresh_key("alias")
+    so = ArtifactCache(user, prebuilt=None, readonly=()).get_or_build(key, "k", make_build([]))
+    os.symlink(user, tmp_path / "alias")
+    count: list = []
+    ac = ArtifactCache(user, prebuilt=None, readonly=[tmp_path / "alias"], fallback=[tmp_path / "fb"])
+    assert ac.get_or_build(key, "k", make_build(count)) == so and count == []
+    assert ac.clear() == 0 and so.is_file()
+    assert ac.root == tmp_path / "fb"

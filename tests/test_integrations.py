@@ -141,13 +141,21 @@ def test_module_forward_backward_and_compile():
 # per-call segment tensors (the HF padding path)
 
 
-def _segment_reference(q, k, v, seg, window=None):
+SEGS = [torch.tensor([[-1] * 5 + [0] * 19, [0] * 7 + [1] * 12 + [-1] * 5]),
+        torch.tensor([[0] * 24, [-1] * 3 + [0] * 4 + [1] * 17])]
+
+
+def _segment_reference(q, k, v, seg, window=None, form="segments"):
+    """The "segments" form under a causal mask (and window), or the "keys" form without one."""
     G = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
     s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
-    i = torch.arange(q.shape[2])
-    keep = (i[:, None] >= i[None, :]) if window is None else (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < window)
-    keep = keep[None] & (seg[:, None, :] >= 0) & (seg[:, :, None] == seg[:, None, :])
+    if form == "keys":
+        keep = (seg[:, None, :] >= 0).expand(-1, q.shape[2], -1)
+    else:
+        i = torch.arange(q.shape[2])
+        keep = (i[:, None] >= i[None, :]) if window is None else (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < window)
+        keep = keep[None] & (seg[:, None, :] >= 0) & (seg[:, :, None] == seg[:, None, :])
     return (s.masked_fill(~keep[:, None], float("-inf")).softmax(-1).nan_to_num(0.0)) @ v
 
 
@@ -155,14 +163,12 @@ def test_segments_per_call_under_functionalization():
     """The values of each call reach the op, also under aot_eager (which moves mutations of captured tensors after
     their readers) and in the backward."""
     q, k, v = _qkv(hkv=HKV, requires_grad=True)
-    segs = [torch.tensor([[-1] * 5 + [0] * 19, [0] * 7 + [1] * 12 + [-1] * 5]),
-            torch.tensor([[0] * 24, [-1] * 3 + [0] * 4 + [1] * 17])]
 
     def f(q, k, v, seg):
         return segment_attention(q, k, v, seg, window=9)
 
     for fn in (f, torch.compile(f, fullgraph=True, backend="aot_eager")):
-        for seg in segs:
+        for seg in SEGS:
             kept = (seg >= 0)[:, None, :, None].expand(B, HQ, L, D)
             want = _segment_reference(q, k, v, seg, window=9)
             got = fn(q, k, v, seg)
@@ -171,6 +177,44 @@ def test_segments_per_call_under_functionalization():
             g_got = torch.autograd.grad(got[kept].sum(), (q, k, v))
             for a, b in zip(g_got, g_want):
                 torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def _check_segments(q, k, v, seg, form="segments", **options):
+    got = segment_attention(q, k, v, seg, causal=form == "segments", form=form, **options)
+    kept = (seg >= 0)[:, None, :, None].expand(B, HQ, L, D)
+    torch.testing.assert_close(got[kept], _segment_reference(q, k, v, seg, form=form)[kept])
+
+
+def test_segment_buffers_are_per_stream(monkeypatch):
+    """One buffer per (device, stream): a call on one stream never writes the buffer a kernel queued on another
+    may still read, and never skips its copy because another stream's call passed the same tensor (that copy may
+    not have landed). CPU tensors have no streams, so the stream is faked; tests/gpu/test_integrations_gpu.py
+    runs the race on two CUDA streams."""
+    from attngen.integrations import _segments
+
+    stream = ["A"]
+    monkeypatch.setattr(_segments, "stream_key", lambda device: (device, stream[0]))
+    q, k, v = _qkv(hkv=HKV)
+    for stream[0], seg in (("A", SEGS[0]), ("B", SEGS[0]), ("A", SEGS[1])):
+        _check_segments(q, k, v, seg)
+    state = _segments._SEGMENTED[_segments.segmented_key(True, None, None, "segments")].state
+    buf_a, buf_b = state[(torch.device("cpu"), "A")][0], state[(torch.device("cpu"), "B")][0]
+    assert buf_a.data_ptr() != buf_b.data_ptr()
+    assert torch.equal(buf_a[:, :L], SEGS[1].int()) and torch.equal(buf_b[:, :L], SEGS[0].int())
+
+
+@pytest.mark.parametrize("form", ["segments", "keys"])
+def test_segments_under_inference_mode(form):
+    """Inference tensors have no version counter: they are always copied. A buffer made under inference_mode is
+    a normal tensor, so a later call outside it (training after evaluation) can still copy into it."""
+    window = 29 if form == "segments" else (29, 29)  # wider than L: no effect, but a variant no other test makes
+    q, k, v = _qkv(hkv=HKV)
+    with torch.inference_mode():
+        seg = SEGS[0].to(torch.int32)  # an inference tensor, passed on as is
+        _check_segments(q, k, v, seg, form, window=window)
+        seg.copy_(SEGS[1])  # changed in place: no version counter says so
+        _check_segments(q, k, v, seg, form, window=window)
+    _check_segments(q, k, v, SEGS[0], form, window=window)
 
 
 def test_import_loads_neither_transformers_nor_dynamo():
@@ -298,3 +342,23 @@ def test_hf_unsupported_settings_raise(hf_registered):
         attention_forward(module, q, k, v, None, s_aux=torch.zeros(4))
     out, weights = attention_forward(module, q, k, v, None, scaling=0.25)
     assert out.shape == (1, 6, 4, 16) and weights is None
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_hf_raw_int64_padding_mask_drops_padded_keys(causal):
+    """The tokenizer's int64 0/1 mask reaching the attention function as is (no mask function) is a padding mask,
+    not segment ids: without a causal mask too ("keys" form), every query must drop the padded keys."""
+    from types import SimpleNamespace
+
+    from attngen.integrations.hf import attention_forward
+
+    q, k, v = _qkv(hkv=HKV)
+    mask = torch.ones(B, L, dtype=torch.long)
+    mask[0, :5] = 0    # left padding
+    mask[1, 19:] = 0   # right padding
+    seg = torch.where(mask.bool(), 0, -1)
+    form = "segments" if causal else "keys"
+    out, _ = attention_forward(SimpleNamespace(), q, k, v, mask, is_causal=causal)
+    torch.testing.assert_close(out.transpose(1, 2), _segment_reference(q, k, v, seg, form=form))
+    with pytest.raises(InputError, match="float32 attention_mask"):
+        attention_forward(SimpleNamespace(), q, k, v, mask.float(), is_causal=causal)

@@ -385,6 +385,8 @@ KV_ERRORS = {
     "page range": (dict(paged=True, page_table=torch.tensor([[0, 1], [2, 9]], dtype=I32)),
                    r"page_table\[1, 1\] = 9 is not a page of the cache"),
     "page capacity": (dict(paged=True, page_table=torch.tensor([[0], [2]], dtype=I32)), "capacity of 4"),
+    "page twice": (dict(paged=True, page_table=torch.tensor([[0, 1], [2, 2]], dtype=I32)),
+                   r"page_table\[1, 0\] and page_table\[1, 1\] are both page 2"),
 }
 
 
@@ -396,6 +398,18 @@ def test_with_kvcache_errors_name_the_fix_and_write_nothing(name):
     with pytest.raises(InputError, match=message):
         attngen.compile().with_kvcache(**args)
     assert all(same_bits(t, b) for t, b in zip((args["k_cache"], args["v_cache"]), before) if t.shape == b.shape)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_a_captured_tensor_too_short_for_one_sequence_writes_nothing(paged):
+    """doc_ids covers positions 0..4: sequence 0 (3 cached keys + 1 new) fits, sequence 1 (5 + 1) does not. The
+    check runs for every sequence before the appends."""
+    args = _kv_call(paged=paged)
+    before = [t.clone() for t in (args["k_cache"], args["v_cache"])]
+    attn = attngen.compile(mask_mod=V.document(torch.zeros(2, 5, dtype=I32)))
+    with pytest.raises(InputError, match="captured tensor .* reaches 5 at this call"):
+        attn.with_kvcache(**args)
+    assert all(same_bits(t, b) for t, b in zip((args["k_cache"], args["v_cache"]), before))
 
 
 def _varlen_call(**change):

@@ -202,3 +202,176 @@ def test_prebuild_makes_a_root_and_a_wheel_that_serve_without_nvcc(tmp_path):
         assert "cache hit prebuilt causal bf16 hd64 sm_80 sm80" in child.stderr and "building" not in child.stderr
         assert got == {"path": got["path"], "sympy": False, "traced": False}, how
         assert not (tmp_path / "user").exists(), how  # 0 writes: not even the user cache directory
+
+
+def _umask_002(root: Path) -> None:
+    """What pip leaves under umask 002: group-writable directories and files."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        os.chmod(dirpath, 0o775)
+        for f in filenames:
+            os.chmod(os.path.join(dirpath, f), 0o664)
+
+
+def test_a_kernels_package_installed_with_umask_002_breaks_no_lookup(env, monkeypatch):
+    spec = _spec(causal=True)
+    pkg = env / "site" / "attngen_kernels"
+    _fake_root(pkg, [spec])
+    _umask_002(pkg)
+    count: list = []
+    ac = ArtifactCache(env / "user", prebuilt=[pkg], readonly=())
+    with pytest.warns(CacheWarning, match=rf"ignoring the read-only kernel root {pkg}.*chmod -R go-w {pkg}") as rec:
+        for tag in ("a", "b"):
+            ac.get_or_build(cache_key({"tag": tag}), f"k{tag}", make_build(count), key_for=lambda pins: None)
+    assert count == [1, 1] and len(rec) == 1
+
+
+def _fake_nvcc(tmp_path: Path, release: str) -> str:
+    exe = tmp_path / "bin" / "nvcc"
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    exe.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.0'\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def _forget_nvcc_versions():
+    toolchain._nvcc_version_memo.cache_clear()
+    toolchain._nvcc_version_of.cache_clear()
+
+
+def test_a_hit_in_a_read_only_cache_dir_writes_nothing_anywhere(env, monkeypatch, capsys):
+    """The key (nvcc version memo included) is computed without creating a root, a fallback or a memo file, and
+    with no writable directory at all the lookup of an existing kernel still succeeds."""
+    from test_cache_readonly import _chmod_tree
+
+    spec = _spec(causal=True)
+    nvcc = _fake_nvcc(env, "12.9")
+    monkeypatch.setattr(toolchain, "find_nvcc", lambda: nvcc)
+    _forget_nvcc_versions()
+    key = cache_key(spec.fields())  # a real key, from KernelSpec
+    ro = env / "ro"
+    so = ArtifactCache(ro, prebuilt=None, readonly=()).get_or_build(
+        key, spec.uri, lambda d: (d / "libattngen_fwd.so").write_bytes(b"\x7fELF fake") and None,
+        artifact="libattngen_fwd.so")
+    _chmod_tree(ro, writable=False)
+    blocker = env / "blocker"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(ro))
+    monkeypatch.delenv("ATTNGEN_VERBOSE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "xdg"))
+    monkeypatch.setattr("tempfile.tempdir", str(blocker))  # the last fallback cannot be created either
+    _forget_nvcc_versions()
+    capsys.readouterr()
+    w = WriteCounter(monkeypatch)
+    try:
+        got = spec.build_cached()
+        calls = list(w.calls)
+    finally:
+        monkeypatch.undo()
+        _chmod_tree(ro, writable=True)
+        _forget_nvcc_versions()
+    assert got == so and calls == []
+    assert capsys.readouterr().err == ""
+
+
+def test_prebuild_workers_build_into_out_only(env, monkeypatch):
+    """An installed attngen_kernels (or ATTNGEN_CACHE_READONLY) must not answer a worker's build: prebuild would
+    report success and ship nothing. A task whose path is not under out/entries fails."""
+    from attngen.cache import store
+
+    key = cache_key({"tag": "prebuild-worker", "nonce": os.urandom(4).hex()})
+    pkg = env / "site" / "attngen_kernels"
+    ArtifactCache(pkg, prebuilt=None, readonly=()).get_or_build(key, "k", make_build([]))
+    (pkg / "__init__.py").write_text("")
+    (pkg / "prebuilt.json").write_text(json.dumps({"format": 1, "pins": PINS}))
+    monkeypatch.syspath_prepend(str(env / "site"))
+    monkeypatch.setenv("ATTNGEN_CACHE_READONLY", str(pkg))
+    monkeypatch.setattr(os, "dup2", lambda fd, fd2: None)  # keep pytest's stderr
+    monkeypatch.setattr(store, "_pinned_default", [])
+    returned = {}
+
+    class FakeSpec:
+        uri = "k"
+
+        def build_cached(self):
+            if "path" in returned:
+                return returned["path"]
+            return store.default_cache().get_or_build(key, "k", make_build([]), key_for=lambda pins: key)
+
+        def fields(self):
+            return {"tag": "prebuild-worker"}
+
+    class FakeCompiled:
+        def __init__(self, variant):
+            pass
+
+        def spec(self, *a):
+            return FakeSpec()
+
+    monkeypatch.setattr("attngen.frontend.CompiledAttention", FakeCompiled)
+    monkeypatch.setattr(pb, "_COMPILED", {})
+    out = env / "out"
+    pb._worker_init(str(out), str(env / "out.log"))
+    task = pb.Task("causal", "bf16", 128, "sm_80", "auto")
+    r = pb._build(task)
+    assert "error" not in r and (out / "entries" / r["entry"] / "kernel.so").is_file()
+    returned["path"] = pkg / "entries" / r["entry"] / "kernel.so"
+    pb._COMPILED.clear()
+    assert "not from" in pb._build(task)["error"]
+
+
+@pytest.mark.parametrize("how", ["group_writable", "symlink", "prebuilt_unlisted", "prebuilt_listed"])
+def test_analysis_records_of_read_only_roots_are_checked_like_entries(env, monkeypatch, how):
+    import hashlib
+    from attngen import analysis, analysis_cache
+    from attngen.fingerprint import fingerprint
+
+    def forget():
+        with analysis._LOCK:
+            analysis._ANALYSIS.clear()
+        with analysis_cache._LOCK:
+            analysis_cache._RECORDS.clear()
+
+    variant = attngen.make_variant(causal=True)
+    forget()
+    facts, _ = analysis_cache.variant_facts(variant)
+    digest = fingerprint(variant).digest
+    rel = f"analysis/{digest}.json"
+    own = env / "user" / rel
+    planted = {**json.loads(own.read_text()), "canonical": "planted", "has_mask": False}
+    own.unlink()
+    ro = env / "ro"
+    (ro / "entries").mkdir(parents=True)
+    (ro / "analysis").mkdir()
+    text = json.dumps(planted)
+    if how == "symlink":
+        (env / "elsewhere.json").write_text(text)
+        os.symlink(env / "elsewhere.json", ro / rel)
+    else:
+        (ro / rel).write_text(text)
+        os.chmod(ro / rel, 0o666 if how == "group_writable" else 0o644)
+    if how.startswith("prebuilt"):
+        records = {rel: hashlib.sha256(text.encode()).hexdigest()} if how == "prebuilt_listed" else {}
+        (ro / "prebuilt.json").write_text(json.dumps({"format": 1, "pins": PINS, "records": records}))
+    monkeypatch.setenv("ATTNGEN_CACHE_READONLY", str(ro))
+    forget()
+    got, _ = analysis_cache.variant_facts(variant)
+    forget()
+    if how == "prebuilt_listed":  # the root vouches for it by hash
+        assert got.canonical == "planted"
+    else:
+        assert got.canonical == facts.canonical and got.has_mask
+
+
+def test_a_prebuilt_root_of_another_cuda_major_is_skipped_with_one_log_line(env, monkeypatch, capsys):
+    spec = _spec(causal=True)
+    paths = _fake_root(env / "pre", [spec], pins={"nvcc": [12, 9]})
+    for local, served in (((13, 0), False), ((12, 4), True)):
+        monkeypatch.setattr(toolchain, "nvcc_version", lambda nvcc=None, v=local: v)
+        monkeypatch.setattr("attngen.jit.spec.nvcc_version", lambda v=local: v)
+        ac = ArtifactCache(env / "user", prebuilt=None, readonly=[env / "pre"])
+        for _ in range(2):
+            ac.forget()
+            got = ac.lookup(cache_key(spec.fields()), spec.uri, "libattngen_fwd.so", key_for=spec.key_for_pins)
+            assert (got == paths[spec.uri]) if served else got is None
+    err = capsys.readouterr().err
+    assert err.count("another CUDA major") == 1 and "nvcc 12.9" in err and "13.0" in err

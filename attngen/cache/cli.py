@@ -12,7 +12,7 @@ import sys
 from typing import Sequence
 
 from attngen.cache.store import ArtifactCache, default_cache
-from attngen.errors import AttngenError
+from attngen.errors import AttngenError, CacheError
 
 
 def _size(n: int) -> str:
@@ -72,9 +72,18 @@ def main(argv: Sequence[str] | None = None, cache: ArtifactCache | None = None) 
         return 1
 
 
+def _planned(c: ArtifactCache) -> str:
+    """The root builds would go to, without creating it (`path` and `ls` only read)."""
+    root = c.planned_root()
+    if root is None:
+        raise CacheError("attngen cache: no writable cache directory. Fix: set ATTNGEN_CACHE_DIR to a writable "
+                         "directory you own.")
+    return str(root)
+
+
 def _run(args, c: ArtifactCache, out) -> int:
     if args.cmd == "path":
-        print(c.root, file=out)
+        print(_planned(c), file=out)
     elif args.cmd == "ls":
         entries = c.list_entries()
         if args.json:
@@ -90,7 +99,7 @@ def _run(args, c: ArtifactCache, out) -> int:
                   file=out)
         total = sum(e.size for e in entries)
         print(f"{len(entries)} {'entry' if len(entries) == 1 else 'entries'}, {_size(total)}; new builds go to "
-              f"{c.root}", file=out)
+              f"{c.planned_root() or 'nowhere (no writable directory)'}", file=out)
         for d in c.readonly_roots():
             print(f"looked up read-only: {d}", file=out)
     elif args.cmd == "clear":

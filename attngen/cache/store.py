@@ -185,6 +185,21 @@ def _check_owner_and_mode(path: Path, st: os.stat_result, what: str, *, trusted:
         )
 
 
+def _writable_dir(path: Path) -> bool:
+    """Whether `path` is a directory this process may write, by its mode too: for root os.access is always true,
+    so a root whose owner-write bit is clear counts as read-only (a read-only mount or `chmod a-w`)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and bool(st.st_mode & stat.S_IWUSR) and os.access(path, os.W_OK | os.X_OK)
+
+
+def _resolved(path: Path) -> Path:
+    """`path` with symlinks resolved, so two spellings of one directory compare equal."""
+    return Path(os.path.realpath(path))
+
+
 def _rmtree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
     with contextlib.suppress(OSError):
@@ -261,12 +276,36 @@ _announced: set[str] = set()
 _announce_lock = threading.Lock()
 
 
-def _log_once(msg: str) -> None:
+def _first_time(msg: str) -> bool:
     with _announce_lock:
         if msg in _announced:
-            return
+            return False
         _announced.add(msg)
-    log(msg)
+        return True
+
+
+def _log_once(msg: str) -> None:
+    if _first_time(msg):
+        log(msg)
+
+
+def _skip_unsafe_root(root: Path, err: CacheError) -> None:
+    """One CacheWarning per process and root: an unsafe read-only or prebuilt root is skipped like a corrupt one
+    (a wheel installed with umask 002 must not break every lookup)."""
+    if _first_time(f"unsafe {root}"):
+        why = str(err).split(" Fix:")[0].removeprefix("attngen cache ")
+        warnings.warn(f"attngen: ignoring the read-only kernel root {root}: {why} Fix: `chmod -R go-w {root}` (and "
+                      f"install packages with umask 022).", CacheWarning, stacklevel=6)
+
+
+_local_pins: Callable[[], Mapping[str, Any] | None] | None = None
+
+
+def register_local_pins(fn: Callable[[], Mapping[str, Any] | None]) -> None:
+    """The build layer tells the store this machine's toolchain ({"nvcc": [13, 0]}, None without one), so a
+    prebuilt root built with another CUDA major is skipped instead of loaded (jit/toolchain.py registers it)."""
+    global _local_pins
+    _local_pins = fn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,6 +316,7 @@ class _Source:
     kind: str  # "user" (the writable root: corrupt entries are replaced), "read-only", "prebuilt"
     trusted: frozenset[int]  # uids that may own what is inside
     pins: Mapping[str, Any] | None = None  # a prebuilt root's recorded toolchain (prebuilt.json); None: this machine's
+    records: Mapping[str, Any] | None = None  # a prebuilt root's "records" (rel path -> sha256); None: not prebuilt
 
     @property
     def root(self) -> Path:
@@ -284,22 +324,39 @@ class _Source:
         return self.entries.parent if self.entries.name == "entries" else self.entries
 
 
-def _read_pins(root: Path, trusted: frozenset[int]) -> Mapping[str, Any] | None:
-    """The "pins" of root/prebuilt.json (the toolchain fields its entries were keyed with), None without the file.
-    CacheError when the file is unsafe; a damaged one pins nothing it could be trusted for: {"unreadable": why}."""
+def _read_prebuilt(root: Path, trusted: frozenset[int]) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+    """(pins, records) of root/prebuilt.json: the toolchain fields its entries were keyed with and the sha256 of
+    each analysis record it ships; (None, None) without the file. CacheError when the file is unsafe; a damaged
+    one pins nothing it could be trusted for: ({"unreadable": why}, {})."""
     path = root / PREBUILT_MANIFEST
     try:
         st = os.lstat(path)
     except OSError:
-        return None
+        return None, None
     _check_owner_and_mode(path, st, "file", trusted=trusted)
     try:
-        pins = json.loads(path.read_text(encoding="utf-8"))["pins"]
-        if not isinstance(pins, dict):
-            raise TypeError("pins is not an object")
-        return pins
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        pins, records = doc["pins"], doc.get("records", {})
+        if not isinstance(pins, dict) or not isinstance(records, dict):
+            raise TypeError("pins or records is not an object")
+        return pins, records
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return {"unreadable": f"{PREBUILT_MANIFEST} is unreadable ({type(e).__name__}: {e})"}
+        return {"unreadable": f"{PREBUILT_MANIFEST} is unreadable ({type(e).__name__}: {e})"}, {}
+
+
+def _safe_source(root: Path, entries: Path, kind: str, trusted: frozenset[int]) -> _Source | None:
+    """The _Source of a read-only or prebuilt root, or None (warned once) when something in it is unsafe."""
+    try:
+        _check_owner_and_mode(root, os.stat(root), "read-only root", trusted=trusted)
+        if entries != root:
+            _check_owner_and_mode(entries, os.stat(entries), "directory", trusted=trusted)
+        pins, records = _read_prebuilt(root, trusted)
+    except CacheError as e:
+        _skip_unsafe_root(root, e)
+        return None
+    except OSError:
+        return None
+    return _Source(entries, kind, trusted, pins, records)
 
 
 def _kernels_package_dir() -> Path | None:
@@ -348,7 +405,10 @@ class ArtifactCache:
         else:
             self._prebuilt = tuple(Path(d) for d in prebuilt)
         ro = readonly_cache_dirs() if readonly is None else [Path(d).expanduser().absolute() for d in readonly]
-        self._readonly = tuple(d for d in ro if d != self._requested)
+        # Compared resolved: a root listed read-only under any spelling (a symlink alias) is never written or cleared.
+        req = _resolved(self._requested) if self._requested is not None else None
+        self._requested_readonly = req is not None and any(_resolved(d) == req for d in ro)
+        self._readonly = tuple(d for d in ro if _resolved(d) != req)
         self._fallback = None if fallback is None else [Path(d).expanduser().absolute() for d in fallback]
         self._root: Path | None = None
         self._memo: dict[tuple[str, str], Path] = {}
@@ -370,7 +430,8 @@ class ArtifactCache:
 
     def _fallback_roots(self) -> list[Path]:
         cands = self._fallback if self._fallback is not None else _default_fallback_roots(self._requested)
-        return [c for c in cands if c != self._requested]
+        req = _resolved(self._requested) if self._requested is not None else None
+        return [c for c in cands if _resolved(c) != req]
 
     def _ensure_root(self) -> Path:
         with self._init_lock:
@@ -380,6 +441,8 @@ class ArtifactCache:
             try:
                 if requested is None:
                     raise OSError("no home directory to put ~/.cache/attngen in")
+                if self._requested_readonly:
+                    raise PermissionError(errno.EACCES, f"listed in {READONLY_ENV}", str(requested))
                 self._prepare_root(requested)
                 root = requested
             except OSError as e:
@@ -405,16 +468,17 @@ class ArtifactCache:
                     f"directory and list {requested} in {READONLY_ENV}."
                 )
             else:
+                what = requested if requested is not None else "~/.cache/attngen"
+                fix = f"make {requested} writable, or set" if requested is not None else "set HOME, or"
                 warnings.warn(
-                    f"attngen: cache directory {requested} cannot be used ({why}); new builds go to {cand} "
-                    f"instead. Fix: make {requested} writable, or set ATTNGEN_CACHE_DIR to a writable "
-                    f"directory you own.",
+                    f"attngen: cache directory {what} cannot be used ({why}); new builds go to {cand} "
+                    f"instead. Fix: {fix} ATTNGEN_CACHE_DIR to a writable directory you own.",
                     CacheWarning,
                     stacklevel=5,
                 )
             return cand
         raise CacheError(
-            f"attngen cache: no writable cache directory: {requested} ({err.strerror or err}), "
+            f"attngen cache: no writable cache directory: {requested or '~/.cache/attngen'} ({err.strerror or err}), "
             f"{', '.join(tried) or 'no fallback'}. Fix: set ATTNGEN_CACHE_DIR to a writable directory you own."
         )
 
@@ -424,7 +488,7 @@ class ArtifactCache:
         if not os.path.isdir(root):  # (makedirs on an existing root would still call mkdir there)
             os.makedirs(root, mode=0o700, exist_ok=True)
         _check_owner_and_mode(root, os.stat(root), "directory")
-        if not os.access(root, os.W_OK | os.X_OK):
+        if not _writable_dir(root):
             raise PermissionError(errno.EACCES, "not writable", str(root))
         for sub in ("entries", "locks", "tmp"):
             p = root / sub
@@ -437,43 +501,32 @@ class ArtifactCache:
                     f"or set ATTNGEN_CACHE_DIR to another directory."
                 )
             _check_owner_and_mode(p, st, "directory")
+            if not st.st_mode & stat.S_IWUSR:
+                raise PermissionError(errno.EACCES, "not writable", str(p))
 
     # --------------------------------------------------------------------------------------- sources
 
     def _sources(self) -> Iterator[_Source]:
         """The entry directories lookups search, in order; reads only (nothing is created). A generator, so a
-        hit in an earlier source never looks at (or trips over) a later one."""
+        hit in an earlier source never looks at (or trips over) a later one. A read-only or prebuilt root holding
+        something unsafe is skipped with one CacheWarning; an unsafe user cache is refused (CacheError)."""
         me = os.geteuid()
         for ro in self._readonly:
             try:
-                rst = os.stat(ro)
+                owner = os.stat(ro).st_uid
             except OSError:
                 continue  # a listed root that is absent serves nothing
-            trusted = frozenset((me, 0, rst.st_uid))  # you listed it, so you trust its owner
-            _check_owner_and_mode(ro, rst, f"read-only root ({READONLY_ENV})", trusted=trusted)
-            entries = ro
-            if os.path.isdir(ro / "entries"):
-                entries = ro / "entries"
-                _check_owner_and_mode(entries, os.stat(entries), "directory", trusted=trusted)
-            yield _Source(entries, "read-only", trusted, _read_pins(ro, trusted))
+            src = _safe_source(ro, ro / "entries" if os.path.isdir(ro / "entries") else ro, "read-only",
+                               frozenset((me, 0, owner)))  # you listed it, so you trust its owner
+            if src is not None:
+                yield src
         for pre in self._prebuilt_dirs():
             if pre.is_dir():
-                trusted = frozenset((me, 0))
-                entries = pre / "entries" if os.path.isdir(pre / "entries") else pre
-                yield _Source(entries, "prebuilt", trusted, _read_pins(pre, trusted))
-        user_roots: list[Path] = []
-        if self._root is not None:
-            user_roots.append(self._root)
-        if self._requested is not None and self._requested not in user_roots:
-            user_roots.append(self._requested)
-        writable = self._root
-        if writable is None and self._requested is not None:
-            if self._requested_writable():
-                writable = self._requested
-            else:  # builds will go to a fallback root: the one an earlier process used serves too
-                fbs = [c for c in self._fallback_roots() if c not in user_roots and c.is_dir()]
-                user_roots += fbs
-                writable = next((c for c in fbs if os.access(c, os.W_OK | os.X_OK)), None)
+                src = _safe_source(pre, pre / "entries" if os.path.isdir(pre / "entries") else pre, "prebuilt",
+                                   frozenset((me, 0)))
+                if src is not None:
+                    yield src
+        user_roots, writable = self._user_roots()
         for r in user_roots:
             if not os.path.isdir(r):
                 continue
@@ -493,6 +546,53 @@ class ArtifactCache:
             kind = "user" if r == writable else "read-only"
             yield _Source(entries, kind, frozenset((me,)))
 
+    def _user_roots(self) -> tuple[list[Path], Path | None]:
+        """The user cache's roots lookups read (the root builds go to, the configured one, existing fallbacks) and
+        the one among them builds write to (None: not known yet without creating it); creates nothing."""
+        user_roots: list[Path] = []
+        if self._root is not None:
+            user_roots.append(self._root)
+        if self._requested is not None and self._requested not in user_roots:
+            user_roots.append(self._requested)
+        writable = self._root
+        if writable is None and self._requested is not None:
+            if self._requested_writable():
+                writable = self._requested
+            else:  # builds will go to a fallback root: the one an earlier process used serves too
+                fbs = [c for c in self._fallback_roots() if c not in user_roots and c.is_dir()]
+                user_roots += fbs
+                writable = next((c for c in fbs if _writable_dir(c)), None)
+        return user_roots, writable
+
+    def memo_roots(self) -> tuple[list[Path], Path | None]:
+        """(existing user-cache roots, the existing one that may be written or None) for per-machine memos such as
+        nvcc-versions.json; creates nothing, logs nothing."""
+        roots, writable = self._user_roots()
+        roots = [r for r in roots if os.path.isdir(r)]
+        return roots, (writable if writable in roots and _writable_dir(writable) else None)
+
+    def planned_root(self) -> Path | None:
+        """The root builds would go to, without creating it or logging the fallback line (`cache path`, `ls`);
+        None when no candidate could be written."""
+        if self._root is not None:
+            return self._root
+        if self._requested is not None and not self._requested_readonly:
+            if os.path.isdir(self._requested):
+                _check_owner_and_mode(self._requested, os.stat(self._requested), "directory")  # as `root` would
+            if self._creatable(self._requested):
+                return self._requested
+        return next((c for c in self._fallback_roots() if self._creatable(c)), None)
+
+    @staticmethod
+    def _creatable(path: Path) -> bool:
+        """A writable directory, or one whose nearest existing ancestor is writable (so _prepare_root can make it)."""
+        p = path
+        while not os.path.lexists(p):
+            if p.parent == p:
+                return False
+            p = p.parent
+        return _writable_dir(p)
+
     def _prebuilt_dirs(self) -> tuple[Path, ...]:
         if self._prebuilt is None:  # the defaults, found once (the package lookup costs a sys.path scan)
             pkg = _kernels_package_dir()
@@ -510,7 +610,36 @@ class ArtifactCache:
 
     def _requested_writable(self) -> bool:
         r = self._requested
-        return r is not None and (not r.exists() or os.access(r, os.W_OK | os.X_OK))
+        return r is not None and not self._requested_readonly and (not r.exists() or _writable_dir(r))
+
+    def read_root_files(self, rel: str) -> Iterator[bytes]:
+        """The bytes of <root>/<rel> in every root lookups read, in lookup order (analysis records), each checked as
+        an entry's files are: a regular file (not a symlink), owned by a trusted user, not group/other-writable,
+        and in a prebuilt root listed with its sha256 in prebuilt.json's "records". Others are skipped; reads only."""
+        seen: set[Path] = set()
+        for src in self._sources():
+            if src.root in seen:
+                continue
+            seen.add(src.root)
+            try:
+                fd = os.open(src.root / rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                _check_owner_and_mode(src.root / rel, st, "file", trusted=src.trusted)
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    data = f.read()
+            except (OSError, CacheError):
+                continue
+            finally:
+                os.close(fd)
+            if src.records is not None and src.kind != "user" and \
+                    src.records.get(rel) != hashlib.sha256(data).hexdigest():
+                continue  # a prebuilt root vouches for the records it lists, and for nothing else
+            yield data
 
     # ------------------------------------------------------------------------------------ main entry
 
@@ -583,7 +712,21 @@ class ArtifactCache:
                               f"(`python -m attngen prebuild`) or reinstall the package that installed it.",
                               CacheWarning, stacklevel=5)
             return None
+        if key is not None and not self._same_cuda_major(src):
+            return None
         return key_for(src.pins)
+
+    @staticmethod
+    def _same_cuda_major(src: _Source) -> bool:
+        """False (logged once) when nvcc is present here and its major differs from the one `src` was built with:
+        a library of another CUDA major may need another driver, so the kernel is built here (JIT) instead."""
+        local = _local_pins() if _local_pins is not None else None
+        mine, theirs = (local or {}).get("nvcc"), src.pins.get("nvcc") if src.pins is not None else None
+        if not (isinstance(mine, (list, tuple)) and mine and isinstance(theirs, list) and theirs) or mine[0] == theirs[0]:
+            return True
+        _log_once(f"prebuilt root {src.root} was built with nvcc {'.'.join(map(str, theirs))}, this machine's nvcc is "
+                  f"{'.'.join(map(str, mine))} (another CUDA major): skipping it, kernels are built with nvcc (JIT)")
+        return False
 
     def _check_request(self, key, artifact) -> None:
         if not isinstance(key, str) or not _KEY_RE.match(key):
@@ -645,7 +788,13 @@ class ArtifactCache:
         warning (once per entry); those of the writable root are left for the locked re-check to replace."""
         k16 = key[:16]
         for cand in self._candidates(src.entries, f"{_slug(name)}-{k16}", k16):
-            status, reason = self._check_entry(cand, key, artifact, trusted=src.trusted)
+            try:
+                status, reason = self._check_entry(cand, key, artifact, trusted=src.trusted)
+            except CacheError as e:
+                if src.kind == "user":
+                    raise
+                _skip_unsafe_root(src.root, e)
+                continue
             if status == "ok":
                 return cand
             if status == "corrupt" and src.kind != "user" and (str(cand), reason) not in self._warned:
@@ -1051,9 +1200,20 @@ class ArtifactCache:
 _defaults: dict[tuple[str | None, ...], ArtifactCache] = {}
 
 
+_pinned_default: list[ArtifactCache] = []
+
+
+def set_default_cache(cache: ArtifactCache | None) -> None:
+    """Make `cache` this process's `default_cache()` whatever the environment (None: back to the environment's);
+    prebuild's workers use a cache with only their output root."""
+    _pinned_default[:] = [cache] if cache is not None else []
+
+
 def default_cache() -> ArtifactCache:
     """The process-wide cache for the current ATTNGEN_CACHE_DIR / XDG_CACHE_HOME / ATTNGEN_CACHE_READONLY (one
-    instance per combination)."""
+    instance per combination), unless `set_default_cache` pinned one."""
+    if _pinned_default:
+        return _pinned_default[0]
     env = os.environ
     k = (env.get("ATTNGEN_CACHE_DIR"), env.get("XDG_CACHE_HOME"), env.get(READONLY_ENV))
     c = _defaults.get(k)

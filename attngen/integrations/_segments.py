@@ -16,6 +16,12 @@ attngen's backward op (``attngen::attention_bwd``). The op saves the small ``seg
 
 A buffer grows (a new buffer, the variant compiled again over it: a disk-cache hit, no tracing) when a call needs
 more rows or columns than it has; it is filled only where a call reads it.
+
+There is one buffer per (device, CUDA stream). The lock is released once a kernel is issued, not when it ends:
+with one buffer per device, a call on another stream could overwrite the segment ids a kernel still reads (and
+skip its own copy when the previous call passed the same tensor, then read a buffer whose copy has not landed on
+its stream). Within a stream, copies and kernels run in issue order. Streams come from torch's per-device pool,
+so their number (and the buffers') stays small.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
+from ..launch import _raw_stream
 from ._cache import constant_result
 
 _FORMS = ("keys", "segments")
@@ -53,29 +60,42 @@ class _Segmented:
         self.options = dict(causal=causal, window=window, softcap=softcap)
         self.form = form
         self.lock = threading.Lock()
-        self.state: Dict[torch.device, list] = {}  # device -> [buffer, CompiledAttention, last source, its version]
+        # (device, stream handle or None) -> [buffer, CompiledAttention, last source, its version]
+        self.state: Dict[tuple, list] = {}
 
     def load(self, seg: torch.Tensor) -> Tuple[object, torch.Tensor]:
-        """Copy ``seg`` into this device's buffer (growing it when too small); return (CompiledAttention, buffer).
-        Call with ``self.lock`` held until the attention call has been issued."""
+        """Copy ``seg`` into the buffer of its device and the current stream (growing it when too small); return
+        (CompiledAttention, buffer). Call with ``self.lock`` held until the attention call has been issued."""
         from ..frontend import compile
 
         B, L = seg.shape
-        st = self.state.get(seg.device)
+        where = stream_key(seg.device)
+        st = self.state.get(where)
         if st is None or B > st[0].shape[0] or L > st[0].shape[1]:
             rows = max(B, st[0].shape[0] if st else 0)
             cols = max(L, 2 * st[0].shape[1] if st else 0, 256)
-            buf = torch.full((rows, cols), -1, dtype=torch.int32, device=seg.device)
+            # a normal tensor even under torch.inference_mode: a later call outside it copies into the buffer
+            with torch.inference_mode(False):
+                buf = torch.full((rows, cols), -1, dtype=torch.int32, device=seg.device)
             mask = (_keys_mask if self.form == "keys" else _segments_mask)(buf)
-            st = self.state[seg.device] = [buf, compile(mask_mod=mask, **self.options), None, -1]
+            st = self.state[where] = [buf, compile(mask_mod=mask, **self.options), None, -1]
         capturing = seg.is_cuda and torch.cuda.is_current_stream_capturing()
         # the same tensor, unchanged, as the last call (every layer of one forward): nothing to copy. The last
         # source is held, so its memory cannot come back as a new mask at the same address. A CUDA graph capture
-        # always records the copy: a replay must not depend on what was loaded before the capture.
-        if capturing or st[2] is not seg or st[3] != seg._version:
+        # always records the copy: a replay must not depend on what was loaded before the capture. An inference
+        # tensor has no version counter (reading it raises): it is always copied, and not remembered.
+        inference = seg.is_inference()
+        if capturing or inference or st[2] is not seg or st[3] != seg._version:
             st[0][:B, :L].copy_(seg)
-            st[2], st[3] = seg, seg._version
+            st[2], st[3] = (None, -1) if inference else (seg, seg._version)
         return st[1], st[0]
+
+
+def stream_key(device: torch.device) -> tuple:
+    """Which segment buffer a call on ``device`` uses: one per CUDA stream (module doc), one for the CPU."""
+    if device.type != "cuda":
+        return device, None
+    return device, _raw_stream(device.index)
 
 
 @constant_result

@@ -155,6 +155,11 @@ def _as_segments(mask, batch: int, kv_len: int) -> torch.Tensor:
     if tuple(mask.shape) != (batch, kv_len):
         raise InputError(f'attn_implementation="attngen": the attention_mask has shape {tuple(mask.shape)}, '
                          f"expected (batch, kv_len) = ({batch}, {kv_len})")
-    if mask.dtype == torch.bool:  # a raw padding mask (True = keep) handed over without the mask function
-        return torch.where(mask, 0, -1).to(torch.int32)
-    return mask
+    if mask.dtype == torch.int32:  # segment ids from attention_mask() above
+        return mask
+    if mask.dtype.is_floating_point or mask.dtype.is_complex:
+        raise _unsupported(f"a 2D {mask.dtype} attention_mask (an additive bias?)", "Pass the tokenizer's 0/1 "
+                           f"padding mask (int64 or bool), or use {_OTHERS}.")
+    # a raw padding mask (the tokenizer's int64 0/1, or bool; nonzero = keep) handed over without the mask
+    # function: its values are not segment ids (0 would keep a padded key)
+    return torch.where(mask.to(torch.bool), 0, -1).to(torch.int32)

@@ -102,6 +102,24 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
     return {KERNEL_SOURCE: text, VARIANT_INCLUDE: variant_inc, **headers(template_dir)}
 
 
+# The Python that turns a traced variant into a binary besides the templates: its derivation, printing and build
+# flags. Part of cache keys, so that a change to any of them (not only to a template) rebuilds.
+GENERATOR_SOURCES = ("trace.py", "predicates.py", "summaries.py", "symbols.py", "ir.py", "mods.py", "codegen.py",
+                     "printer.py", "gradients.py", "jit/render.py", "jit/ninja.py", "jit/tiles.py")
+
+
+@lru_cache(maxsize=None)
+def generator_hash() -> str:
+    """sha256 over GENERATOR_SOURCES (names and contents), once per process: part of cache keys."""
+    pkg = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for name in GENERATOR_SOURCES:
+        h.update(name.encode() + b"\0")
+        h.update((pkg / name).read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
 @lru_cache(maxsize=None)
 def template_hash(template_dir: Path = TEMPLATE_DIR) -> str:
     """sha256 over every file under the template folder (names and contents): part of cache keys."""

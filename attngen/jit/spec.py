@@ -26,7 +26,7 @@ from ..cache import cache_key, default_cache
 from ..errors import BuildError, InputError
 from ..ir import BlockPredicates, TracedVariant
 from .ninja import BWD_LIBRARY_NAME, LIBRARY_NAME, ptxas_spill_bytes, run_ninja, write_build_ninja
-from .render import dtype_info, render_sources, template_hash
+from .render import dtype_info, generator_hash, render_sources, template_hash
 from .tiles import bwd_tile_config, sm90_ladder, tile_config
 from .toolchain import NVCC_HELP, find_nvcc, nvcc_version
 
@@ -109,6 +109,7 @@ class KernelSpec:
             "tiles": repr(self.tile_choices()),
             "fast_math": self.fast_math,
             "templates": template_hash(),
+            "generator": generator_hash(),
             "attngen": __version__,
             "nvcc": list(nvcc if nvcc is not None else nvcc_version()),
             # present only in debug builds, so normal builds keep their keys and the two never share one

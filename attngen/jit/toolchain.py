@@ -11,7 +11,8 @@ from functools import lru_cache
 from typing import Optional, Tuple
 
 from ..cache import default_cache, write_if_different
-from ..errors import BuildError
+from ..cache.store import register_local_pins
+from ..errors import AttngenError, BuildError
 
 NVCC_HELP = (
     "attngen compiles attention kernels at run time and needs CUDA's compiler, nvcc (CUDA 12.0 or newer). "
@@ -81,27 +82,50 @@ def nvcc_version(nvcc: Optional[str] = None) -> Tuple[int, int]:
     return _nvcc_version_memo(nvcc or find_nvcc())
 
 
+MEMO_NAME = "nvcc-versions.json"
+
+
 @lru_cache(maxsize=None)
 def _nvcc_version_memo(nvcc: str) -> Tuple[int, int]:
+    """Computing a key must not write: the memo is read from the user cache's existing roots and written only into
+    one that already exists and may be written (a pure hit in a read-only cache writes nothing anywhere)."""
     real = os.path.realpath(nvcc)
     st = os.stat(real)
     tag = f"{real}|{st.st_mtime_ns}|{st.st_size}"
     try:
-        memo = default_cache().root / "nvcc-versions.json"
-        data = json.loads(memo.read_text()) if memo.exists() else {}
-    except (OSError, ValueError, AttributeError):
-        memo, data = None, {}
-    v = data.get(tag)
-    if isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v):
-        return v[0], v[1]
+        roots, writable = default_cache().memo_roots()
+    except AttngenError:  # an unsafe user cache: the lookup itself says so
+        roots, writable = [], None
+    data = {}
+    for root in roots:
+        try:
+            doc = json.loads((root / MEMO_NAME).read_text())
+        except (OSError, ValueError):
+            continue
+        v = doc.get(tag) if isinstance(doc, dict) else None
+        if isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v):
+            return v[0], v[1]
+        if root == writable:
+            data = doc
     v = _nvcc_version_of(nvcc)
-    if memo is not None:
+    if writable is not None:
         data[tag] = list(v)
         try:
-            write_if_different(memo, json.dumps(data, sort_keys=True))
-        except OSError:
-            pass  # a read-only cache only costs the subprocess next time
+            write_if_different(writable / MEMO_NAME, json.dumps(data, sort_keys=True))
+        except (OSError, AttngenError):
+            pass  # an unwritable cache only costs the subprocess next time
     return v
+
+
+def _local_pins() -> Optional[dict]:
+    """This machine's toolchain as a prebuilt root records it ({"nvcc": [13, 0]}), None without a working nvcc."""
+    try:
+        return {"nvcc": list(nvcc_version())}
+    except (AttngenError, OSError):
+        return None
+
+
+register_local_pins(_local_pins)
 
 
 _ARCH_RE = re.compile(r"^sm_(\d+)([af]?)$")

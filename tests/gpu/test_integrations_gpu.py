@@ -101,3 +101,38 @@ def test_flex_and_module_on_cuda():
     torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
     out.sum().backward()
     assert torch.isfinite(q.grad).all()
+
+
+def test_segment_buffers_do_not_race_across_streams():
+    """Calls on two streams each get their own segment buffer (attngen/integrations/_segments.py). With one buffer
+    per device: (1) a call on stream b passing the tensor stream a's call just passed skipped its copy and read the
+    buffer before a's copy (queued behind a sleep) had landed; (2) b's copy of another mask could land while a's
+    long kernel was still reading the buffer. Each output must equal the same call run alone."""
+    from attngen.integrations._segments import segment_attention
+
+    g = torch.Generator("cuda").manual_seed(2)
+    q, k, v = (torch.randn(1, 32, 4096, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    seg0 = torch.zeros((1, 4096), dtype=torch.int32, device="cuda")  # all keys
+    seg1, seg2 = (torch.full((1, 4096), -1, dtype=torch.int32, device="cuda") for _ in range(2))
+    seg1[:, :2048] = 0   # the first half
+    seg2[:, 3072:] = 0   # the last quarter
+    want1, want2 = (segment_attention(q, k, v, s, form="keys") for s in (seg1, seg2))
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    for s in (a, b):  # both streams' buffers made and holding seg0, kernels loaded
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            segment_attention(q, k, v, seg0, form="keys")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(a):
+        torch.cuda._sleep(100_000_000)  # a's copy and kernel wait behind this
+        out_a = segment_attention(q, k, v, seg1, form="keys")
+    with torch.cuda.stream(b):
+        out_b1 = segment_attention(q, k, v, seg1, form="keys")  # (1): the same tensor as a's last call
+    torch.cuda.synchronize()
+    with torch.cuda.stream(a):
+        out_a2 = segment_attention(q, k, v, seg1, form="keys")  # a long kernel (4096 x 4096, 32 heads) ...
+    with torch.cuda.stream(b):
+        out_b2 = segment_attention(q, k, v, seg2, form="keys")  # (2): ... while b copies another mask
+    torch.cuda.synchronize()
+    for got, want in ((out_a, want1), (out_b1, want1), (out_a2, want1), (out_b2, want2)):
+        torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
