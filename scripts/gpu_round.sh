@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device round on the H200: environment facts, parallel kernel builds + GPU tests, benchmark.
-# Usage (on the device, from the repo root): scripts/gpu_round.sh [tests|api|bench|issue15|first-call|sweep|sanitize|profile|probe|tiles|all]...
+# Usage (on the device, from the repo root): scripts/gpu_round.sh [tests|tests1|tests2|api|bench|issue15|first-call|sweep|sanitize|profile|probe|tiles|all]...
 # Logs and results go to $OUT (the device tool brings that folder back) or, when $OUT is unset, to
 # benchmarks/results/<UTC date>-<device, e.g. h200>-<git short commit>/ (see benchmarks/results/README.md).
 # A README.md stub there records the command line, commit, date and steps.
@@ -43,6 +43,24 @@ trap 'kill $smi_pid 2>/dev/null' EXIT
 rc=0
 for step in "${steps[@]}"; do
   case "$step" in
+    tests1|tests2)
+      # the suite in two device calls (cold, the whole of it takes longer than one): tests1 = the API, training,
+      # integration and small files; tests2 = the kernel suites, the mask zoo and the API suite on sm80
+      if [ "$step" = tests1 ]; then
+        files="tests/gpu/test_autograd_gpu.py tests/gpu/test_gpu_api.py tests/gpu/test_integrations_gpu.py
+               tests/gpu/test_bwd_gpu.py tests/gpu/test_codegen_gpu.py tests/gpu/test_mod_checks_gpu.py
+               tests/gpu/test_negative_index.py tests/gpu/test_reference_cuda.py"
+      else
+        files="tests/gpu/test_kernel_gpu.py tests/gpu/test_kernel_sm90.py tests/gpu/test_mask_zoo_gpu.py"
+      fi
+      ATTNGEN_TEST_FAILURES="$RES/gpu_test_failures_$step.txt" python -m pytest -q -m gpu -p no:cacheprovider $files \
+        2>&1 | tee "$RES/gpu_tests_$step.log" | tail -n 20
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      if [ "$step" = tests2 ]; then
+        ATTNGEN_TEST_BACKEND=sm80 python -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_api.py 2>&1 \
+          | tee "$RES/gpu_tests_sm80.log" | tail -n 5
+        [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      fi ;;
     tests|all)
       t0=$(date +%s)
       # GPU_TEST_FILES narrows the run (the whole suite cold takes longer than one device call: split it);
