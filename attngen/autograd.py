@@ -124,9 +124,7 @@ def backward_kernel(attn, dout: torch.Tensor, dlse: Optional[torch.Tensor], q: t
     except BuildError:
         _NO_KERNEL.add(key)  # built once, failed: the reference backward from now on, without rebuilding
         return None
-    Lq, Lk = q.shape[2], k.shape[2]
-    tensors = {c.name: t for c, t in zip(attn.facts.captured, captured)}
-    summaries = tuple(s.compute(tensors, lib.block_q, lib.block_k, Lq, Lk, q_offset) for s in attn.facts.summaries)
+    summaries = attn._bwd_summaries.get(attn, list(captured), lib, q.shape[2], k.shape[2], q_offset)
     dq, dk, dv = backward(lib, q, k, v, out, dout, lse, scale=scale, q_offset=q_offset, captured=list(captured),
                           summaries=summaries)
     return dq, dk, dv, [None] * len(captured)

@@ -127,11 +127,13 @@ def cmd_cache(argv) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    verbose_help = "on an error, show the full traceback; log cache hits and nvcc commands"
+    # accepted before or after the subcommand; SUPPRESS keeps a subcommand's default from undoing `-v cmd`
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--verbose", "-v", action="store_true",
-                        help="on an error, show the full traceback; log cache hits and nvcc commands")
-    p = argparse.ArgumentParser(prog="python -m attngen", parents=[common],
+    common.add_argument("--verbose", "-v", action="store_true", default=argparse.SUPPRESS, help=verbose_help)
+    p = argparse.ArgumentParser(prog="python -m attngen",
                                 description="attngen: compile attention variants into CUDA kernels")
+    p.add_argument("--verbose", "-v", action="store_true", help=verbose_help)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", parents=[common], help=f"declare softcap(30) + sliding window {DEMO_WINDOW}, show the "
                        "derived predicates, run it and check against float64")

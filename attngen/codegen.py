@@ -503,28 +503,24 @@ def _elem_body(p: CudaPrinter, temps, expr, indent="  ") -> List[str]:
 # ---- score_mod gradients (backward kernels; the forward kernels never call these functions) -------------
 
 
-def _hoist_gradients(traced: TracedVariant, strides, hoist: "_Hoister", debug_slot):
-    """d score_mod / d score and the gradient sites of ``gradients.derive_gradients``, lowered like score_mod
-    (wrapped, checked in debug builds, flat offsets) and hoisted with the same hoister, so their per-head /
-    -row / -column parts join the context structs (new fields after score_mod's, shared where equal).
-    Returns (dscore, ((slot, load, derivative, offset), ...)); no work for a variant without score_mod, so
-    its contexts keep exactly their fields."""
+def _hoist_gradients(traced: TracedVariant, prepare, check, hoist: "_Hoister"):
+    """d score_mod / d score and the gradient sites of ``gradients.derive_gradients``, prepared like score_mod
+    (``prepare``: wrapped, checked in debug builds, flat offsets), each passed to ``check`` (a printer: raises
+    BuildError for what cannot be printed) before any is hoisted with the same hoister, so that a failure
+    leaves the context structs as they were; hoisted, their per-head / -row / -column parts join the context
+    structs (new fields after score_mod's, shared where equal). Returns (dscore, ((slot, load, derivative,
+    offset), ...)); no work for a variant without score_mod, so its contexts keep exactly their fields."""
     if traced.score == SCORE:
         return sympy.Integer(1), ()
     grads = derive_gradients(traced)
-
-    def lowered(e):
-        e = _wrap_indices(e, traced.captured)
-        if debug_slot is not None:
-            e = _check_indices(e, traced.captured, debug_slot)
-        return _flatten_loads(lower_int_division(e), strides)
-
     slot = {c.name: n for n, c in enumerate(traced.captured)}
-    sites = []
-    for site in grads.sites:
-        offset = lowered(site.load).args[1]  # FlatLoad(t, offset): the element offset with the captured strides
-        sites.append((slot[site.tensor], site.load, hoist.top(lowered(site.derivative)), hoist.top(offset)))
-    return hoist.top(lowered(grads.dscore)), tuple(sites)
+    dscore = prepare(grads.dscore)
+    sites = [(slot[site.tensor], site.load, prepare(site.derivative),
+              prepare(site.load).args[1])  # FlatLoad(t, offset): the element offset with the captured strides
+             for site in grads.sites]
+    for e in [dscore] + [x for _, _, d, off in sites for x in (d, off)]:
+        check(e)
+    return hoist.top(dscore), tuple((sl, load, hoist.top(d), hoist.top(off)) for sl, load, d, off in sites)
 
 
 def _gradient_functions(em: "_Emitter", ctx_names, elem_params: str, dscore, sites) -> List[str]:
@@ -590,15 +586,23 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
     levels = {SCORE: ELEM, Q: ROW, KV: COL, B: HEAD, H: HEAD, REL_D: ELEM, REL_FD: ELEM}
     levels.update({s: HEAD for ss in strides.values() for s in ss})
     hoist = _Hoister(levels)
-    score_w, mask_w = _wrap_indices(score, traced.captured), _wrap_indices(mask, traced.captured)
     debug_slot = len(traced.captured)  # debug builds: the bounds record rides in the first free captured slot
-    if debug and traced.captured:
-        if debug_slot >= MAX_CAPTURED:
-            raise BuildError(f"a debug build (ATTNGEN_DEBUG=1) needs a free captured-tensor slot for its bounds record, "
-                             f"but the variant captures {MAX_CAPTURED} tensors; build it without ATTNGEN_DEBUG")
-        score_w, mask_w = (_check_indices(x, traced.captured, debug_slot) for x in (score_w, mask_w))
-    score_l = hoist.top(_flatten_loads(lower_int_division(score_w), strides))
-    mask_l = hoist.top(_flatten_loads(lower_int_division(mask_w), strides))
+    checked = debug and traced.captured
+    if checked and debug_slot >= MAX_CAPTURED:
+        raise BuildError(f"a debug build (ATTNGEN_DEBUG=1) needs a free captured-tensor slot for its bounds record, "
+                         f"but the variant captures {MAX_CAPTURED} tensors; build it without ATTNGEN_DEBUG")
+
+    def prepare(e):
+        """An element-level expression as the printers take it: negative indices wrapped, indices checked in
+        debug builds, integer division lowered, loads flattened to offsets."""
+        e = _wrap_indices(e, traced.captured)
+        if checked:
+            e = _check_indices(e, traced.captured, debug_slot)
+        return _flatten_loads(lower_int_division(e), strides)
+
+    score_f = prepare(score)
+    score_l = hoist.top(score_f)
+    mask_l = hoist.top(prepare(mask))
 
     # score_mod(s) = a * s with a per-head (or constant) factor: the kernel folds a into the per-tile factor
     # scale * log2(e) and multiplies once per element (score_mask.cuh) instead of calling score_mod
@@ -610,15 +614,15 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
     # score_mod(s) = s * a(d) + b(d) with d = q_idx - kv_idx: the sm90 kernel evaluates a and b once per
     # distinct d of its fragment (about half its elements) and applies them with one FFMA (score_mask.cuh);
     # hoisted here, before the context structs are printed, so that their per-head parts join HeadCtx
-    rel = None if head_scale is not None else _relative_terms(
-        _flatten_loads(lower_int_division(score_w), strides))
+    rel = None if head_scale is not None else _relative_terms(score_f)
     rel_hoisted = tuple(hoist.top(x) for x in rel) if rel is not None else None
     # the backward kernels' derivatives, hoisted here too (new context fields only for variants with a score_mod)
-    # A score_mod without derivatives (a construct gradients.py has no rule for) still gets its forward: the
-    # gradient functions are left out and backward kernels stop at their #error (bwd_probs.cuh).
+    # A score_mod without derivatives (a construct gradients.py has no rule for, or one the printer cannot print)
+    # still gets its forward: gradients.py and the printer run before anything is hoisted, the gradient functions
+    # are left out and backward kernels stop at their #error (bwd_probs.cuh).
+    trial = em.printer({SCORE: "score", Q: "q_idx", KV: "kv_idx", B: "b", H: "h"})
     try:
-        grad_dscore, grad_sites = _hoist_gradients(traced, strides, hoist,
-                                                   debug_slot if debug and traced.captured else None)
+        grad_dscore, grad_sites = _hoist_gradients(traced, prepare, trial.doprint, hoist)
         grad_error = None
     except BuildError as e:
         grad_dscore, grad_sites, grad_error = None, (), str(e)

@@ -33,7 +33,7 @@ from .mods import _MATH_MODULE_SHIM, MaskMod, ScoreMod, Variant
 # Bumped when what the walk describes changes, so old records become unreachable instead of misread.
 _DOMAIN = "attngen-analysis-fingerprint/1"
 # The analysis stages a record's content depends on (plus this module's own walk and the record format).
-_ANALYSIS_SOURCES = ("trace.py", "predicates.py", "summaries.py", "mods.py", "symbols.py", "codegen.py", "gradients.py",
+_ANALYSIS_SOURCES = ("trace.py", "predicates.py", "summaries.py", "mods.py", "symbols.py", "codegen.py",
                      "printer.py", "ir.py", "fingerprint.py", "analysis.py", "analysis_cache.py")
 # Modules whose functions, types and submodules are described by name: their behaviour is fixed by the
 # versions in the digest (torch) or by the interpreter (math, builtins, operator).

@@ -82,6 +82,9 @@ class CompiledAttention:
         self._libraries = {}  # (dtype, head dim, device index, kernel) -> loaded library
         self._ready = {}      # (dtype, head dim, device index) -> the library a call launches: the hot path
         self._summaries = _SummaryCache()
+        self._bwd_summaries = _SummaryCache()  # the backward kernel's tiles differ from the forward's
+        # checked on the hot path (learned slopes): usually empty, as `_ready` holds variants without captures
+        self._captured_tensors = tuple(c.tensor for c in self.facts.captured)
         # the name the autograd custom ops know this object by (they take no Python objects)
         self.op_id = _autograd.register(self)
 
@@ -155,7 +158,8 @@ class CompiledAttention:
         except (AttributeError, IndexError, TypeError):
             lib = None
         if lib is not None and q_offset.__class__ is int and q_offset >= 0 and not _compiling() and not (
-                _grad_enabled() and _autograd.needs_grad(self, q, k, v)):  # captured tensors too (learned slopes)
+                _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                     or any(t.requires_grad for t in self._captured_tensors))):
             return self._run(lib, q, k, v, scale, return_lse, q_offset)
         if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
             raise InputError("q, k, v must be torch tensors of shape (B, H, L, D)")

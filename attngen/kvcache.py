@@ -31,7 +31,7 @@ import torch
 from .errors import InputError
 from .reference import _check_scale
 from .rotary import apply_rotary, check_rotary
-from .sequences import (attend_sequence, check_index_tensor, check_nonnegative_int, check_reference_path,
+from .sequences import (attend_sequence, check_bool, check_index_tensor, check_nonnegative_int, check_reference_path,
                         check_sequence_extents)
 
 MAX_PAGE_SIZE = 256  # the decode kernels gather pages of 1 to 256 keys (cp.async, or TMA on whole kv tiles)
@@ -63,8 +63,7 @@ def with_kvcache(attn, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, 
         raise InputError(f"rotary_interleaved must be a bool (True: GPT-J pairs 2j, 2j+1; False: GPT-NeoX halves), "
                          f"got {rotary_interleaved!r}")
     check_nonnegative_int("num_splits", num_splits, "0 picks the split count automatically")
-    if not isinstance(return_lse, bool):
-        raise InputError(f"return_lse must be a bool, got {return_lse!r}")
+    check_bool("return_lse", return_lse)
     scale = _check_scale(scale, D)
     if L_new and (paged or cache_batch_idx is not None):
         _check_no_shared_writes(locate, starts, L_new, k_cache.shape[2], q.device)
@@ -90,7 +89,7 @@ def with_kvcache(attn, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, 
             major, minor = locate(b, _positions(0, starts[b] + L_new, q.device))
             kb = k_cache[major, :, minor].transpose(0, 1).unsqueeze(0)  # (1, Hkv, s_b + L_new, D)
             vb = v_cache[major, :, minor].transpose(0, 1).unsqueeze(0)
-            ob, lb = attend_sequence(attn, rotate(q[b], b, Lq).unsqueeze(0), kb, vb, b, B, starts[b], scale)
+            ob, lb = attend_sequence(attn, rotate(q[b], b, Lq).unsqueeze(0), kb, vb, b, starts[b], scale)
             out[b], lse[b] = ob[0], lb[0]
     return (out, lse) if return_lse else out
 

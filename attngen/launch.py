@@ -302,23 +302,46 @@ def _captured_fields(device: torch.device, captured: Sequence[torch.Tensor],
     return (*ptrs, *strides, *sums)
 
 
-def _check_out(out: torch.Tensor, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
+def _layout_ok(t: torch.Tensor, shape: tuple) -> bool:
+    """Contiguous last dim, 16-byte aligned, batch/head/seq strides in whole 16-byte vectors (where stepped)."""
+    st = t.stride()
+    return st[3] == 1 and t.data_ptr() % 16 == 0 and not any(st[d] % 8 and shape[d] > 1 for d in range(3))
+
+
+def _check_out(out: torch.Tensor, shape: tuple, dtype: torch.dtype, device: torch.device, name: str = "out",
+               fix: Optional[str] = None) -> None:
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != dtype or out.device != device:
         got = (f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor)
                else type(out).__name__)
-        raise InputError(f"out must be a {shape} {dtype} tensor on {device}, got {got}")
-    st = out.stride()
-    if st[3] != 1 or out.data_ptr() % 16 != 0 or any(st[d] % 8 != 0 and shape[d] > 1 for d in range(3)):
-        raise InputError(f"out must have a contiguous last dim, 16-byte alignment and strides that are multiples "
-                         f"of 8 elements, got strides {tuple(st)}: pass a torch.empty{shape} tensor")
+        raise InputError(f"{name} must be a {shape} {dtype} tensor on {device}, got {got}")
+    if not _layout_ok(out, shape):
+        raise InputError(f"{name} must have a contiguous last dim, 16-byte alignment and strides that are multiples "
+                         f"of 8 elements, got strides {tuple(out.stride())}: {fix or f'pass a torch.empty{shape} tensor'}")
 
 
-def _check_lse_out(lse: torch.Tensor, shape: tuple, device: torch.device) -> None:
+def _check_scalars(scale, q_offset, D: int, Lq: int, Lk: int) -> tuple:
+    """(scale, q_offset) of a call, checked: a finite scale (None: 1/sqrt(D)), 0 <= q_offset, indices in int32."""
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    elif not math.isfinite(scale):
+        raise InputError(f"scale must be a finite number, got {scale}; pass None for 1/sqrt(head_dim)")
+    if q_offset.__class__ is not int:
+        q_offset = int(q_offset)
+    if q_offset < 0:  # generated code and block predicates rely on q_idx >= 0 (C division, numeric ranges)
+        raise InputError(f"q_offset must be >= 0 (the absolute position of the first query), got {q_offset}")
+    # kernels form indices up to a tile past the last row (the sm90 relative-score walk starts at q_idx + 8)
+    if not (q_offset + Lq + _INDEX_MARGIN < 2**31 and Lk + _INDEX_MARGIN < 2**31):
+        raise InputError(f"q_offset {q_offset} with {Lq} queries and {Lk} keys leaves the int32 range of q_idx / "
+                         "kv_idx: use a smaller q_offset or shorter sequences")
+    return scale, q_offset
+
+
+def _check_lse_out(lse: torch.Tensor, shape: tuple, device: torch.device, name: str = "lse_out") -> None:
     if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != shape or lse.dtype != torch.float32 \
             or lse.device != device or not lse.is_contiguous():
         got = (f"{tuple(lse.shape)} {lse.dtype} on {lse.device}, contiguous={lse.is_contiguous()}"
                if isinstance(lse, torch.Tensor) else type(lse).__name__)
-        raise InputError(f"lse_out must be a contiguous {shape} float32 tensor on {device}, got {got}")
+        raise InputError(f"{name} must be a contiguous {shape} float32 tensor on {device}, got {got}")
 
 
 def forward(
@@ -375,18 +398,7 @@ def forward(
 
     B, Hq, Lq, D = qsh
     Hkv, Lk = ksh[1], ksh[2]
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    elif not math.isfinite(scale):
-        raise InputError(f"scale must be a finite number, got {scale}; pass None for 1/sqrt(head_dim)")
-    if q_offset.__class__ is not int:
-        q_offset = int(q_offset)
-    if q_offset < 0:  # generated code and block predicates rely on q_idx >= 0 (C division, numeric ranges)
-        raise InputError(f"q_offset must be >= 0 (the absolute position of the first query), got {q_offset}")
-    # kernels form indices up to a tile past the last row (the sm90 relative-score walk starts at q_idx + 8)
-    if not (q_offset + Lq + _INDEX_MARGIN < 2**31 and Lk + _INDEX_MARGIN < 2**31):
-        raise InputError(f"q_offset {q_offset} with {Lq} queries and {Lk} keys leaves the int32 range of q_idx / "
-                         "kv_idx: use a smaller q_offset or shorter sequences")
+    scale, q_offset = _check_scalars(scale, q_offset, D, Lq, Lk)
 
     if out is None:
         out = q.new_empty((B, Hq, Lq, D))
@@ -499,16 +511,6 @@ def load_bwd_library(path) -> BwdKernelLibrary:
     return BwdKernelLibrary(path, handle, info)
 
 
-def _check_like_q(name: str, t, shape: tuple, dtype: torch.dtype, device: torch.device) -> None:
-    if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dtype or t.device != device:
-        got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise InputError(f"{name} must be a {shape} {dtype} tensor on {device} (like q), got {got}")
-    st = t.stride()
-    if st[3] != 1 or t.data_ptr() % 16 != 0 or any(st[d] % 8 != 0 and shape[d] > 1 for d in range(3)):
-        raise InputError(f"{name} must have a contiguous last dim, 16-byte alignment and batch/head/seq strides that "
-                         f"are multiples of 8 elements, got strides {tuple(st)}: pass {name}.contiguous()")
-
-
 def backward(
     lib: BwdKernelLibrary,
     q: torch.Tensor,
@@ -536,28 +538,12 @@ def backward(
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     shape = (B, Hq, Lq, D)
-    _check_like_q("out", out, shape, q.dtype, q.device)
-    if isinstance(dout, torch.Tensor) and dout.shape == q.shape and dout.dtype == q.dtype and dout.device == q.device:
-        st = dout.stride()
-        if st[3] != 1 or dout.data_ptr() % 16 or any(st[d] % 8 and shape[d] > 1 for d in range(3)):
-            dout = dout.contiguous()  # autograd hands out any layout (expanded zeros, transposes)
-    _check_like_q("dout", dout, shape, q.dtype, q.device)
-    if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != shape[:3] or lse.dtype != torch.float32 \
-            or lse.device != q.device or not lse.is_contiguous():
-        got = (f"{tuple(lse.shape)} {lse.dtype} on {lse.device}, contiguous={lse.is_contiguous()}"
-               if isinstance(lse, torch.Tensor) else type(lse).__name__)
-        raise InputError(f"lse must be the forward's contiguous {shape[:3]} float32 LSE on {q.device} "
-                         f"(forward(..., return_lse=True)), got {got}")
-    if scale is None:
-        scale = 1.0 / math.sqrt(D)
-    elif not math.isfinite(scale):
-        raise InputError(f"scale must be a finite number, got {scale}; pass None for 1/sqrt(head_dim)")
-    q_offset = int(q_offset)
-    if q_offset < 0:
-        raise InputError(f"q_offset must be >= 0 (the absolute position of the first query), got {q_offset}")
-    if not (q_offset + Lq + _INDEX_MARGIN < 2**31 and Lk + _INDEX_MARGIN < 2**31):
-        raise InputError(f"q_offset {q_offset} with {Lq} queries and {Lk} keys leaves the int32 range of q_idx / "
-                         "kv_idx: use a smaller q_offset or shorter sequences")
+    _check_out(out, shape, q.dtype, q.device, "out", fix="pass the forward's output, or out.contiguous()")
+    if isinstance(dout, torch.Tensor) and dout.shape == q.shape and not _layout_ok(dout, shape):
+        dout = dout.contiguous()  # autograd hands out any layout (expanded zeros, transposes)
+    _check_out(dout, shape, q.dtype, q.device, "dout", fix="pass dout.contiguous()")
+    _check_lse_out(lse, shape[:3], q.device, "lse (the forward's, forward(..., return_lse=True))")
+    scale, q_offset = _check_scalars(scale, q_offset, D, Lq, Lk)
     if Hkv > _MAX_GRID_YZ:
         raise InputError(f"key/value heads ({Hkv}) must be at most {_MAX_GRID_YZ}; split the call")
 

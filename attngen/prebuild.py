@@ -33,8 +33,10 @@ from pathlib import Path
 from typing import Iterable, List, Optional
 
 from .abi import __version__
-from .cache import META_NAME, PREBUILT_MANIFEST, write_manifest
+from .cache import MANIFEST_NAME, META_NAME, PREBUILT_MANIFEST, write_manifest
 from .errors import InputError
+from .jit.render import BWD_KERNEL_SOURCE, KERNEL_SOURCE, VARIANT_INCLUDE
+from .jit.toolchain import MEMO_NAME
 
 # The library variants a deployment reaches for. Library parameters are baked into the binary until runtime
 # parameters land (issue 14, point 1): a prebuilt sliding_window(1024) serves window 1024 only, any other value is
@@ -59,7 +61,7 @@ PARAMETER_NOTE = ("library parameters are baked into each kernel until runtime p
                   "use (nvcc needed)")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 INDEX_LIMIT_BYTES = 100 * 1000 * 1000  # PyPI's default file size limit
-KEEP_SOURCES = ("variant.inc", "attngen_fwd.cu")  # what a prebuilt entry keeps of its build directory
+KEEP_SOURCES = (VARIANT_INCLUDE, KERNEL_SOURCE, BWD_KERNEL_SOURCE)  # what a prebuilt entry keeps of its build
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,7 @@ def slim_entry(entry: Path, strip: Optional[str]) -> bool:
         return False
     artifact = meta["artifact"]
     for f in entry.iterdir():
-        if f.name not in (artifact, META_NAME, "manifest.json", *KEEP_SOURCES):
+        if f.name not in (artifact, META_NAME, MANIFEST_NAME, *KEEP_SOURCES):
             shutil.rmtree(f) if f.is_dir() else f.unlink()
     if strip:
         subprocess.run([strip, "--strip-unneeded", str(entry / artifact)], check=True, capture_output=True)
@@ -183,25 +185,26 @@ def _versions() -> dict:
     import torch
     from importlib.metadata import version
 
-    from .jit.render import template_hash
+    from .jit.render import generator_hash, template_hash
     from .jit.toolchain import find_nvcc, nvcc_version
 
     try:
         sympy_version = version("sympy")
     except Exception:  # noqa: BLE001 - unknown is recorded as such
         sympy_version = "unknown"
-    return {"attngen": __version__, "templates": template_hash(), "pins": {"nvcc": list(nvcc_version())},
+    return {"attngen": __version__, "templates": template_hash(), "generator": generator_hash(), "pins": {"nvcc": list(nvcc_version())},
             "nvcc_path": find_nvcc(), "python": sys.version.split()[0], "torch": torch.__version__,
             "sympy": sympy_version}
 
 
 def _check_reusable(out: Path, versions: dict) -> None:
-    """An output root from another attngen / template / nvcc version would mix stale entries into the wheel."""
+    """An output root from another attngen / template / generator / nvcc version would mix stale entries into the
+    wheel."""
     old = out / PREBUILT_MANIFEST
     if not old.exists():
         return
     doc = json.loads(old.read_text())
-    for k in ("attngen", "templates", "pins"):
+    for k in ("attngen", "templates", "generator", "pins"):
         if doc.get(k) != versions[k]:
             raise InputError(f"{out} holds a prebuilt root of another {k} ({doc.get(k)} here, {versions[k]} now); "
                              f"its entries would never be found. Fix: remove {out} or pass another --out.")
@@ -263,7 +266,7 @@ def prebuild(out: Path, tasks: List[Task], jobs: int, strip: bool = True, say=pr
         slim_entry(d, strip_exe)
     for leftover in ("tmp", "locks"):
         shutil.rmtree(out / leftover, ignore_errors=True)
-    (out / "nvcc-versions.json").unlink(missing_ok=True)  # a per-machine memo, not part of a root
+    (out / MEMO_NAME).unlink(missing_ok=True)  # a per-machine memo, not part of a root
     doc = write_root_manifest(out, versions, results, wall, jobs)
     failed = doc["last_run"]["failed"]
     say(f"prebuilt root {out}: {len(doc['entries'])} libraries, {doc['total_bytes'] / 1e6:.1f} MB; this run "

@@ -61,6 +61,12 @@ def check_nonnegative_int(name: str, value, what: str) -> int:
     return value
 
 
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
 def shifted_variant(variant: Variant, b0: int) -> Variant:
     """``variant`` with its mods called at batch index ``b + b0``: the variant seen by sequence ``b0`` when it
     runs as a batch of one."""
@@ -82,9 +88,9 @@ def check_sequence_extents(attn, batch: int, Hq: int, q_len: int, kv_len: int, q
                       q_offset)
 
 
-def attend_sequence(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int, batch: int, q_offset: int,
+def attend_sequence(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int, q_offset: int,
                     scale) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Reference attention of sequence ``b`` of a batch of ``batch``: q (1, Hq, Lq, D), k (1, Hkv, Lk, D),
+    """Reference attention of sequence ``b`` of a batch: q (1, Hq, Lq, D), k (1, Hkv, Lk, D),
     v (1, Hkv, Lk, Dv), query row i at absolute position ``q_offset + i``. Returns (out, lse) of that sequence.
     Captured tensors must have been checked first (``check_sequence_extents``)."""
     from . import reference

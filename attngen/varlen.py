@@ -19,7 +19,8 @@ import torch
 
 from .errors import InputError
 from .reference import _check_scale
-from .sequences import attend_sequence, check_index_tensor, check_reference_path, check_sequence_extents
+from .sequences import (attend_sequence, check_bool, check_index_tensor, check_nonnegative_int, check_reference_path,
+                        check_sequence_extents)
 
 
 def varlen(attn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: Optional[int] = None,
@@ -40,8 +41,7 @@ def varlen(attn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: Optional[int
     n_k = _used_k(seqused_k, [starts_k[b + 1] - starts_k[b] for b in range(B)], q.device)
     _check_max("max_seqlen_q", max_seqlen_q, n_q)
     _check_max("max_seqlen_k", max_seqlen_k, n_k)
-    if not isinstance(return_lse, bool):
-        raise InputError(f"return_lse must be a bool, got {return_lse!r}")
+    check_bool("return_lse", return_lse)
     scale = _check_scale(scale, D)
 
     offsets = [max(n_k[b] - n_q[b], 0) for b in range(B)]  # queries aligned to the end of the keys
@@ -55,7 +55,7 @@ def varlen(attn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: Optional[int
         rows = slice(starts_q[b], starts_q[b + 1])
         keys = slice(starts_k[b], starts_k[b] + n_k[b])
         ob, lb = attend_sequence(attn, q[rows].transpose(0, 1).unsqueeze(0), k[keys].transpose(0, 1).unsqueeze(0),
-                                 v[keys].transpose(0, 1).unsqueeze(0), b, B, offsets[b], scale)
+                                 v[keys].transpose(0, 1).unsqueeze(0), b, offsets[b], scale)
         out[rows] = ob[0].transpose(0, 1)
         lse[:, rows] = lb[0]
     return (out, lse) if return_lse else out
@@ -122,8 +122,7 @@ def _check_max(name: str, value, lengths: List[int]) -> None:
     """max_seqlen_* are upper bounds the kernels size their grids by; a smaller one would drop rows."""
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InputError(f"{name} must be an int >= 0 (the longest sequence), got {value!r}")
+    check_nonnegative_int(name, value, "the longest sequence")
     longest = max(lengths, default=0)
     if value < longest:
         raise InputError(f"{name} = {value} but a sequence has {longest} rows; pass at least the longest length "

@@ -111,6 +111,11 @@ def test_readonly_root_hit_makes_zero_writes(shared, tmp_path, monkeypatch):
 
 def test_readonly_env_var_is_looked_up_first(shared, tmp_path, monkeypatch, capsys):
     d, key, so = shared
+    # the user cache holds the same key too: the read-only root must win, not be the only place it exists
+    user_so = ArtifactCache(tmp_path / "user", prebuilt=None, readonly=()).get_or_build(key, "causal bf16 hd128 sm_90a",
+                                                                                       make_build([]))
+    assert user_so != so
+    capsys.readouterr()  # that build's log line
     monkeypatch.setenv("ATTNGEN_CACHE_READONLY", f"{tmp_path / 'absent'}{os.pathsep}{d}")
     monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path / "user"))
     import attngen.cache as cache

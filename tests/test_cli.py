@@ -235,3 +235,14 @@ def test_explain_png_of_a_downsampled_map_says_so(tmp_path):
     ink = (img == torch.tensor(_INK, dtype=torch.uint8)).all(-1)
     title = _text_mask("BLOCK MAP, 2500 X 3000 TILES OF 128x64 (Q X KV), 1 PIXEL = 3x3 TILES")
     assert bool((ink[8:8 + title.shape[0], 8:8 + title.shape[1]] == title).all())
+
+
+def test_verbose_is_accepted_before_and_after_the_subcommand():
+    """`-v cmd` and `cmd -v` both set it (a subcommand's own default must not undo the top-level flag)."""
+    from attngen.cache import cli as cache_cli
+
+    assert cli.build_parser().parse_args(["--verbose", "explain", "causal()"]).verbose is True
+    assert cli.build_parser().parse_args(["explain", "causal()", "-v"]).verbose is True
+    assert cli.build_parser().parse_args(["explain", "causal()"]).verbose is False
+    assert cache_cli.build_parser().parse_args(["-v", "ls"]).verbose is True
+    assert cache_cli.build_parser().parse_args(["ls"]).verbose is False

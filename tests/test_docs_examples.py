@@ -32,6 +32,7 @@ def python_blocks(page: str) -> list[tuple[int, str]]:
 def test_blocks_are_found():
     counts = {page: len(python_blocks(page)) for page in PAGES}
     assert counts["README.md"] >= 1 and counts["docs/user-guide.md"] >= 4 and counts["docs/cookbook.md"] >= 7, counts
+    assert explain_commands(), "no `explain` example found: test_explain_examples_have_no_dead_parts would run none"
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -416,10 +416,14 @@ def test_a_score_mod_without_derivatives_keeps_its_forward():
     import attngen
     from attngen.codegen import render_variant_inc
 
-    attn = attngen.compile(score_mod=attngen.ScoreMod(lambda s, b, h, q, k: s + (-2.0) ** (s / 100), "negpow"))
-    inc = render_variant_inc(attn.traced, attn.predicates)
-    assert "#define ATTNGEN_NUM_GRAD_SITES" not in inc and "score_mod_grad" not in inc
-    assert "// no score_mod gradients (backward kernels unavailable): " in inc and "not real" in inc
-    assert "__device__ __forceinline__ float score_mod(" in inc
+    slopes = torch.rand(4)
+    for fn in (lambda s, b, h, q, k: s + (-2.0) ** (s / 100),
+               # a derivative term that would be hoisted to a per-head field before failing to print
+               lambda s, b, h, q, k: s + (-2.0) ** (s / 100) * slopes[h] + slopes[h] * q):
+        attn = attngen.compile(score_mod=attngen.ScoreMod(fn, "negpow"))
+        inc = render_variant_inc(attn.traced, attn.predicates)
+        assert "#define ATTNGEN_NUM_GRAD_SITES" not in inc and "score_mod_grad" not in inc
+        assert "// no score_mod gradients (backward kernels unavailable): " in inc and "not real" in inc
+        assert "__device__ __forceinline__ float score_mod(" in inc
     bwd = (Path(attngen.__file__).parent / "templates" / "bwd_probs.cuh").read_text()
     assert "#if ATTNGEN_HAS_SCORE_MOD && !defined(ATTNGEN_NUM_GRAD_SITES)" in bwd

@@ -28,10 +28,12 @@ def _when(t: float) -> str:
 
 
 def build_parser(prog: str = "python -m attngen cache") -> argparse.ArgumentParser:
+    verbose_help = "show the full traceback of an error"
+    # accepted before or after the subcommand; SUPPRESS keeps a subcommand's default from undoing `-v ls`
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--verbose", "-v", action="store_true", help="show the full traceback of an error")
-    p = argparse.ArgumentParser(prog=prog, description="Inspect or clear attngen's compiled-kernel cache.",
-                                parents=[common])
+    common.add_argument("--verbose", "-v", action="store_true", default=argparse.SUPPRESS, help=verbose_help)
+    p = argparse.ArgumentParser(prog=prog, description="Inspect or clear attngen's compiled-kernel cache.")
+    p.add_argument("--verbose", "-v", action="store_true", help=verbose_help)
     sub = p.add_subparsers(dest="cmd", required=True)
     ls = sub.add_parser("ls", help="list cached kernels (the user cache and the read-only roots)", parents=[common])
     ls.add_argument("--json", action="store_true", help="machine-readable output")

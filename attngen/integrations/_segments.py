@@ -25,12 +25,13 @@ so their number (and the buffers') stays small.
 """
 from __future__ import annotations
 
-import math
 import threading
 from typing import Dict, List, Tuple
 
 import torch
 
+from .. import reference
+from ..autograd import _lse_dtype
 from ..launch import _raw_stream
 from ._cache import constant_result
 
@@ -115,8 +116,7 @@ def segment_attention(q, k, v, seg, *, causal=False, window=None, softcap=None, 
     """Attention of the variant (causal / window / softcap) masked by ``seg`` in ``form`` (module doc).
     q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D), seg (B, Lk) integer; differentiable in q, k, v; traceable."""
     key = segmented_key(causal, window, softcap, form)
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
+    scale = reference._check_scale(scale, q.shape[-1])
     out, _ = torch.ops.attngen_integrations.segment_attention(q, k, v, seg.to(torch.int32), key, float(scale),
                                                               int(q_offset))
     return out
@@ -124,10 +124,6 @@ def segment_attention(q, k, v, seg, *, causal=False, window=None, softcap=None, 
 
 # ----------------------------------------------------------------------------------------------------------
 # the custom ops
-
-
-def _lse_dtype(q):
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
 @torch.library.custom_op("attngen_integrations::segment_attention", mutates_args=())
@@ -156,7 +152,7 @@ def _segment_attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         attn, buf = entry.load(seg)
         # attngen's own backward op (the kernel on CUDA, the float32 recompute elsewhere); the buffer is its one
         # captured tensor and needs no gradient
-        dq, dk, dv, _ = torch.ops.attngen.attention_bwd(dout.contiguous(), None, q, k, v, out, lse, [buf],
+        dq, dk, dv, _ = torch.ops.attngen.attention_bwd(dout, None, q, k, v, out, lse, [buf],
                                                         attn.op_id, scale, q_offset, [True, True, True, False])
     return dq, dk, dv
 

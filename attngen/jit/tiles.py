@@ -122,7 +122,7 @@ class Sm90Tiles:
         return size(2) if self.persistent and size(2) <= SM90_SMEM_LIMIT else size(1)
 
 
-SM90_SMEM_LIMIT = 232448  # sm90_layout.cuh SMEM_LIMIT: 227 KiB opt-in per block
+SM90_SMEM_LIMIT = SMEM_PER_BLOCK[90]  # sm90_layout.cuh SMEM_LIMIT: 227 KiB opt-in per block
 MASKED_PERSISTENT_MAX_KV = 4096
 _RT = 8.0
 SM90_TILES = {64: Sm90Tiles(128, 3, rescale_threshold=_RT), 128: Sm90Tiles(128, 2, rescale_threshold=_RT),

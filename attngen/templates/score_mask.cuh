@@ -10,7 +10,7 @@
 #include "attngen_common.cuh"
 
 #ifndef ATTNGEN_SCORE_REL
-#define ATTNGEN_SCORE_REL 0  // a variant.inc from before relative score mods
+#define ATTNGEN_SCORE_REL 0  // hand-written variant.inc files (tests/data) that predate relative score mods
 #define ATTNGEN_SCORE_REL_LOADS 0
 #endif
 
@@ -160,7 +160,8 @@ ATTNGEN_DEV_INLINE void score_kv_tile(Frag& s, int j, int f_lo, int f_hi, float 
   const bool bounds = (j + 1) * BK > t.KVLEN;
   const int kv0 = j * BK;
 #if ATTNGEN_SCORE_REL
-  if constexpr (RAW && MT == 1) {
+  if constexpr (RAW) {  // the sm90 kernel: raw_score_factor is log2(e) for this path, not for score_tile's
+    static_assert(MT == 1, "score_tile_rel walks the sm90 fragment (one m16 slice)");
     if (masked) {
       if (bounds) score_tile_rel<true, true>(s, scale, C, t, hc, rc, qi, kv0, tig);
       else score_tile_rel<true, false>(s, scale, C, t, hc, rc, qi, kv0, tig);

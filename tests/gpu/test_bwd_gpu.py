@@ -7,6 +7,7 @@ exactly zero gradients.
 import concurrent.futures as cf
 import functools
 import math
+import zlib
 
 import pytest
 import torch
@@ -99,7 +100,7 @@ def test_backward_matches_float64(case):
     name, dt, hd, B, Hq, Hkv, Lq, Lk, q_offset = case
     prebuilt()
     attn = variants()[name]
-    gen = torch.Generator(device="cpu").manual_seed(hash(case) & 0xFFFF)
+    gen = torch.Generator(device="cpu").manual_seed(zlib.crc32(repr(case).encode()) & 0xFFFF)  # the same in every process
     q, k, v, do = (torch.randn(*s, generator=gen, dtype=torch.float64)
                    for s in ((B, Hq, Lq, hd), (B, Hkv, Lk, hd), (B, Hkv, Lk, hd), (B, Hq, Lq, hd)))
     qd, kd, vd, dod = (t.to(DEV, dt) for t in (q, k, v, do))
