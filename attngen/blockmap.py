@@ -32,6 +32,8 @@ class _Evaluators:
     q_range: tuple
     tile_any: object
     tile_all: object
+    kv_parts: tuple = ()  # per part, (lo, hi, full_lo, full_hi) evaluators (BlockPredicates.kv_parts)
+    q_parts: tuple = ()
 
 
 @functools.lru_cache(maxsize=64)
@@ -46,6 +48,8 @@ def _compile_evaluators(preds: BlockPredicates) -> _Evaluators:
         q_range=tuple(fn(e, _COL_ARGS) for e in (preds.q_lo, preds.q_hi, preds.q_full_lo, preds.q_full_hi)),
         tile_any=fn(preds.tile_any, _TILE_ARGS),
         tile_all=fn(preds.tile_all, _TILE_ARGS),
+        kv_parts=tuple(tuple(fn(e, _ROW_ARGS) for e in part) for part in preds.kv_parts),
+        q_parts=tuple(tuple(fn(e, _COL_ARGS) for e in part) for part in preds.q_parts),
     )
 
 
@@ -71,14 +75,38 @@ def _as_i64(x, n):
 
 
 def kv_ranges(traced, preds, q_len, kv_len, block, b=0, h=0, q_offset=0, captured=None):
-    """Per q-block (lo, hi, full_lo, full_hi) int64 vectors, clamped to [0, n_kv_blocks]."""
+    """Per q-block (lo, hi, full_lo, full_hi) int64 vectors, clamped to [0, n_kv_blocks], and per part of a
+    union mask (lo, hi) vectors, as the kernels walk them (block_range.cuh): the FULL run is then the parts'
+    widest one."""
     BQ, BK = block
     nqb, nkb = -(-q_len // BQ), -(-kv_len // BK)
     arrays = _runtime_arrays(traced, preds, BQ, BK, q_len, kv_len, q_offset, captured or {})
     ev = _compile_evaluators(preds)
     i = torch.arange(nqb, dtype=torch.int64)
-    vals = [_as_i64(f(i, BQ, BK, q_len, kv_len, q_offset, b, h, tensors=arrays), nqb).clamp(0, nkb) for f in ev.kv_range]
-    return vals, arrays, ev
+
+    def run(f):
+        return _as_i64(f(i, BQ, BK, q_len, kv_len, q_offset, b, h, tensors=arrays), nqb)
+
+    lo, hi, flo, fhi = [run(f).clamp(0, nkb) for f in ev.kv_range]
+    parts = [[run(f) for f in part] for part in ev.kv_parts]
+    if parts:
+        flo, fhi = widest_full_run([p[2] for p in parts], [p[3] for p in parts])
+        flo, fhi = flo.clamp(0, nkb), fhi.clamp(0, nkb)
+    return (lo, hi, flo, fhi), [(p[0].clamp(0, nkb), p[1].clamp(0, nkb)) for p in parts], arrays, ev
+
+
+def widest_full_run(flos, fhis):
+    """block_parts.cuh's widest_full_run over vectors: the parts' FULL ranges, overlapping or adjacent ones
+    merged, otherwise the widest."""
+    f_lo, f_hi = flos[0], fhis[0]
+    for a, z in zip(flos[1:], fhis[1:]):
+        live = z > a
+        take = live & (f_hi <= f_lo)
+        merge = live & ~take & (a <= f_hi) & (f_lo <= z)
+        wider = live & ~take & ~merge & (z - a > f_hi - f_lo)
+        f_lo = torch.where(take | wider, a, torch.where(merge, torch.minimum(f_lo, a), f_lo))
+        f_hi = torch.where(take | wider, z, torch.where(merge, torch.maximum(f_hi, z), f_hi))
+    return f_lo, f_hi
 
 
 def block_map(variant, q_len: int, kv_len: int, block: Tuple[int, int] = (128, 128), b: int = 0, h: int = 0,
@@ -98,20 +126,27 @@ def block_map(variant, q_len: int, kv_len: int, block: Tuple[int, int] = (128, 1
     traced, preds = analyze(variant)
     nqb, nkb = -(-q_len // BQ), -(-kv_len // BK)
     out = torch.zeros(nqb, nkb, dtype=torch.int8)
-    (lo, hi, flo, fhi), arrays, ev = kv_ranges(traced, preds, q_len, kv_len, block, b, h, q_offset, captured)
+    (lo, hi, flo, fhi), parts, arrays, ev = kv_ranges(traced, preds, q_len, kv_len, block, b, h, q_offset, captured)
+    # a union mask visits only its parts' ranges (within [lo, hi)); otherwise [lo, hi) is the one range
+    spans = [(torch.maximum(a, lo), torch.minimum(z, hi)) for a, z in parts] or [(lo, hi)]
+    in_span = [(a < z) for a, z in spans]
     fhi = torch.maximum(flo, torch.minimum(fhi, hi))
     flo = torch.maximum(flo, lo).minimum(fhi)
     for i, (a, z) in enumerate(zip(flo.tolist(), fhi.tolist())):
         if z > a:
             out[i, a:z] = FULL
-    # tiles in range but not provably full: [lo, flo) and [fhi, hi)
-    n1 = (flo - lo).clamp(min=0)
-    n2 = (hi - fhi).clamp(min=0)
+    # tiles in a span but not provably full: [a, flo) and [fhi, z) of each span, each tile once
     rows = torch.arange(nqb, dtype=torch.int64)
-    cand_i = torch.cat([rows.repeat_interleave(n1), rows.repeat_interleave(n2)])
-    starts = torch.cat([lo.repeat_interleave(n1), fhi.repeat_interleave(n2)])
-    offs = torch.cat([_ragged_arange(n1), _ragged_arange(n2)])
-    cand_j = starts + offs
+    cand_i, cand_j = [], []
+    for (a, z), live in zip(spans, in_span):
+        for s0, s1 in ((a, torch.minimum(z, flo)), (torch.maximum(a, fhi), z)):
+            n = torch.where(live, s1 - s0, 0).clamp(min=0)
+            cand_i.append(rows.repeat_interleave(n))
+            cand_j.append(s0.repeat_interleave(n) + _ragged_arange(n))
+    cand_i, cand_j = torch.cat(cand_i), torch.cat(cand_j)
+    if len(spans) > 1:
+        cell = torch.unique(cand_i * nkb + cand_j)
+        cand_i, cand_j = cell // nkb, cell % nkb
     chunk = 1 << 20
     for s in range(0, cand_i.numel(), chunk):
         i, j = cand_i[s : s + chunk], cand_j[s : s + chunk]
@@ -171,9 +206,14 @@ def explain(variant, q_len: int = 32768, kv_len: Optional[int] = None, block: Tu
         "",
         "derived block predicates (i: q-block, j: kv-block; BQ, BK block sizes; QOFF q offset):",
         f"  kv blocks visited for q-block i: [{_fmt(preds.kv_lo)}, {_fmt(preds.kv_hi)})",
-        f"  kv blocks provably full:         [{_fmt(preds.kv_full_lo)}, {_fmt(preds.kv_full_hi)})",
+        f"  kv blocks provably full:         [{_fmt(preds.kv_full_lo)}, {_fmt(preds.kv_full_hi)})"
+        if not preds.kv_parts else "  kv blocks provably full:         the widest of the parts' full runs (below)",
         f"  q blocks per kv-block j (bwd):   [{_fmt(preds.q_lo)}, {_fmt(preds.q_hi)})",
     ]
+    if preds.kv_parts:
+        lines.append(f"  a union of {len(preds.kv_parts)} parts, each visited on its own (the gaps between them skipped):")
+        lines += [f"    part {k}: kv blocks [{_fmt(lo)}, {_fmt(hi)}), full [{_fmt(flo)}, {_fmt(fhi)})"
+                  for k, (lo, hi, flo, fhi) in enumerate(preds.kv_parts)]
     lines += [f"  note: {n}" for n in preds.notes]
     if preds.summaries:
         lines.append("  runtime per-block summaries: " + "; ".join(f"{s.name} = {s.key}" for s in preds.summaries))

@@ -718,18 +718,36 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         ("q_full_lo", "int", "int j", preds.q_full_lo, (J,) + common),
         ("q_full_hi", "int", "int j", preds.q_full_hi, (J,) + common),
     ]
+    def tile_expr(what, expr, allowed, integer=True):
+        expr = sympy.sympify(expr)
+        _check_symbols(what, expr, allowed, arrays)
+        if integer:
+            expr = expr.xreplace({sympy.oo: sympy.Integer(_BIG), -sympy.oo: sympy.Integer(-_BIG)})
+        return lower_int_division(_wrap_indices(expr, traced.captured))
+
     tile_funcs = []
     for fname, rtype, params, expr, allowed in tile_specs:
-        expr = sympy.sympify(expr)
-        _check_symbols(f"block predicate {fname}", expr, allowed, arrays)
-        if rtype == "int":
-            expr = expr.xreplace({sympy.oo: sympy.Integer(_BIG), -sympy.oo: sympy.Integer(-_BIG)})
-        expr = lower_int_division(_wrap_indices(expr, traced.captured))
         p = em.printer(tile_names)
+        expr = tile_expr(f"block predicate {fname}", expr, allowed, integer=rtype == "int")
         lines, (text,) = em.body(p, [(expr, INT if rtype == "int" else BOOL)])
         tile_funcs.append(
             f"template <int BQ, int BK>\n__device__ __forceinline__ {rtype} {fname}(const CapturedArgs& c, const TileArgs& t, {params}) {{\n"
             + "".join(x + "\n" for x in lines) + f"  return {text};\n}}"
+        )
+    # a union mask's ranges, one per disjunct (block_parts.cuh walks them)
+    for fname, param, parts, allowed in (("kv_parts", "int i", preds.kv_parts, (I,) + common),
+                                         ("q_parts", "int j", preds.q_parts, (J,) + common)):
+        if not parts:
+            continue
+        n = len(parts)
+        p = em.printer(tile_names)
+        outputs = [(tile_expr(f"block predicate {fname}", e, allowed), INT) for part in parts for e in part]
+        lines, texts = em.body(p, outputs)
+        stores = [f"  {arr}[{k}] = {texts[4 * k + a]};" for k in range(n) for a, arr in enumerate(("lo", "hi", "flo", "fhi"))]
+        tile_funcs.append(
+            f"template <int BQ, int BK>\n__device__ __forceinline__ void {fname}(const CapturedArgs& c, const TileArgs& t, "
+            f"{param}, int (&lo)[{n}], int (&hi)[{n}], int (&flo)[{n}], int (&fhi)[{n}]) {{\n"
+            + "".join(x + "\n" for x in lines + stores) + "}"
         )
 
     # ---- assemble --------------------------------------------------------------------------------------
@@ -750,6 +768,8 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         f"// summaries: {_comment(sum_desc)}",
         f"// q-block i visits kv blocks [{_comment(preds.kv_lo)}, {_comment(preds.kv_hi)}), "
         f"full [{_comment(preds.kv_full_lo)}, {_comment(preds.kv_full_hi)})",
+        *[f"// q-block i, part {k}: visits [{_comment(lo)}, {_comment(hi)}), full [{_comment(flo)}, {_comment(fhi)})"
+          for k, (lo, hi, flo, fhi) in enumerate(preds.kv_parts)],
         f"// tile_any: {_comment(preds.tile_any)}",
         f"// tile_all: {_comment(preds.tile_all)}",
         f"// fast paths: tanh.approx={int(fast_tanh)} ex2.approx={int(fast_exp2)} fdividef={int(fast_div)}",
@@ -767,6 +787,8 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         f"#define ATTNGEN_SCORE_REL_LOADS {int(rel is not None and _has_rel_loads(sympy.Tuple(*rel)))}",
         f"#define ATTNGEN_HAS_MASK {has_mask}",
         f"#define ATTNGEN_NEEDS_CLASSIFIER {int(bool(preds.needs_classifier))}",
+        f"#define ATTNGEN_KV_PARTS {len(preds.kv_parts) if has_mask else 0}",
+        f"#define ATTNGEN_Q_PARTS {len(preds.q_parts) if has_mask else 0}",
         (f"#define ATTNGEN_NUM_GRAD_SITES {len(grad_sites)}" if grad_error is None
          else f"// no score_mod gradients (backward kernels unavailable): {_comment(grad_error)}"),
         "",

@@ -178,5 +178,10 @@ class BlockPredicates:
     tile_all: sympy.Basic
     needs_classifier: bool = True
     summaries: Tuple[Summary, ...] = ()
+    # A union mask (an Or, or an And over Ors) refines the ranges per disjunct: (lo, hi, full_lo, full_hi)
+    # each, for q-block I (kv_parts) and kv-block J (q_parts). A tile outside every part's [lo, hi) is
+    # EMPTY, one inside any part's [full_lo, full_hi) FULL; () when the mask is not a union.
+    kv_parts: Tuple[Tuple[sympy.Expr, ...], ...] = ()
+    q_parts: Tuple[Tuple[sympy.Expr, ...], ...] = ()
     notes: Tuple[str, ...] = ()  # what a reader of explain or the build log should know (a coarse map)
     analysis_steps: int = 0  # work the derivation did, in predicates.WORK_BUDGET's steps

@@ -1130,6 +1130,44 @@ def _full_blocks(lo, hi, blk, length, n_blocks):
     return _ceil(lo / blk), _floor((hi + 1 + (blk - 1) * at_end) / blk)
 
 
+# ----------------------------------------------------------------------------------------------
+# unions: one range per disjunct
+# ----------------------------------------------------------------------------------------------
+
+# Most ranges (disjuncts) a mask's walk may carry: each costs the kernels two registers and two compares
+# per visited tile, and more disjuncts than this are rare in the masks people write.
+MAX_PARTS = 4
+
+
+def _disjuncts(f) -> List:
+    """f as a union of at most MAX_PARTS formulas (an Or's arguments, an And over Ors distributed); [f]
+    when it is not a union or would need more parts."""
+    if isinstance(f, Or):
+        out = []
+        for a in f.args:
+            out += _disjuncts(a)
+        return out if len(out) <= MAX_PARTS else [f]
+    if isinstance(f, And):
+        combos = [[]]
+        for a in f.args:
+            combos = [c + [d] for c in combos for d in _disjuncts(a)]
+            if len(combos) > MAX_PARTS:
+                return [f]
+        return [_and(*c) for c in combos]
+    return [f]
+
+
+def _part_hulls(pos, var, other, obox: Box, dom: Tuple, summ) -> Tuple:
+    """Per disjunct of the mask, the (lo, hi) hull of its kept set along ``var`` and its (full_lo,
+    full_hi) kernel: an element outside every hull is masked, one inside any kernel kept. () when the mask
+    is not a union, so that the single hull of the whole mask says all there is."""
+    parts = _disjuncts(pos)
+    if len(parts) < 2:
+        return ()
+    return tuple(hull(d, var, other, obox, dom, summ) + hull(d, var, other, obox, dom, summ, kernel=True)
+                 for d in parts)
+
+
 def derive(traced: TracedVariant) -> BlockPredicates:
     """Block predicates of a traced variant. Runtime range summaries are dropped (sound, less skipping)
     when a variant would need more per-block arrays than the kernel ABI has slots."""
@@ -1176,6 +1214,8 @@ def _derive(traced: TracedVariant, ranges: int) -> BlockPredicates:
     kflo, kfhi = hull(pos, S.KV, S.Q, qrows, kdom, summ, kernel=True)
     kv_lo, kv_hi = _block_range_from_hull(klo, khi, S.BK, nkb)
     kv_full_lo, kv_full_hi = _full_blocks(kflo, kfhi, S.BK, S.KVLEN, nkb)
+    kv_parts = tuple(_block_range_from_hull(lo, hi, S.BK, nkb) + _full_blocks(flo, fhi, S.BK, S.KVLEN, nkb)
+                     for lo, hi, flo, fhi in _part_hulls(pos, S.KV, S.Q, qrows, kdom, summ))
 
     # q range per kv-block J (for the backward pass), positions relative to QOFF
     kcols = Box(S.QOFF, S.QLEN - 1 + S.QOFF, box.ka, box.kb)
@@ -1184,9 +1224,13 @@ def _derive(traced: TracedVariant, ranges: int) -> BlockPredicates:
     qflo, qfhi = hull(pos, S.Q, S.KV, kcols, qdom, summ, kernel=True)
     q_lo, q_hi = _block_range_from_hull(qlo - S.QOFF, qhi - S.QOFF, S.BQ, nqb)
     q_full_lo, q_full_hi = _full_blocks(qflo - S.QOFF, qfhi - S.QOFF, S.BQ, S.QLEN, nqb)
+    q_parts = tuple(_block_range_from_hull(lo - S.QOFF, hi - S.QOFF, S.BQ, nqb)
+                    + _full_blocks(flo - S.QOFF, fhi - S.QOFF, S.BQ, S.QLEN, nqb)
+                    for lo, hi, flo, fhi in _part_hulls(pos, S.Q, S.KV, kcols, qdom, summ))
 
     return BlockPredicates(
         kv_lo=kv_lo, kv_hi=kv_hi, kv_full_lo=kv_full_lo, kv_full_hi=kv_full_hi,
         q_lo=q_lo, q_hi=q_hi, q_full_lo=q_full_lo, q_full_hi=q_full_hi,
         tile_any=any_, tile_all=all_, needs_classifier=True, summaries=tuple(summ.list),
+        kv_parts=kv_parts, q_parts=q_parts,
     )

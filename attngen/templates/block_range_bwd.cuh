@@ -1,10 +1,12 @@
 // block_range_bwd.cuh: the transposed walk of the backward kernel: which q blocks kv-block j visits (EMPTY
 // ones skipped) and which are known FULL (no mask_mod), from variant.inc's q_block_lo/q_block_hi/q_full_lo/
 // q_full_hi and the classifier tile_any/tile_all (docs/kernel-interface.md), over the query heads that
-// share one kv head. Every thread computes the same sequence on its own. Include after variant.inc.
+// share one kv head; a union mask also skips the blocks outside every one of its parts (block_parts.cuh).
+// Every thread computes the same sequence on its own. Include after variant.inc.
 #pragma once
 
 #include "attngen_common.cuh"
+#include "block_parts.cuh"
 
 namespace attngen {
 
@@ -12,6 +14,9 @@ namespace attngen {
 // [.., i_end), whose FULL range is [f_lo, f_hi).
 struct QStep {
   int h, i, i_end, f_lo, f_hi;
+#if ATTNGEN_Q_PARTS
+  int lo[ATTNGEN_Q_PARTS], hi[ATTNGEN_Q_PARTS];
+#endif
 };
 
 // Head t.h's range of q blocks for kv-block j (clamped to [0, nqb)), starting the walk at its first block.
@@ -24,8 +29,14 @@ ATTNGEN_DEV_INLINE QStep q_range(const CapturedArgs& C, const TileArgs& t, int j
 #if ATTNGEN_HAS_MASK
   s.i = max(q_block_lo<BQ, BK>(C, t, j), 0);
   s.i_end = min(q_block_hi<BQ, BK>(C, t, j), nqb);
+#if ATTNGEN_Q_PARTS
+  int flo[ATTNGEN_Q_PARTS], fhi[ATTNGEN_Q_PARTS];
+  q_parts<BQ, BK>(C, t, j, s.lo, s.hi, flo, fhi);
+  widest_full_run(flo, fhi, s.f_lo, s.f_hi);
+#else
   s.f_lo = q_full_lo<BQ, BK>(C, t, j);
   s.f_hi = q_full_hi<BQ, BK>(C, t, j);
+#endif
 #else
   s.i = 0;
   s.i_end = nqb;
@@ -41,9 +52,18 @@ ATTNGEN_DEV_INLINE QStep q_range(const CapturedArgs& C, const TileArgs& t, int j
 template <int BQ, int BK>
 ATTNGEN_DEV_INLINE QStep next_q_tile(const CapturedArgs& C, TileArgs t, int j, QStep s, int h_end) {
   while (s.h < h_end) {
+#if ATTNGEN_HAS_MASK && ATTNGEN_Q_PARTS
+    s.i = first_in_parts(s.lo, s.hi, s.i, s.i_end);
+#endif
 #if ATTNGEN_HAS_MASK && ATTNGEN_NEEDS_CLASSIFIER
     t.h = s.h;
-    while (s.i < s.i_end && !(s.i >= s.f_lo && s.i < s.f_hi) && !tile_any<BQ, BK>(C, t, s.i, j)) ++s.i;
+    while (s.i < s.i_end && !(s.i >= s.f_lo && s.i < s.f_hi) && !tile_any<BQ, BK>(C, t, s.i, j)) {
+#if ATTNGEN_Q_PARTS
+      s.i = first_in_parts(s.lo, s.hi, s.i + 1, s.i_end);
+#else
+      ++s.i;
+#endif
+    }
 #endif
     if (s.i < s.i_end) return s;
     if (++s.h < h_end) {

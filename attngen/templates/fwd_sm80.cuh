@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_fwd_kernel(const
 
   const KvRange range = kv_range<BQ, BK>(C, t, i);
   const int j_end = range.j_end, f_lo = range.f_lo, f_hi = range.f_hi;
-  int j = next_kv_tile<BQ, BK>(C, t, i, range.j_begin, j_end, f_lo, f_hi);
+  int j = next_kv_tile<BQ, BK>(C, t, i, range.j_begin, j_end, f_lo, f_hi, range);
 
   // Prologue: group 0 = Q tile + first K/V tile (stage 0).
   Rows::load<BQ>(sQ, qbase, q_rs, i * BQ, QLEN, tid);
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_fwd_kernel(const
   const float scale = a.scale;
   int stage = 0;
   while (j < j_end) {
-    const int j_next = next_kv_tile<BQ, BK>(C, t, i, j + 1, j_end, f_lo, f_hi);
+    const int j_next = next_kv_tile<BQ, BK>(C, t, i, j + 1, j_end, f_lo, f_hi, range);
 
     // Every warp is done with the other stage (the previous tile) before it is overwritten.
     __syncthreads();

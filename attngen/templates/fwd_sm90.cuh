@@ -64,8 +64,8 @@ __device__ __forceinline__ void produce(const AttngenFwdArgs& a, const CUtensorM
       tma_load_4d(sm.q(qb) + db * Q_BLOCK_BYTES, &tm_q, sm.bar_q(qb), db * 64, i * BQ, t.h, t.b);
     ++n;
     const int kvh = t.h / heads_per_kv;  // GQA / MQA: consecutive query heads share a kv head
-    for (int j = next_kv_tile<BQ, BK>(C, t, i, r.j_begin, r.j_end, r.f_lo, r.f_hi); j < r.j_end;
-         j = next_kv_tile<BQ, BK>(C, t, i, j + 1, r.j_end, r.f_lo, r.f_hi)) {
+    for (int j = next_kv_tile<BQ, BK>(C, t, i, r.j_begin, r.j_end, r.f_lo, r.f_hi, r); j < r.j_end;
+         j = next_kv_tile<BQ, BK>(C, t, i, j + 1, r.j_end, r.f_lo, r.f_hi, r)) {
       mbar_wait(sm.empty_k(stage), phase ^ 1u);
       const uint32_t k_dst = sm.k(stage), v_dst = sm.v(stage);
       mbar_arrive_expect_tx(sm.full_k(stage), KV_BYTES);
@@ -226,12 +226,12 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
 
     mbar_wait(sm.bar_q(qb), qpar);
     bool q_released = false;
-    int j = next_kv_tile<BQ, BK>(C, t, i, tr.j_begin, j_end, f_lo, f_hi);
+    int j = next_kv_tile<BQ, BK>(C, t, i, tr.j_begin, j_end, f_lo, f_hi, tr);
     if (OVERLAP) {
       if (j < j_end) {
         step<true, false>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
         while (true) {
-          const int jn = next_kv_tile<BQ, BK>(C, t, i, j + 1, j_end, f_lo, f_hi);
+          const int jn = next_kv_tile<BQ, BK>(C, t, i, j + 1, j_end, f_lo, f_hi, tr);
           if (jn >= j_end) break;
           int nstage = stage;
           uint32_t nphase = phase;
@@ -248,7 +248,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
         advance(stage, phase);  // the next work tile starts at the next slot
       }
     } else {
-      for (; j < j_end; j = next_kv_tile<BQ, BK>(C, t, i, j + 1, j_end, f_lo, f_hi)) {
+      for (; j < j_end; j = next_kv_tile<BQ, BK>(C, t, i, j + 1, j_end, f_lo, f_hi, tr)) {
         step<true, false>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
         step<false, true>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
         advance(stage, phase);
