@@ -31,6 +31,24 @@ namespace {
 
 using namespace attngen;
 
+// Whether the work tiles go out in ascending q-block order: a union mask whose first q-block visits more kv
+// tiles than its last (global query tokens: q < G keeps every key) would otherwise hand out its longest
+// tiles last. Decided once per CTA, by each role after setmaxnreg, on batch 0 / head 0's ranges.
+__device__ __forceinline__ bool ascending_q_blocks(const AttngenFwdArgs& a) {
+#if ATTNGEN_HAS_MASK && ATTNGEN_KV_PARTS
+  TileArgs t;
+  t.QLEN = a.Lq;
+  t.KVLEN = a.Lk;
+  t.QOFF = a.q_offset;
+  t.b = 0;
+  t.h = 0;
+  const int last = (a.Lq + BQ - 1) / BQ - 1;
+  return kv_tiles_estimate<BQ, BK>(a.captured, t, 0) > kv_tiles_estimate<BQ, BK>(a.captured, t, last);
+#else
+  return false;
+#endif
+}
+
 // ------------------------------------------------------------------------------------------- producer
 // One thread: for each work tile, Q once its buffer is free (one buffer: the consumers release it after
 // their last Q K^T of the previous tile, so this load runs under that tile's last P V and epilogue; a
@@ -50,11 +68,12 @@ __device__ __forceinline__ void produce(const AttngenFwdArgs& a, const CUtensorM
   uint32_t phase = 0;  // the ring carries on from work tile to work tile
   uint32_t n = 0;      // work tiles announced so far (the mailbox's and the Q buffers' phases)
   int w = (int)blockIdx.x;  // every CTA's first tile (a persistent grid has at most one CTA per tile)
+  const bool ascending = ascending_q_blocks(a);
   while (true) {
     if (PERSISTENT) sm.mailbox().announce(w, n & 1u);
     if (w < 0) break;
     int i;
-    const TileArgs t = tile_args<BQ>(a, w, i);
+    const TileArgs t = tile_args<BQ>(a, w, i, ascending);
     const KvRange r = kv_range<BQ, BK>(C, t, i);
     const int qb = q_buffer(n);
     mbar_wait(sm.bar_q_empty(qb), q_parity(n) ^ 1u);
@@ -188,6 +207,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
   int stage = 0;
   uint32_t phase = 0;  // the ring carries on from work tile to work tile
   uint32_t n = 0;      // work tiles received so far (the mailbox's and the Q buffers' phases)
+  const bool ascending = ascending_q_blocks(a);
   if (PINGPONG && cw == 1) named_bar_arrive(BAR_SCHEDULE + 0, 256);  // consumer 0 takes the first turn
 
   for (bool first = true;; first = false) {
@@ -199,7 +219,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
     ++n;
     const Consumer c{sm, cw, lane, make_smem_desc_sw128(sm.q(qb) + cw * 64 * 128, 16, 1024)};
     int i;
-    const TileArgs t = tile_args<BQ>(a, wt, i);
+    const TileArgs t = tile_args<BQ>(a, wt, i, ascending);
     const int h = t.h, b = t.b;
     const KvRange tr = kv_range<BQ, BK>(C, t, i);
     const int j_end = tr.j_end, f_lo = tr.f_lo, f_hi = tr.f_hi;
