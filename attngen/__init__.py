@@ -11,6 +11,7 @@ from .abi import __version__
 from .errors import AttngenError, BuildError, CacheError, InputError, UnsupportedOperation
 from .frontend import CompiledAttention, compile, make_variant
 from .mods import MaskMod, ScoreMod, Variant, compose
+from .params import ParamValueError, RuntimeParam, param
 from .variants import (
     VariantArgumentError,
     alibi,
@@ -27,7 +28,7 @@ from .variants import (
 
 __all__ = [
     "compile", "CompiledAttention", "block_map", "explain", "analyze", "trace", "derive", "make_variant",
-    "reference", "MaskMod", "ScoreMod", "Variant", "compose",
+    "reference", "MaskMod", "ScoreMod", "Variant", "compose", "param", "RuntimeParam", "ParamValueError",
     "AttngenError", "BuildError", "CacheError", "InputError", "UnsupportedOperation", "VariantArgumentError",
     "alibi", "block_diagonal", "causal", "chunked", "dilated", "document", "local", "prefix_lm",
     "sliding_window", "softcap", "flex_attention",

@@ -24,10 +24,10 @@ import torch
 
 from .cache import CacheError, default_cache, write_if_different
 from .fingerprint import Fingerprint, fingerprint
-from .ir import CapturedTensor, Summary
+from .ir import CapturedTensor, ParamSlot, Summary
 
 # Bumped when the record layout changes; a record of another format is a miss (and is rewritten).
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2
 RECORD_DIR = "analysis"
 
 _RECORDS = {}  # fingerprint digest -> parsed record, so a process reads each record file once
@@ -44,11 +44,12 @@ class VariantFacts:
     has_score_mod: bool
     captured: Tuple[CapturedTensor, ...]  # bound to the live tensors
     summaries: Tuple[Summary, ...]
+    params: Tuple[ParamSlot, ...] = ()  # runtime parameters, bound to the live RuntimeParams
 
     @classmethod
     def of(cls, traced, predicates) -> "VariantFacts":
         return cls(traced.canonical(), traced.has_mask, traced.has_score_mod, tuple(traced.captured),
-                   tuple(predicates.summaries))
+                   tuple(predicates.summaries), tuple(traced.params))
 
 
 def variant_facts(variant) -> Tuple[VariantFacts, Optional[tuple]]:
@@ -122,9 +123,16 @@ def _encode(facts: VariantFacts, fp: Fingerprint) -> Optional[dict]:
         fields = {f.name: _encode_value(getattr(c, f.name)) for f in dataclasses.fields(c) if f.name != "tensor"}
         captured.append({"position": pos, "fields": fields})
     summaries = [{f.name: _encode_value(getattr(s, f.name)) for f in dataclasses.fields(s)} for s in facts.summaries]
+    params = []
+    for p in facts.params:
+        pos = next((i for i, x in enumerate(fp.params) if x is p.param), None)
+        if pos is None:  # a parameter the walk did not meet (reached through something it cannot see)
+            return None
+        params.append({"position": pos, "fields": {f.name: getattr(p, f.name) for f in dataclasses.fields(p)
+                                                   if f.name != "param"}})
     return {"format": RECORD_FORMAT, "fingerprint": fp.digest, "canonical": facts.canonical,
             "has_mask": facts.has_mask, "has_score_mod": facts.has_score_mod, "captured": captured,
-            "summaries": summaries}
+            "summaries": summaries, "params": params}
 
 
 def _decode(record: dict, fp: Fingerprint) -> VariantFacts:
@@ -139,10 +147,17 @@ def _decode(record: dict, fp: Fingerprint) -> VariantFacts:
             raise ValueError("record does not describe the live tensor")
         captured.append(c)
     summaries = tuple(Summary(**{k: _decode_value(v) for k, v in s.items()}) for s in record["summaries"])
+    params = []
+    for entry in record["params"]:
+        live = fp.params[entry["position"]]
+        p = ParamSlot(param=live, **entry["fields"])
+        if (p.label, p.integer, p.minimum) != (live.name, live.integer, live.minimum) or p.slot != len(params):
+            raise ValueError("record does not describe the live parameter")
+        params.append(p)
     canonical, has_mask, has_score_mod = record["canonical"], record["has_mask"], record["has_score_mod"]
     if not (isinstance(canonical, str) and isinstance(has_mask, bool) and isinstance(has_score_mod, bool)):
         raise ValueError("record fields of the wrong type")
-    return VariantFacts(canonical, has_mask, has_score_mod, tuple(captured), summaries)
+    return VariantFacts(canonical, has_mask, has_score_mod, tuple(captured), summaries, tuple(params))
 
 
 def _all_fields(obj) -> tuple:
@@ -185,6 +200,7 @@ def _write_record(fp: Fingerprint, facts: VariantFacts) -> None:
                                                                             facts.has_score_mod)
     same = same and [_all_fields(c) for c in decoded.captured] == [_all_fields(c) for c in facts.captured]
     same = same and [_all_fields(s) for s in decoded.summaries] == [_all_fields(s) for s in facts.summaries]
+    same = same and [(p, id(p.param)) for p in decoded.params] == [(p, id(p.param)) for p in facts.params]
     if not same:
         return
     try:

@@ -126,7 +126,7 @@ def backward_kernel(attn, dout: torch.Tensor, dlse: Optional[torch.Tensor], q: t
         return None
     summaries = attn._bwd_summaries.get(attn, list(captured), lib, q.shape[2], k.shape[2], q_offset)
     dq, dk, dv = backward(lib, q, k, v, out, dout, lse, scale=scale, q_offset=q_offset, captured=list(captured),
-                          summaries=summaries)
+                          summaries=summaries, params=attn._param_fields())
     return dq, dk, dv, [None] * len(captured)
 
 

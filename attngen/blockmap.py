@@ -17,7 +17,7 @@ import torch
 from . import symbols as S
 from .analysis import analyze
 from .errors import InputError
-from .ir import BlockPredicates, TracedVariant
+from .ir import BlockPredicates, TracedVariant, param_values
 from .printer import torch_function
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -124,6 +124,7 @@ def block_map(variant, q_len: int, kv_len: int, block: Tuple[int, int] = (128, 1
     if BQ <= 0 or BK <= 0:
         raise InputError(f"block sizes must be positive, got block={block}")
     traced, preds = analyze(variant)
+    preds = preds.with_values(param_values(traced.params))  # the map of the parameters' current values
     nqb, nkb = -(-q_len // BQ), -(-kv_len // BK)
     out = torch.zeros(nqb, nkb, dtype=torch.int8)
     (lo, hi, flo, fhi), parts, arrays, ev = kv_ranges(traced, preds, q_len, kv_len, block, b, h, q_offset, captured)
@@ -202,6 +203,9 @@ def explain(variant, q_len: int = 32768, kv_len: Optional[int] = None, block: Tu
     ]
     if traced.captured:
         lines.append("captured: " + ", ".join(f"{c.name}: {c.dtype} rank {c.rank}" for c in traced.captured))
+    if traced.params:
+        lines.append("runtime parameters (kernel arguments; the block map below uses these values): "
+                     + ", ".join(f"p{p.slot} = {p.label} = {p.param.value}" for p in traced.params))
     lines += [
         "",
         "derived block predicates (i: q-block, j: kv-block; BQ, BK block sizes; QOFF q offset):",

@@ -31,6 +31,7 @@ from typing import Dict, Iterable, List, Sequence, Tuple
 
 import sympy
 
+from .abi import MAX_PARAMS
 from .errors import BuildError
 from .gradients import derive_gradients
 from .ir import MAX_CAPTURED, MAX_SUMMARIES, BlockPredicates, TracedVariant
@@ -312,6 +313,15 @@ def _check_symbols(what: str, expr, allowed: Iterable[sympy.Symbol], arrays: Ite
         )
 
 
+def _param_reads(traced: TracedVariant) -> Dict[sympy.Symbol, sympy.Symbol]:
+    """{parameter symbol: its read from CapturedArgs} (``c.iparam[slot]`` int32, ``c.fparam[slot]`` float32)."""
+    if len(traced.params) > MAX_PARAMS:
+        raise BuildError(f"a variant may read at most {MAX_PARAMS} runtime parameters (ATTNGEN_MAX_PARAMS), got "
+                         f"{len(traced.params)}; specialise some (specialize=True)")
+    return {p.symbol: sympy.Symbol(f"c.{'i' if p.integer else 'f'}param[{p.slot}]", **p.symbol.assumptions0)
+            for p in traced.params}
+
+
 def _stride_symbols(traced: TracedVariant):
     """Stride symbols per captured tensor: Symbol('c.stride[n][d]'), printed verbatim, typed long long; the
     literal 1 for the dims traced with unit stride (CapturedTensor.unit_stride_dims)."""
@@ -571,10 +581,13 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
     em = _Emitter(traced, preds, fast_tanh, fast_exp2, fast_div)
     cap_names = [n for n, _ in em.captured]
     sum_names = [n for n, _ in em.summaries]
-    score = sympy.sympify(traced.score)
-    mask = sympy.sympify(traced.mask)
-    _check_symbols("score_mod", score, (SCORE, B, H, Q, KV), cap_names + sum_names)
-    _check_symbols("mask_mod", mask, (B, H, Q, KV), cap_names + sum_names)
+    # runtime parameters become reads of their CapturedArgs slots, printed verbatim and typed by assumptions
+    param_reads = _param_reads(traced)
+    score = sympy.sympify(traced.score).xreplace(param_reads)
+    mask = sympy.sympify(traced.mask).xreplace(param_reads)
+    param_syms = tuple(param_reads.values())
+    _check_symbols("score_mod", score, (SCORE, B, H, Q, KV) + param_syms, cap_names + sum_names)
+    _check_symbols("mask_mod", mask, (B, H, Q, KV) + param_syms, cap_names + sum_names)
     if mask.is_Atom and mask not in (sympy.true, sympy.false):
         raise BuildError(f"mask `{mask}` must be a boolean expression (e.g. q_idx >= kv_idx) or sympy.true")
 
@@ -584,6 +597,7 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         for s in ss:
             em.types[s] = LL
     levels = {SCORE: ELEM, Q: ROW, KV: COL, B: HEAD, H: HEAD, REL_D: ELEM, REL_FD: ELEM}
+    levels.update({s: HEAD for s in param_syms})  # one value per launch: per-head work at most
     levels.update({s: HEAD for ss in strides.values() for s in ss})
     hoist = _Hoister(levels)
     debug_slot = len(traced.captured)  # debug builds: the bounds record rides in the first free captured slot
@@ -595,7 +609,7 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
     def prepare(e):
         """An element-level expression as the printers take it: negative indices wrapped, indices checked in
         debug builds, integer division lowered, loads flattened to offsets."""
-        e = _wrap_indices(e, traced.captured)
+        e = _wrap_indices(e.xreplace(param_reads), traced.captured)
         if checked:
             e = _check_indices(e, traced.captured, debug_slot)
         return _flatten_loads(lower_int_division(e), strides)
@@ -719,8 +733,8 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         ("q_full_hi", "int", "int j", preds.q_full_hi, (J,) + common),
     ]
     def tile_expr(what, expr, allowed, integer=True):
-        expr = sympy.sympify(expr)
-        _check_symbols(what, expr, allowed, arrays)
+        expr = sympy.sympify(expr).xreplace(param_reads)
+        _check_symbols(what, expr, allowed + param_syms, arrays)
         if integer:
             expr = expr.xreplace({sympy.oo: sympy.Integer(_BIG), -sympy.oo: sympy.Integer(-_BIG)})
         return lower_int_division(_wrap_indices(expr, traced.captured))
@@ -752,7 +766,8 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
 
     # ---- assemble --------------------------------------------------------------------------------------
     v = getattr(traced, "variant", None)
-    vname = getattr(v, "name", "?") if v is not None else "?"
+    # the key name: runtime parameters by name, since this text serves every value
+    vname = getattr(v, "key_name", getattr(v, "name", "?")) if v is not None else "?"
     cap_desc = ", ".join(f"{c.name}: {c.dtype} rank {c.rank}"
                          + "".join(f", dim {d} wraps at {n}" for d, n in c.wrapped_dims) for c in traced.captured) or "none"
     sum_desc = ", ".join(f"{s.name}: per {s.axis}-block {'int32' if s.integer else 'float32'}"

@@ -29,11 +29,12 @@ from torch.overrides import TorchFunctionMode
 
 from .abi import __version__
 from .mods import _MATH_MODULE_SHIM, MaskMod, ScoreMod, Variant
+from .params import RuntimeParam
 
 # Bumped when what the walk describes changes, so old records become unreachable instead of misread.
-_DOMAIN = "attngen-analysis-fingerprint/1"
+_DOMAIN = "attngen-analysis-fingerprint/2"
 # The analysis stages a record's content depends on (plus this module's own walk and the record format).
-_ANALYSIS_SOURCES = ("trace.py", "predicates.py", "summaries.py", "mods.py", "symbols.py", "codegen.py",
+_ANALYSIS_SOURCES = ("trace.py", "predicates.py", "summaries.py", "mods.py", "params.py", "symbols.py", "codegen.py",
                      "printer.py", "ir.py", "fingerprint.py", "analysis.py", "analysis_cache.py")
 # Modules whose functions, types and submodules are described by name: their behaviour is fixed by the
 # versions in the digest (torch) or by the interpreter (math, builtins, operator).
@@ -47,10 +48,12 @@ class _Undescribable(Exception):
 @dataclass(frozen=True)
 class Fingerprint:
     """``digest`` keys the analysis record; ``tensors`` are the tensors the walk met, in walk order (a
-    record names captured tensors by their position here, so a hit can bind the live objects)."""
+    record names captured tensors by their position here, so a hit can bind the live objects); ``params``
+    likewise the runtime parameters (params.py), described by name and kind, never by value."""
 
     digest: str
     tensors: Tuple[torch.Tensor, ...]
+    params: Tuple[RuntimeParam, ...] = ()
 
 
 def _in_library(module_name: Optional[str]) -> bool:
@@ -70,6 +73,8 @@ class _Walk:
     def __init__(self):
         self.tensors: List[torch.Tensor] = []
         self._tensor_pos = {}  # id -> position in self.tensors
+        self.params: List[RuntimeParam] = []
+        self._param_pos = {}  # id -> position in self.params
         self._seen = {}        # id of a function / mod / module -> its index in walk order (cycles, sharing)
         self._keep = []        # objects whose ids are in the tables above, kept alive during the walk
         self._modules_open = set()  # ids of the user modules being described (cycles)
@@ -110,9 +115,12 @@ class _Walk:
             return self._code(obj)
         if obj is _MATH_MODULE_SHIM:
             return ("math-shim",)  # built from math and mods.py, both covered by the digest
+        if type(obj) is RuntimeParam:
+            return self._param(obj)
         if type(obj) in (MaskMod, ScoreMod):
-            # the name too: it appears in what the trace records (a captured tensor's source mod)
-            return self._first_visit(obj) or (type(obj).__name__, self.describe(obj.name), self.describe(obj.fn))
+            # the name too: it appears in what the trace records (a captured tensor's source mod); runtime
+            # parameters appear in it by name (key_name), so every value of one shares the record
+            return self._first_visit(obj) or (type(obj).__name__, self.describe(obj.key_name), self.describe(obj.fn))
         if type(obj) is Variant:
             return ("Variant", self.describe(obj.score_mod), self.describe(obj.mask_mod))
         if isinstance(obj, types.FunctionType):
@@ -148,6 +156,16 @@ class _Walk:
         pos = self._tensor_pos[id(t)] = len(self.tensors)
         self.tensors.append(t)
         return ("tensor", pos, str(t.dtype), tuple(t.shape), tuple(t.stride()), t.device.type)
+
+    def _param(self, p: RuntimeParam):
+        kind = (p.name, p.integer, p.minimum)
+        if p.specialized:
+            return ("param-specialized", kind, self.describe(p.value))  # baked into the kernel: its value counts
+        pos = self._param_pos.get(id(p))
+        if pos is None:
+            pos = self._param_pos[id(p)] = len(self.params)
+            self.params.append(p)
+        return ("param", pos, kind)
 
     def _code(self, code: types.CodeType):
         return ("code", code.co_code, code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount,
@@ -229,7 +247,7 @@ def fingerprint(variant) -> Optional[Fingerprint]:
     h = hashlib.sha256()
     h.update(_environment().encode())
     h.update(repr(desc).encode())
-    return Fingerprint(h.hexdigest(), tuple(walk.tensors))
+    return Fingerprint(h.hexdigest(), tuple(walk.tensors), tuple(walk.params))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from .errors import InputError, KernelLaunchError
 from .jit.spec import BWD_KERNEL, KernelSpec
 from .jit.toolchain import current_arch
 from .ir import check_extents
-from .launch import forward, load_bwd_library, load_library
+from .launch import forward, load_bwd_library, load_library, param_fields
 from .mods import Variant, as_mask_mod, compose
 from .reference import _check_offset
 
@@ -109,6 +109,16 @@ class CompiledAttention:
     def name(self) -> str:
         return self.variant.name
 
+    @property
+    def params(self) -> tuple:
+        """The runtime parameters (attngen/params.py) the kernels take as arguments, in slot order: change one with
+        ``attn.params[k].set(value)``; the next call runs the new value on the same kernel."""
+        return tuple(p.param for p in self.facts.params)
+
+    def _param_fields(self):
+        """CapturedArgs.iparam / fparam of this call (the parameters' current values), None without parameters."""
+        return param_fields(self.facts.params) if self.facts.params else None
+
     def __repr__(self):
         return f"attngen.compile({self.variant.name}, backend={self.backend!r})"
 
@@ -117,7 +127,8 @@ class CompiledAttention:
         """The kernel spec of this variant for one signature (``arch`` defaults to the current GPU's)."""
         if kernel is None:
             kernel = self.backend if self.backend in ("sm80", "sm90") else "auto"
-        return KernelSpec.for_facts(self.facts, self._analyze, name=self.variant.name, dtype=dtype,
+        # the key name: runtime parameters by name, as one library serves all their values
+        return KernelSpec.for_facts(self.facts, self._analyze, name=self.variant.key_name, dtype=dtype,
                                     head_dim=head_dim, arch=arch or current_arch(), kernel=kernel,
                                     fast_math=self.fast_math)
 
@@ -196,7 +207,8 @@ class CompiledAttention:
 
     def _launch(self, lib, q, k, v, scale, return_lse, q_offset):
         if not self.facts.captured:
-            return forward(lib, q, k, v, scale=scale, q_offset=q_offset, return_lse=return_lse)
+            return forward(lib, q, k, v, scale=scale, q_offset=q_offset, return_lse=return_lse,
+                           params=self._param_fields())
         captured = [c.tensor for c in self.facts.captured]
         for c, t in zip(self.facts.captured, captured):
             if t.device != q.device:
@@ -210,7 +222,7 @@ class CompiledAttention:
         check_extents(self.facts.captured, captured, q.shape[0], q.shape[1], q.shape[2], k.shape[2], int(q_offset))
         summaries = self._summaries.get(self, captured, lib, q.shape[2], k.shape[2], int(q_offset))
         return forward(lib, q, k, v, scale=scale, q_offset=int(q_offset), return_lse=return_lse,
-                       captured=captured, summaries=summaries)
+                       captured=captured, summaries=summaries, params=self._param_fields())
 
     def with_kvcache(self, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, page_table=None,
                      rotary_cos=None, rotary_sin=None, rotary_interleaved=False, cache_batch_idx=None, num_splits=0,

@@ -101,6 +101,34 @@ def check_extents(captured, tensors, B: int, H: int, q_len: int, kv_len: int, q_
 
 
 @dataclass(frozen=True)
+class ParamSlot:
+    """A runtime parameter a mod read (attngen/params.py): kernel argument ``slot``, symbol ``p<slot>``.
+
+    Keyed by name, kind and lower bound, never by value: the live parameter's current value is read at every call."""
+
+    slot: int
+    label: str  # the parameter's name, e.g. 'window'
+    integer: bool
+    minimum: Optional[int] = None
+    param: object = field(default=None, compare=False, repr=False)  # the live RuntimeParam
+
+    @property
+    def symbol(self):
+        from .symbols import param_symbol
+
+        return param_symbol(self.slot, self.integer, self.minimum)
+
+    def key(self) -> str:
+        kind = "int" if self.integer else "real>0"
+        return f"p{self.slot}:{self.label}:{kind}" + (f">={self.minimum}" if self.minimum is not None else "")
+
+
+def param_values(params) -> dict:
+    """{symbol: current value} of ``params`` (ParamSlots): what the reference, block_map and explain substitute."""
+    return {p.symbol: p.param.value for p in params}
+
+
+@dataclass(frozen=True)
 class TracedVariant:
     """A variant as expressions. ``score`` has every score-independent -inf branch hoisted into ``mask``."""
 
@@ -108,6 +136,7 @@ class TracedVariant:
     score: sympy.Expr  # in SCORE, B, H, Q, KV, Load/ILoad
     mask: sympy.Basic  # boolean in B, H, Q, KV, ILoad/Load; sympy.true when nothing is masked
     captured: Tuple[CapturedTensor, ...] = ()
+    params: Tuple[ParamSlot, ...] = ()  # runtime parameters, in slot order
 
     @property
     def has_mask(self) -> bool:
@@ -130,7 +159,9 @@ class TracedVariant:
 
         caps = ";".join(f"{c.name}:{c.dtype}:{c.rank}:{''.join(map(str, c.unit_stride_dims))}"
                         + "".join(f":w{d}={n}" for d, n in c.wrapped_dims) for c in self.captured)
-        return f"score={sympy.srepr(self.score)}|mask={sympy.srepr(self.mask)}|captured={caps}"
+        text = f"score={sympy.srepr(self.score)}|mask={sympy.srepr(self.mask)}|captured={caps}"
+        # parameters by name and kind only (their values are kernel arguments); absent when there are none
+        return text + ("|params=" + ";".join(p.key() for p in self.params) if self.params else "")
 
 
 @dataclass(frozen=True)
@@ -185,3 +216,22 @@ class BlockPredicates:
     q_parts: Tuple[Tuple[sympy.Expr, ...], ...] = ()
     notes: Tuple[str, ...] = ()  # what a reader of explain or the build log should know (a coarse map)
     analysis_steps: int = 0  # work the derivation did, in predicates.WORK_BUDGET's steps
+
+    def with_values(self, values: dict) -> "BlockPredicates":
+        """These predicates with runtime parameters replaced by values ({symbol: value}, ir.param_values): what
+        block_map and explain evaluate. The kernels evaluate the symbolic form with the values they are passed."""
+        if not values:
+            return self
+        import dataclasses
+
+        import sympy
+
+        subs = {k: sympy.sympify(v) for k, v in values.items()}
+
+        def sub(x):  # expressions, and tuples of them (per-part ranges)
+            if isinstance(x, sympy.Basic):
+                return x.xreplace(subs)
+            return tuple(sub(y) for y in x) if isinstance(x, tuple) else x
+
+        return dataclasses.replace(self, **{f.name: sub(getattr(self, f.name)) for f in dataclasses.fields(self)
+                                            if f.name not in ("summaries", "notes")})

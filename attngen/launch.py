@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .abi import (ABI_VERSION, DTYPE_CODES, ERROR_SCALE_NOT_POSITIVE, MAX_CAPTURED, MAX_SUMMARIES,
+from .abi import (ABI_VERSION, DTYPE_CODES, ERROR_SCALE_NOT_POSITIVE, MAX_CAPTURED, MAX_PARAMS, MAX_SUMMARIES,
                   SUPPORTED_HEAD_DIMS)
 from .errors import BuildError, InputError, KernelLaunchError
 
@@ -40,6 +40,8 @@ class CapturedArgs(ctypes.Structure):
         ("ptr", ctypes.c_void_p * MAX_CAPTURED),
         ("stride", (ctypes.c_longlong * 4) * MAX_CAPTURED),
         ("summary", ctypes.c_void_p * MAX_SUMMARIES),
+        ("iparam", ctypes.c_int * MAX_PARAMS),
+        ("fparam", ctypes.c_float * MAX_PARAMS),
     ]
 
 
@@ -75,14 +77,15 @@ class AttngenKernelInfo(ctypes.Structure):
 
 
 # The same layout as one struct.pack call: 5 pointers, 4x3 int64 strides, 6 int32, float, int32,
-# 8 captured pointers, 8x4 int64 captured strides, 8 summary pointers. Little-endian, no padding
-# (every field is already naturally aligned).
-_PACK = struct.Struct("<5Q12q6ifi8Q32q8Q")
+# 8 captured pointers, 8x4 int64 captured strides, 8 summary pointers, 8 int32 and 8 float32 runtime
+# parameters. Little-endian, no padding (every field is already naturally aligned).
+_PACK = struct.Struct("<5Q12q6ifi8Q32q8Q8i8f")
 _PACK_HEAD = struct.Struct("<5Q12q6ifi")   # everything before `captured`
-_PACK_TAIL = struct.Struct("<8Q32q8Q")     # CapturedArgs
-assert _PACK.size == _PACK_HEAD.size + _PACK_TAIL.size == ctypes.sizeof(AttngenFwdArgs) == 552
+_PACK_TAIL = struct.Struct("<8Q32q8Q8i8f")  # CapturedArgs
+assert _PACK.size == _PACK_HEAD.size + _PACK_TAIL.size == ctypes.sizeof(AttngenFwdArgs) == 616
 assert _PACK_HEAD.size == AttngenFwdArgs.captured.offset
 _ZERO_TAIL = bytes(_PACK_TAIL.size)
+_NO_PARAMS = (0,) * MAX_PARAMS + (0.0,) * MAX_PARAMS  # iparam, fparam of a variant without runtime parameters
 
 
 class _Library:
@@ -268,8 +271,21 @@ def _check_qkv(lib: KernelLibrary, q, k, v) -> None:
                              f"{name}.contiguous() (or {name}.clone() for a misaligned storage offset)")
 
 
+def param_fields(params) -> tuple:
+    """CapturedArgs.iparam and .fparam for ``params`` (ParamSlots), from the live parameters' current values,
+    each checked again (RuntimeParam.check: a value set on the object bypassing set() must not reach a kernel)."""
+    ints, floats = [0] * MAX_PARAMS, [0.0] * MAX_PARAMS
+    for p in params:
+        value = p.param.check(p.param.value)
+        if p.integer:
+            ints[p.slot] = value
+        else:
+            floats[p.slot] = value
+    return (*ints, *floats)
+
+
 def _captured_fields(device: torch.device, captured: Sequence[torch.Tensor],
-                     summaries: Sequence[torch.Tensor]) -> tuple:
+                     summaries: Sequence[torch.Tensor], params: tuple = _NO_PARAMS) -> tuple:
     if len(captured) > MAX_CAPTURED:
         raise InputError(f"{len(captured)} captured tensors, at most {MAX_CAPTURED} are supported: combine some of "
                          "them into one tensor")
@@ -299,7 +315,7 @@ def _captured_fields(device: torch.device, captured: Sequence[torch.Tensor],
             raise InputError(f"block summary #{n} must be a contiguous 1-D int32 or float32 tensor, got dtype "
                              f"{t.dtype}, shape {tuple(t.shape)}, strides {tuple(t.stride())}")
         sums[n] = t.data_ptr()
-    return (*ptrs, *strides, *sums)
+    return (*ptrs, *strides, *sums, *params)
 
 
 def _layout_ok(t: torch.Tensor, shape: tuple) -> bool:
@@ -357,16 +373,19 @@ def forward(
     summaries: Sequence[torch.Tensor] = (),
     out: Optional[torch.Tensor] = None,
     lse_out: Optional[torch.Tensor] = None,
+    params: Optional[tuple] = None,
 ):
     """Attention forward with a compiled variant. q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D), bf16 or fp16,
     any strides with a contiguous last dim. Returns out (B, Hq, Lq, D) in q's dtype, or (out, lse)
     with lse (B, Hq, Lq) float32 natural-log (-inf for rows with nothing kept).
     ``captured``: tensors the mods read, in TracedVariant.captured order; ``summaries``: the per-block
     arrays of BlockPredicates.summaries, computed for lib.block_q / lib.block_k. ``out`` / ``lse_out``:
-    optional preallocated outputs (out: any strides with a contiguous last dim; lse_out contiguous)."""
+    optional preallocated outputs (out: any strides with a contiguous last dim; lse_out contiguous).
+    ``params``: CapturedArgs.iparam + fparam (``param_fields``), None for a variant without runtime parameters."""
     if lib.debug_slot is not None and captured and len(captured) == lib.debug_slot:
         return _forward_debug(lib, q, k, v, captured, dict(scale=scale, q_offset=q_offset, return_lse=return_lse,
-                                                           summaries=summaries, out=out, lse_out=lse_out))
+                                                           summaries=summaries, out=out, lse_out=lse_out,
+                                                           params=params))
     # Fast path: one conjunction that implies every check of _check_qkv; only when it fails does the
     # detailed (slower) checker run, to raise the right message (or to accept a corner it allows).
     dt = lib.dtype
@@ -421,8 +440,8 @@ def forward(
         qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
         B, Hq, Hkv, Lq, Lk, D, float(scale), q_offset,
     )
-    if captured or summaries:
-        packed = head + _PACK_TAIL.pack(*_captured_fields(q.device, captured, summaries))
+    if captured or summaries or params:
+        packed = head + _PACK_TAIL.pack(*_captured_fields(q.device, captured, summaries, params or _NO_PARAMS))
     else:
         packed = head + _ZERO_TAIL
     # lib._fwd is lib.launch without the method call: this is the per-call hot path
@@ -438,7 +457,7 @@ def forward(
         # = softmax(|s| * (-q)k), and scale 0 makes every score 0, as q = 0 with scale 1 does.
         q2, scale2 = (-q, -scale) if scale < 0 else (torch.zeros_like(q), 1.0)
         return forward(lib, q2, k, v, scale=scale2, q_offset=q_offset, return_lse=return_lse, captured=captured,
-                       summaries=summaries, out=out, lse_out=lse)
+                       summaries=summaries, out=out, lse_out=lse, params=params)
     if rc != 0:
         raise KernelLaunchError(
             f"launching the attention kernel ({lib.path}) failed: CUDA error {rc} ({lib.error_string(rc)}); "
@@ -479,10 +498,10 @@ def _forward_debug(lib: KernelLibrary, q, k, v, captured, kwargs):
 # --------------------------------------------------------------------------------------------------
 # backward (templates/bwd_sm80.cuh; the ABI of templates/attngen_bwd_abi.cuh and host_abi_bwd.cuh)
 
-BWD_ABI_VERSION = 1  # ATTNGEN_BWD_ABI_VERSION
+BWD_ABI_VERSION = 2  # ATTNGEN_BWD_ABI_VERSION
 # AttngenBwdArgs: 12 pointers, 8x3 int64 strides, 6 int32, float, int32, then CapturedArgs (_PACK_TAIL).
 _PACK_BWD_HEAD = struct.Struct("<12Q24q6ifi")
-assert _PACK_BWD_HEAD.size == 320 and _PACK_BWD_HEAD.size + _PACK_TAIL.size == 704
+assert _PACK_BWD_HEAD.size == 320 and _PACK_BWD_HEAD.size + _PACK_TAIL.size == 768
 
 
 class BwdKernelLibrary(_Library):
@@ -524,12 +543,13 @@ def backward(
     q_offset: int = 0,
     captured: Sequence[torch.Tensor] = (),
     summaries: Sequence[torch.Tensor] = (),
+    params: Optional[tuple] = None,
 ):
     """Attention backward with a compiled variant's backward library. q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D),
     ``out`` the forward's output and ``lse`` its (B, Hq, Lq) float32 natural-log LSE (``forward(...,
     return_lse=True)``), ``dout`` the gradient of ``out`` (any layout: copied when the kernel cannot read it).
     ``scale`` / ``q_offset`` / ``captured`` as in the forward call; ``summaries``: BlockPredicates.summaries
-    computed for lib.block_q / lib.block_k. Returns (dq, dk, dv), contiguous, in q's dtype; rows with nothing
+    computed for lib.block_q / lib.block_k; ``params`` as in the forward. Returns (dq, dk, dv), contiguous, in q's dtype; rows with nothing
     kept get zero gradients. Allocates the fp32 workspaces (dQ accumulator, delta, lse in log2) per call."""
     _check_qkv(lib, q, k, v)
     dev = q.get_device()
@@ -563,7 +583,8 @@ def backward(
         *qs[:3], *ks[:3], *vs[:3], *os_[:3], *ds[:3], *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
         B, Hq, Hkv, Lq, Lk, D, float(scale), q_offset,
     )
-    tail = _PACK_TAIL.pack(*_captured_fields(q.device, captured, summaries)) if captured or summaries else _ZERO_TAIL
+    tail = (_PACK_TAIL.pack(*_captured_fields(q.device, captured, summaries, params or _NO_PARAMS))
+            if captured or summaries or params else _ZERO_TAIL)
     with torch.cuda.device(dev):
         rc = lib._bwd(head + tail, _raw_stream(dev))
     if rc != 0:

@@ -12,7 +12,7 @@ import inspect
 import math
 import types
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 
@@ -172,30 +172,41 @@ def check_mod_signature(fn, role: str) -> None:
     raise ModSignatureError(msg)
 
 
+def _name_text(name, show_values: bool) -> str:
+    """A mod's name: a string, or a function of whether runtime parameters show their values (params.py)."""
+    return name if isinstance(name, str) else name(show_values)
+
+
 class MaskMod:
     """A named mask_mod(b, h, q_idx, kv_idx) -> bool. Combine with ``&``, ``|``, ``~``."""
 
-    def __init__(self, fn: Callable, name: Optional[str] = None):
+    def __init__(self, fn: Callable, name: Union[None, str, Callable[[bool], str]] = None):
         check_mod_signature(fn, "mask_mod")
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", "mask")
+        self._name = name or getattr(fn, "__name__", "mask")
+
+    name = property(lambda self: _name_text(self._name, True), doc="readable name, runtime parameters by value")
+    key_name = property(lambda self: _name_text(self._name, False),
+                        doc="the name with runtime parameters by name (what fingerprints and kernel names use)")
 
     def __call__(self, b, h, q_idx, kv_idx):
         return self.fn(b, h, q_idx, kv_idx)
 
     def __and__(self, other):
         other = as_mask_mod(other)
-        return MaskMod(lambda b, h, q, k: self(b, h, q, k) & other(b, h, q, k), f"({self.name} & {other.name})")
+        return MaskMod(lambda b, h, q, k: self(b, h, q, k) & other(b, h, q, k),
+                       lambda v: f"({_name_text(self._name, v)} & {_name_text(other._name, v)})")
 
     def __or__(self, other):
         other = as_mask_mod(other)
-        return MaskMod(lambda b, h, q, k: self(b, h, q, k) | other(b, h, q, k), f"({self.name} | {other.name})")
+        return MaskMod(lambda b, h, q, k: self(b, h, q, k) | other(b, h, q, k),
+                       lambda v: f"({_name_text(self._name, v)} | {_name_text(other._name, v)})")
 
     __rand__ = lambda self, other: as_mask_mod(other) & self  # noqa: E731
     __ror__ = lambda self, other: as_mask_mod(other) | self  # noqa: E731
 
     def __invert__(self):
-        return MaskMod(lambda b, h, q, k: ~self(b, h, q, k), f"~{self.name}")
+        return MaskMod(lambda b, h, q, k: ~self(b, h, q, k), lambda v: f"~{_name_text(self._name, v)}")
 
     def __repr__(self):
         return f"MaskMod({self.name})"
@@ -204,17 +215,21 @@ class MaskMod:
 class ScoreMod:
     """A named score_mod(score, b, h, q_idx, kv_idx) -> score. ``a.then(b)`` applies a, then b."""
 
-    def __init__(self, fn: Callable, name: Optional[str] = None):
+    def __init__(self, fn: Callable, name: Union[None, str, Callable[[bool], str]] = None):
         check_mod_signature(fn, "score_mod")
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", "score")
+        self._name = name or getattr(fn, "__name__", "score")
+
+    name = MaskMod.name
+    key_name = MaskMod.key_name
 
     def __call__(self, score, b, h, q_idx, kv_idx):
         return self.fn(score, b, h, q_idx, kv_idx)
 
     def then(self, other):
         other = as_score_mod(other)
-        return ScoreMod(lambda s, b, h, q, k: other(self(s, b, h, q, k), b, h, q, k), f"{self.name}>{other.name}")
+        return ScoreMod(lambda s, b, h, q, k: other(self(s, b, h, q, k), b, h, q, k),
+                        lambda v: f"{_name_text(self._name, v)}>{_name_text(other._name, v)}")
 
     def __repr__(self):
         return f"ScoreMod({self.name})"
@@ -266,6 +281,12 @@ class Variant:
     @property
     def name(self) -> str:
         parts = [m.name for m in (self.score_mod, self.mask_mod) if m is not None]
+        return "+".join(parts) if parts else "full"
+
+    @property
+    def key_name(self) -> str:
+        """The name with runtime parameters by name, not value: one kernel serves every value."""
+        parts = [m.key_name for m in (self.score_mod, self.mask_mod) if m is not None]
         return "+".join(parts) if parts else "full"
 
 

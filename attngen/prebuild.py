@@ -38,9 +38,9 @@ from .errors import InputError
 from .jit.render import BWD_KERNEL_SOURCE, KERNEL_SOURCE, VARIANT_INCLUDE
 from .jit.toolchain import MEMO_NAME
 
-# The library variants a deployment reaches for. Library parameters are baked into the binary until runtime
-# parameters land (issue 14, point 1): a prebuilt sliding_window(1024) serves window 1024 only, any other value is
-# built on first use. Values: the README's and the CLI help's.
+# The library variants a deployment reaches for: one build per variant, not per value, since library numbers are
+# runtime parameters (kernel arguments, attngen/params.py). The values below only pick the analysis record's
+# example; sliding_window(1024)'s kernel serves every window.
 DEFAULT_VARIANTS = {
     "full": "full",
     "causal": "causal()",
@@ -56,9 +56,10 @@ DEFAULT_VARIANTS = {
     "document": "document(int64)",      # one build serves any document ids of that dtype (any length)
     "document_i32": "document(int32)",
 }
-PARAMETER_NOTE = ("library parameters are baked into each kernel until runtime parameters land (issue 14.1): "
-                  "e.g. the prebuilt sliding_window(1024) serves window 1024 only; other values are built on first "
-                  "use (nvcc needed)")
+PARAMETER_NOTE = ("library parameters are kernel arguments: each prebuilt variant serves every value of its numbers "
+                  "(any window, cap, chunk or prefix length, local bounds with the same unbounded sides, ALiBi head "
+                  "count); a variant made with specialize=True, or a user mod closing over a Python constant, is "
+                  "another kernel, built on first use (nvcc needed)")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 INDEX_LIMIT_BYTES = 100 * 1000 * 1000  # PyPI's default file size limit
 KEEP_SOURCES = (VARIANT_INCLUDE, KERNEL_SOURCE, BWD_KERNEL_SOURCE)  # what a prebuilt entry keeps of its build

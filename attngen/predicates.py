@@ -413,6 +413,8 @@ def _num_range_uncached(e):
         return 0, _INF_F
     if e in _POSITIVE:
         return 1, _INF_F
+    if e.is_Symbol and (e.is_positive or e.is_nonnegative):  # a runtime parameter: its assumption is its bound
+        return (1 if e.is_integer and e.is_positive else 0), _INF_F
     if isinstance(e, sympy.Add):
         lo = hi = 0
         for a in e.args:
@@ -453,10 +455,21 @@ def _num_range_uncached(e):
         return (lo if abs(lo) == _INF_F else rnd(lo)), (hi if abs(hi) == _INF_F else rnd(hi))
     if isinstance(e, sympy.Mod) and e.args[1].is_Integer and e.args[1] > 0:
         return 0, int(e.args[1]) - 1
+    if isinstance(e, sympy.Mod) and _positive_int(e.args[1]):
+        return 0, _num_range(e.args[1])[1] - 1
     if isinstance(e, sympy.Piecewise):
         rs = [_num_range(v) for v, _ in e.args]
         return min(r[0] for r in rs), max(r[1] for r in rs)
     return -_INF_F, _INF_F
+
+
+_RUNTIME_SYMBOLS = frozenset(S.TILE_SYMBOLS + S.ELEMENT_SYMBOLS)
+
+
+def _positive_int(x) -> bool:
+    """A divisor the floor / Mod rules may use besides a positive number: an integer expression in runtime
+    parameters alone that is positive for every admissible value (chunked(size) with size a kernel argument)."""
+    return bool(x.is_integer and x.is_positive and not (x.free_symbols & _RUNTIME_SYMBOLS))
 
 
 def _dominated(a, others, is_max):
@@ -630,7 +643,7 @@ def term_bounds(t, var, lo, hi, summ: Optional[_Summaries]):
         inner = t.args[0]
         if inner.is_integer is not False:
             num, den = sympy.fraction(sympy.together(inner))
-            if den.is_number and den > 0:
+            if den.is_number and den > 0 or _positive_int(den):
                 a, b = term_bounds(sympy.expand(num), var, lo, hi, summ)
                 return _floor(a / den), _floor(b / den)
         a, b = term_bounds(inner, var, lo, hi, summ)
@@ -638,7 +651,7 @@ def term_bounds(t, var, lo, hi, summ: Optional[_Summaries]):
     if isinstance(t, sympy.ceiling):
         a, b = term_bounds(t.args[0], var, lo, hi, summ)
         return _ceil(a), _ceil(b)
-    if isinstance(t, sympy.Mod) and t.args[1].is_number and t.args[1] > 0:
+    if isinstance(t, sympy.Mod) and (t.args[1].is_number and t.args[1] > 0 or _positive_int(t.args[1])):
         m = t.args[1]
         a, b = term_bounds(t.args[0], var, lo, hi, summ)
         if a in (INF, -INF) or b in (INF, -INF):
@@ -686,10 +699,10 @@ def _both_bounds(t, box, summ):
         return (coeff * a, coeff * b) if coeff > 0 else (coeff * b, coeff * a)
     if isinstance(t, sympy.floor):
         num, den = sympy.fraction(sympy.together(t.args[0]))
-        if den.is_number and den > 0:
+        if den.is_number and den > 0 or _positive_int(den):
             a, b = expr_bounds(sympy.expand(num), box, summ)
             return _floor(a / den), _floor(b / den)
-    if isinstance(t, sympy.Mod) and t.args[1].is_number and t.args[1] > 0:
+    if isinstance(t, sympy.Mod) and (t.args[1].is_number and t.args[1] > 0 or _positive_int(t.args[1])):
         m = t.args[1]
         a, b = expr_bounds(t.args[0], box, summ)
         if a in (INF, -INF) or b in (INF, -INF):
@@ -707,7 +720,7 @@ def _vars(e):
 
 
 def _chunk_of(t, var):
-    """(C, c) when ``t`` is floor((var + c) / C) with integers C > 0, c; else None."""
+    """(C, c) when ``t`` is floor((var + c) / C) with integers C > 0, c (C may be a runtime parameter); else None."""
     if not isinstance(t, sympy.floor):
         return None
     arg = sympy.expand(t.args[0])
@@ -718,11 +731,11 @@ def _chunk_of(t, var):
         return None
     a = p.coeffs()[0]
     b = sympy.expand(arg - a * var)
-    if not (a.is_Rational and a > 0 and (1 / a).is_Integer):
+    if not (a.is_Rational and a > 0 and (1 / a).is_Integer or _positive_int(1 / a)):
         return None
     C = 1 / a
-    c = b * C
-    return (C, c) if c.is_Integer else None
+    c = sympy.expand(b * C)
+    return (C, c) if c.is_Integer or (c.is_integer and not c.has(S.Q, S.KV)) else None
 
 
 def _monotone_form(e):
@@ -837,7 +850,8 @@ def _conj_any(atoms: Sequence, box: Box, summ) -> sympy.Basic:
         e = a.lhs
         # congruence atoms: Eq/Ne(Mod(x, m) - r, 0) become constraints on the form of x
         m_terms = [t for t in sympy.Add.make_args(e) if isinstance(t, sympy.Mod)]
-        if isinstance(a, (sympy.Eq, sympy.Ne)) and len(m_terms) == 1 and m_terms[0].args[1].is_Integer:
+        if isinstance(a, (sympy.Eq, sympy.Ne)) and len(m_terms) == 1 and (m_terms[0].args[1].is_Integer
+                                                                          or _positive_int(m_terms[0].args[1])):
             mt = m_terms[0]
             r = sympy.expand(mt - e)  # the residue: Mod(x, m) ⋈ r
             if not r.has(S.Q) and not r.has(S.KV):
@@ -890,7 +904,8 @@ def _group_any(form, cons, box, summ):
             if kind == "mod":
                 conds.append(_ge(_floor((U - s) / m) * m + s, L))
             else:
-                conds.append(_or(_lt(L, U), _ne(_mod(L, m), s)))
+                # two consecutive values differ mod m unless m == 1 (a runtime dilation may be 1)
+                conds.append(_or(_and(_lt(L, U), _gt(m, 1)), _ne(_mod(L, m), s)))
     elif special:
         # several congruences / disequalities on one form: each alone (sound, maybe loose)
         for kind, sign, const, m, r in special:
@@ -1010,7 +1025,7 @@ def _invert_monotone(g, var, glo, ghi):
             return _invert_monotone(g - const, var, None if glo is None else glo - const, None if ghi is None else ghi - const)
     if isinstance(g, sympy.floor):
         num, den = sympy.fraction(sympy.together(g.args[0]))
-        if den.is_number and den > 0:
+        if den.is_number and den > 0 or _positive_int(den):
             # floor(n/den) >= glo <=> n >= den*ceil(glo); floor(n/den) <= ghi <=> n <= den*floor(ghi) + den - 1
             return _invert_monotone(
                 sympy.expand(num), var,

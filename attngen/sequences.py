@@ -74,8 +74,8 @@ def shifted_variant(variant: Variant, b0: int) -> Variant:
         return variant
     sm, mm = variant.score_mod, variant.mask_mod
     return Variant(
-        score_mod=None if sm is None else ScoreMod(lambda s, b, h, q, kv: sm(s, b + b0, h, q, kv), sm.name),
-        mask_mod=None if mm is None else MaskMod(lambda b, h, q, kv: mm(b + b0, h, q, kv), mm.name),
+        score_mod=None if sm is None else ScoreMod(lambda s, b, h, q, kv: sm(s, b + b0, h, q, kv), sm._name),
+        mask_mod=None if mm is None else MaskMod(lambda b, h, q, kv: mm(b + b0, h, q, kv), mm._name),
     )
 
 

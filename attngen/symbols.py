@@ -7,6 +7,10 @@ Element level (what a mod sees):
   Load(Symbol(name), *idx)  an element of captured tensor ``name`` (or of a runtime per-block
          summary array), indexed with integer expressions; value type from the tensor's dtype.
 
+Runtime parameters (attngen/params.py): ``param_symbol(slot, integer, minimum)``, named p0, p1, ... in
+first-use order, with the assumptions the predicates may use (integer >= 0 / >= 1, or a positive real);
+codegen prints them as reads of ``c.iparam[slot]`` / ``c.fparam[slot]``.
+
 Tile level (what the predicates are written in):
   I, J           q-block and kv-block index
   BQ, BK         block (tile) sizes in rows / columns
@@ -33,6 +37,14 @@ QOFF = sympy.Symbol("QOFF", integer=True)
 
 ELEMENT_SYMBOLS = (SCORE, B, H, Q, KV)
 TILE_SYMBOLS = (I, J, BQ, BK, QLEN, KVLEN, QOFF, B, H)
+
+
+def param_symbol(slot: int, integer: bool, minimum=None) -> sympy.Symbol:
+    """The symbol of runtime parameter ``slot``: its assumptions are all the predicates know of its value."""
+    if not integer:
+        return sympy.Symbol(f"p{slot}", positive=True)  # real positive: softcap's cap, ALiBi's base
+    bound = {None: {}, 0: {"nonnegative": True}, 1: {"positive": True}}[minimum]
+    return sympy.Symbol(f"p{slot}", integer=True, **bound)
 
 
 class Load(sympy.Function):

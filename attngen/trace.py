@@ -19,8 +19,10 @@ import torch
 
 from . import symbols as S
 from .errors import UnsupportedOperation
-from .ir import CapturedTensor, TracedVariant
+from .abi import MAX_PARAMS
+from .ir import CapturedTensor, ParamSlot, TracedVariant
 from .mods import MATH_SHIMS, Variant, as_variant
+from .params import _SYMBOLIC_READERS, RuntimeParam
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 NEG_INF = -sympy.oo
@@ -54,11 +56,13 @@ def unsupported(what: str, fix: str) -> UnsupportedOperation:
 # ----------------------------------------------------------------------------------------------
 
 class _Tracer:
-    """Per-trace state: captured tensors in first-use order."""
+    """Per-trace state: captured tensors and runtime parameters in first-use order."""
 
     def __init__(self):
         self.captured: List[CapturedTensor] = []
         self._by_id: Dict[int, CapturedTensor] = {}
+        self.params: List[ParamSlot] = []
+        self._param_by_id: Dict[int, ParamSlot] = {}
         self.current_mod = ""  # "mask_mod 'name'" while that mod runs: CapturedTensor.source
 
     def capture(self, t: torch.Tensor) -> CapturedTensor:
@@ -70,6 +74,19 @@ class _Tracer:
             self.captured.append(c)
             self._by_id[id(t)] = c
         return c
+
+
+    def param(self, p: RuntimeParam) -> "Sym":
+        """The proxy of runtime parameter ``p`` (params.py): one slot per parameter object."""
+        slot = self._param_by_id.get(id(p))
+        if slot is None:
+            if len(self.params) >= MAX_PARAMS:
+                raise unsupported(f"more than {MAX_PARAMS} runtime parameters (ATTNGEN_MAX_PARAMS)",
+                                  "specialise some of them (specialize=True) or share one parameter object")
+            slot = ParamSlot(len(self.params), p.name, p.integer, p.minimum, param=p)
+            self.params.append(slot)
+            self._param_by_id[id(p)] = slot
+        return Sym(slot.symbol)
 
 
 _ACTIVE: List[_Tracer] = []
@@ -114,6 +131,8 @@ def _lift(x, what: str = "operand") -> sympy.Basic:
         return x.expr
     if isinstance(x, (bool, int, float)):
         return _const(x)
+    if isinstance(x, RuntimeParam):
+        return _lift(x.operand(), what)
     if isinstance(x, torch.Tensor):
         if x.dim() == 0:
             # a 0-d tensor is a runtime scalar: read at every call, never baked into the binary
@@ -678,6 +697,8 @@ def _call_traced(fn, args):
         return out.expr
     if isinstance(out, (bool, int, float)):
         return _const(out)
+    if isinstance(out, RuntimeParam):
+        return _lift(out)
     if isinstance(out, torch.Tensor) and out.dim() == 0:
         return _lift(out)
     raise unsupported(f"returning {type(out).__name__}", "return an expression of the mod's arguments")
@@ -688,6 +709,7 @@ def trace(variant) -> TracedVariant:
     variant = as_variant(variant)
     tracer = _Tracer()
     _ACTIVE.append(tracer)
+    _SYMBOLIC_READERS.append(tracer.param)
     try:
         b, h, q, kv = Sym(S.B), Sym(S.H), Sym(S.Q), Sym(S.KV)
         mask = sympy.true
@@ -709,6 +731,7 @@ def trace(variant) -> TracedVariant:
                     "fix: a score_mod returns a number; put conditions in a mask_mod or use torch.where"
                 )
     finally:
+        _SYMBOLIC_READERS.pop()
         _ACTIVE.pop()
     score = canonicalize(score)
     neg, score = hoist_mask(score)
@@ -716,4 +739,4 @@ def trace(variant) -> TracedVariant:
         mask = sympy.And(mask, sympy.Not(neg))
     mask = simplify_mask(mask)
     captured = with_extent_rules(with_wrapped_dims(tracer.captured, score, mask), score, mask)
-    return TracedVariant(variant=variant, score=score, mask=mask, captured=captured)
+    return TracedVariant(variant=variant, score=score, mask=mask, captured=captured, params=tuple(tracer.params))

@@ -57,11 +57,21 @@ CHECK_TOL = {"bfloat16": 2e-2, "float16": 5e-3}
 
 # ---------------------------------------------------------------- variants
 
-def make_variant(key: str, S: int, H: int, device, seed: int = 0):
-    """(score_mod, mask_mod) for an anchor key; each is an attngen mod (a plain-callable wrapper) or None."""
+def make_variant(key: str, S: int, H: int, device, seed: int = 0, specialize: bool = False):
+    """(score_mod, mask_mod) for an anchor key; each is an attngen mod (a plain-callable wrapper) or None.
+    ``specialize``: library numbers baked into the kernel instead of runtime parameters (the cost of not
+    specialising is the difference of two runs, with and without --specialize)."""
+    import functools
+    import types
+
     import torch
 
     from attngen import variants as V
+
+    if specialize:  # the same library calls with their numbers baked in
+        V = types.SimpleNamespace(causal=V.causal, document=V.document,
+                                  **{n: functools.partial(getattr(V, n), specialize=True)
+                                     for n in ("sliding_window", "softcap", "alibi", "prefix_lm")})
 
     if key == "full":
         return None, None
@@ -308,7 +318,7 @@ def run_anchors(args, dtype, device):
         print(f"[{key}]", flush=True)
         row = {"key": key, "B": B, "H": H, "S": S, "D": D, "dtype": str(dtype).replace("torch.", "")}
         try:
-            score_mod, mask_mod = make_variant(key, S, H, device, seed=args.seed)
+            score_mod, mask_mod = make_variant(key, S, H, device, seed=args.seed, specialize=args.specialize)
             row["variant"] = LABELS.get(key) or variant_name(score_mod, mask_mod)
             row["density"] = density_of(score_mod, mask_mod, B, H, S, device)
         except Exception as e:  # noqa: BLE001
@@ -652,6 +662,8 @@ def parse_args(argv=None):
     p.add_argument("--sweep-tokens", type=int, default=16384, help="sweep batch = tokens // S (default 16384)")
     p.add_argument("--sweep-hidden", type=int, default=2048, help="sweep heads = hidden // D (default 2048)")
     p.add_argument("--no-anchors", action="store_true", help="skip the anchor table")
+    p.add_argument("--specialize", action="store_true",
+                   help="bake library numbers (window, cap, ...) into the kernels instead of passing them as arguments")
     p.add_argument("--backend", default="auto", choices=["auto", "sm80", "sm90"], help="attngen kernel (default auto)")
     p.add_argument("--no-compile-figures", action="store_true", help="skip cold/warm build and call overhead")
     p.add_argument("--overhead-calls", type=int, default=1000, help="calls timed for the call overhead (1000)")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device round on the H200: environment facts, parallel kernel builds + GPU tests, benchmark.
-# Usage (on the device, from the repo root): scripts/gpu_round.sh [tests|tests1|tests2|api|bench|issue15|first-call|sweep|sanitize|profile|probe|tiles|all]...
+# Usage (on the device, from the repo root): scripts/gpu_round.sh [tests|tests1|tests2|api|bench|issue15|first-call|sweep|specialize|sanitize|profile|probe|tiles|all]...
 # Logs and results go to $OUT (the device tool brings that folder back) or, when $OUT is unset, to
 # benchmarks/results/<UTC date>-<device, e.g. h200>-<git short commit>/ (see benchmarks/results/README.md).
 # A README.md stub there records the command line, commit, date and steps.
@@ -49,16 +49,17 @@ for step in "${steps[@]}"; do
       if [ "$step" = tests1 ]; then
         files="tests/gpu/test_autograd_gpu.py tests/gpu/test_gpu_api.py tests/gpu/test_integrations_gpu.py
                tests/gpu/test_bwd_gpu.py tests/gpu/test_codegen_gpu.py tests/gpu/test_mod_checks_gpu.py
-               tests/gpu/test_negative_index.py tests/gpu/test_reference_cuda.py"
+               tests/gpu/test_negative_index.py tests/gpu/test_reference_cuda.py tests/gpu/test_params_gpu.py"
       else
         files="tests/gpu/test_kernel_gpu.py tests/gpu/test_kernel_sm90.py tests/gpu/test_mask_zoo_gpu.py"
       fi
-      ATTNGEN_TEST_FAILURES="$RES/gpu_test_failures_$step.txt" python -m pytest -q -m gpu -p no:cacheprovider $files \
-        2>&1 | tee "$RES/gpu_tests_$step.log" | tail -n 20
+      # -v names each test as it starts, so a call cut short by TESTS_TIMEOUT still says where it was
+      ATTNGEN_TEST_FAILURES="$RES/gpu_test_failures_$step.txt" timeout "${TESTS_TIMEOUT:-900}" \
+        python -m pytest -v -m gpu -p no:cacheprovider --durations=15 $files 2>&1 | tee "$RES/gpu_tests_$step.log" | tail -n 20
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       if [ "$step" = tests2 ]; then
-        ATTNGEN_TEST_BACKEND=sm80 python -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_api.py 2>&1 \
-          | tee "$RES/gpu_tests_sm80.log" | tail -n 5
+        ATTNGEN_TEST_BACKEND=sm80 timeout "${TESTS_TIMEOUT:-900}" python -m pytest -q -m gpu -p no:cacheprovider \
+          tests/gpu/test_gpu_api.py 2>&1 | tee "$RES/gpu_tests_sm80.log" | tail -n 5
         [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       fi ;;
     tests|all)
@@ -120,6 +121,9 @@ for step in "${steps[@]}"; do
       ATTNGEN_CACHE_DIR=$probe_cache python scripts/load_probe.py > /dev/null 2>&1
       for i in 1 2; do ATTNGEN_CACHE_DIR=$probe_cache python scripts/load_probe.py; done 2>&1 \
         | tee "$RES/load_probe.txt" ;;
+    specialize)
+      # issue 14: runtime parameters against values baked in, each library anchor built both ways, interleaved
+      python scripts/specialize_ab.py --out "$RES" 2>&1 | tee "$RES/specialize_ab.log" | tail -n 14 ;;
     tiles)
       # A/B of tile settings, interleaved rounds, "variants:tiles[:D[:S[:B[:H]]]]" separated by ';', e.g.
       # TILE_SWEEPS="full,causal:128x2,176x2;softcap:128x2,128x2-pe3-fl;full:128x3,128x3-rt8:64"

@@ -125,6 +125,12 @@ def variants(tensors):
 # harness pieces
 
 
+def param_setup(traced) -> list:
+    """C statements filling CapturedArgs `c` with the runtime parameters' current values (launch.param_fields)."""
+    return [f"  c.{'i' if p.integer else 'f'}param[{p.slot}] = {p.param.value!r}{'' if p.integer else 'f'};"
+            for p in traced.params]
+
+
 def write_includes(tmp: Path, rendered) -> list:
     """Write each rendered variant.inc as <name>.inc into tmp; nvcc -I flags for them and the common header."""
     if REAL_COMMON.exists():
@@ -139,7 +145,7 @@ def write_includes(tmp: Path, rendered) -> list:
 
 UNDEF = ("#undef ATTNGEN_HAS_SCORE_MOD\n#undef ATTNGEN_HAS_MASK\n#undef ATTNGEN_NEEDS_CLASSIFIER\n"
          "#undef ATTNGEN_SCORE_HEAD_SCALE\n#undef ATTNGEN_SCORE_REL\n#undef ATTNGEN_SCORE_REL_LOADS\n"
-         "#undef ATTNGEN_NUM_GRAD_SITES\n")
+         "#undef ATTNGEN_NUM_GRAD_SITES\n#undef ATTNGEN_KV_PARTS\n#undef ATTNGEN_Q_PARTS\n")
 # These harnesses include several variant.inc files, each inside its own namespace. Each .inc includes
 # variant_math.cuh (#pragma once); included first at global scope, its helpers are visible to all of them.
 MATH = '#include "variant_math.cuh"'

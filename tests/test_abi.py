@@ -26,6 +26,7 @@ def test_python_abi_facts_match_the_c_headers():
     assert _int(c["ATTNGEN_ABI_VERSION"]) == abi.ABI_VERSION
     assert _int(c["ATTNGEN_MAX_CAPTURED"]) == abi.MAX_CAPTURED
     assert _int(c["ATTNGEN_MAX_SUMMARIES"]) == abi.MAX_SUMMARIES
+    assert _int(c["ATTNGEN_MAX_PARAMS"]) == abi.MAX_PARAMS
     assert tuple(int(x) for x in re.findall(r"\d+", c["ATTNGEN_HEAD_DIMS"])) == abi.SUPPORTED_HEAD_DIMS
     codes = {name[len("ATTNGEN_"):]: _int(v) for name, v in c.items() if name.startswith("ATTNGEN_ERROR_")}
     python_codes = {name: getattr(abi, name) for name in dir(abi) if name.startswith("ERROR_")}
@@ -44,7 +45,7 @@ def test_no_other_module_restates_abi_facts():
         text = p.read_text()
         for code in (abi.ERROR_SM90_TMA_LAYOUT, abi.ERROR_SM90_NO_TMA_ENCODER, abi.ERROR_SCALE_NOT_POSITIVE):
             assert str(code) not in text, f"{p.relative_to(root)} restates return code {code}: import it from attngen.abi"
-        assert not re.search(r"^\s*(MAX_CAPTURED|MAX_SUMMARIES|ABI_VERSION|SUPPORTED_HEAD_DIMS)\s*=", text, re.M), \
+        assert not re.search(r"^\s*(MAX_CAPTURED|MAX_SUMMARIES|MAX_PARAMS|ABI_VERSION|SUPPORTED_HEAD_DIMS)\s*=", text, re.M), \
             f"{p.relative_to(root)} defines an ABI fact: import it from attngen.abi"
 
 

@@ -83,8 +83,15 @@ def test_fingerprint_is_stable_across_calls_and_compiled_objects():
 
 
 def test_fingerprint_changes_with_constants_tensor_metadata_and_code(monkeypatch):
-    assert digest(window=128) != digest(window=256)  # a closure constant
-    assert digest(softcap=30.0) != digest(softcap=30.5)
+    def user_window(w):
+        return lambda b, h, q_idx, kv_idx: (q_idx >= kv_idx) & (q_idx - kv_idx < w)
+
+    assert digest(mask_mod=user_window(128)) != digest(mask_mod=user_window(256))  # a closure constant
+    # library numbers are runtime parameters: keyed by name and kind, never by value, unless specialised
+    assert digest(window=128) == digest(window=256)
+    assert digest(softcap=30.0) == digest(softcap=30.5)
+    specialised = [digest(mask_mod=attngen.sliding_window(w, specialize=True)) for w in (128, 256)]
+    assert specialised[0] != specialised[1] and digest(window=128) not in specialised
     ids = torch.zeros(64, dtype=torch.int32)
     base = digest(mask_mod=attngen.document(ids))
     assert digest(mask_mod=attngen.document(ids.long())) != base  # dtype

@@ -18,7 +18,7 @@ from attngen.analysis import analyze
 from attngen.codegen import render_variant_inc
 
 sys.path.insert(0, str(Path(__file__).parent))
-from codegen_cases import COMMON_STUB, run_host_program  # noqa: E402
+from codegen_cases import COMMON_STUB, param_setup, run_host_program  # noqa: E402
 
 TEMPLATES = Path(attngen.__file__).parent / "templates"
 
@@ -58,7 +58,7 @@ def _brute(mask, q_len, kv_len, q_off, BQ, BK):
     return kept > 0, kept == size
 
 
-def _program(name, shapes):
+def _program(name, shapes, setup):
     """A host program walking both directions for each (q_len, kv_len, q_off, BQ, BK): lines 'F i j full'
     (forward visits) and 'B j i full' (backward visits), then 'END'."""
     body = []
@@ -104,6 +104,7 @@ using namespace attngen;
 void run() {{
   CapturedArgs c;
   memset(&c, 0, sizeof(c));
+{chr(10).join(setup)}
 {chr(10).join(body)}
 }}
 }}  // namespace v_{name}
@@ -131,7 +132,7 @@ def test_tile_walks_visit_every_kept_tile_and_only_prove_full_tiles(tmp_path):
         traced, p = analyze(attngen.Variant(mask_mod=mod))
         preds[name] = p
         (d / f"{name}.inc").write_text(render_variant_inc(traced, p).replace(" tile_any(", " tile_any_derived("))
-        outs.append(run_host_program(d, [head, _program(name, shapes)], [f"  v_{name}::run();"]))
+        outs.append(run_host_program(d, [head, _program(name, shapes, param_setup(traced))], [f"  v_{name}::run();"]))
     out = "".join(outs)
     assert preds["local_global"].kv_parts and preds["local_global"].q_parts  # the walk under test has parts
     assert not preds["causal"].kv_parts

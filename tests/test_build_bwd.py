@@ -18,7 +18,8 @@ from attngen.jit.ninja import BWD_LIBRARY_NAME, run_ninja, write_build_ninja
 from attngen.jit.spec import BWD_KERNEL, ptxas_report
 from attngen.symbols import BK, BQ, B, H, J, KVLEN, QLEN, QOFF
 
-from codegen_cases import COMMON_STUB, MATH, UNDEF, VARIANT_MATH, py_eval, run_host_program
+from attngen.ir import param_values
+from codegen_cases import COMMON_STUB, MATH, UNDEF, VARIANT_MATH, py_eval, param_setup, run_host_program
 from helpers import tile_classes
 
 GXX = shutil.which("g++")
@@ -121,6 +122,7 @@ def test_transposed_predicates_match_block_predicates(tmp_path):
                 sums = [s.compute(tensors, bq, bk, ql, kl, qo) for s in preds.summaries]
                 tag = f"{n}_{bq}_{bk}_{ql}_{kl}_{qo}"
                 body.append("  {\n  CapturedArgs c; memset(&c, 0, sizeof(c));")
+                body += param_setup(traced)
                 for m, c in enumerate(traced.captured):
                     body.append(f"  c.ptr[{m}] = {n}_{c.name};")
                     body += [f"  c.stride[{m}][{d}] = {st};" for d, st in enumerate(c.tensor.stride())]
@@ -136,7 +138,7 @@ def test_transposed_predicates_match_block_predicates(tmp_path):
         runs.append(f"  v_{n}::run();")
     lines = iter(run_host_program(tmp_path, src, runs).splitlines())
     for n, attn, bq, bk, ql, kl, qo, sums in expect:
-        preds = attn.predicates
+        preds = attn.predicates.with_values(param_values(attn.traced.params))  # the values the host program ran
         nqb, nkb = -(-ql // bq), -(-kl // bk)
         j = torch.arange(nkb)
         got = torch.tensor([[int(x) for x in next(lines).split()] for _ in range(nkb)])

@@ -7,6 +7,7 @@
 * hoists per-head/-row/-column work out of score_mod/mask_mod;
 * is byte-identical across runs and hash seeds.
 """
+import dataclasses
 import os
 import random
 import re
@@ -21,12 +22,12 @@ import torch
 
 from attngen.codegen import render_variant_inc
 from attngen.errors import BuildError
-from attngen.ir import BlockPredicates, CapturedTensor, TracedVariant
+from attngen.ir import BlockPredicates, CapturedTensor, TracedVariant, param_values
 from attngen.mods import ScoreMod, Variant
 from attngen.symbols import B, BK, BQ, H, I, J, KV, KVLEN, Q, QLEN, QOFF, SCORE, load
 
 from codegen_cases import (COMMON_STUB, REPO, VARIANT_MATH, causal_preds, full_preds, make_tensors, variants)
-from codegen_cases import check_rendering_across_hash_seeds, run_host_program
+from codegen_cases import check_rendering_across_hash_seeds, param_setup, run_host_program
 from codegen_cases import gradient_tensors, traced_gradient_variants
 from codegen_cases import MATH as _MATH
 from codegen_cases import UNDEF as _UNDEF
@@ -398,7 +399,7 @@ def test_variant_inc_host_semantics_match_python(tmp_path):
         src.append(_c_bytes(f"sum_{n}", s))
     src.append(f"static const float S[{QLEN_ * KVLEN_}] = {{{', '.join(repr(float(x)) + 'f' for x in scores32.flatten().tolist())}}};")
     for k, (tv, preds) in V.items():
-        setup = ["  CapturedArgs c; memset(&c, 0, sizeof(c));"]
+        setup = ["  CapturedArgs c; memset(&c, 0, sizeof(c));"] + param_setup(tv)
         for n, ct in enumerate(tv.captured):
             setup.append(f"  c.ptr[{n}] = {k}_{ct.name} + {ct.tensor.storage_offset() * ct.tensor.element_size()};")
             setup += [f"  c.stride[{n}][{d}] = {st};" for d, st in enumerate(ct.tensor.stride())]
@@ -445,6 +446,10 @@ void run() {{
     for k, (tv, preds) in V.items():
         lines = out[list(V).index(k)].strip().split("\n")
         caps = {ct.name: ct.tensor for ct in tv.captured}
+        # the values the host program ran with (param_setup): Python evaluates the same expressions with them
+        values = param_values(tv.params)
+        tv = dataclasses.replace(tv, score=tv.score.xreplace(values), mask=tv.mask.xreplace(values))
+        preds = preds.with_values(values)
         el = torch.tensor([[float(x) for x in ln.split()] for ln in lines[: QLEN_ * KVLEN_]], dtype=torch.float64)
         got_score = el[:, 0].reshape(QLEN_, KVLEN_)
         got_mask = el[:, 1].reshape(QLEN_, KVLEN_).bool()

@@ -28,6 +28,11 @@ def library() -> dict:
         "document": attngen.compile(mask_mod=attngen.document(_DOCS)),
         "block_diagonal": attngen.compile(mask_mod=attngen.block_diagonal(512)),
         "dilated": attngen.compile(mask_mod=attngen.dilated(1024, 4)),
+        # library numbers baked in (specialize=True): the constant-folded form of the runtime-parameter builds above
+        "softcap_window_specialised": attngen.compile(score_mod=attngen.softcap(30.0, specialize=True),
+                                                      mask_mod=attngen.sliding_window(1024, specialize=True)),
+        "chunked_dilated_specialised": attngen.compile(mask_mod=attngen.chunked(1024, specialize=True)
+                                                       | attngen.dilated(512, 4, specialize=True)),
         "combo": attngen.compile(score_mod=lambda s, b, h, q, k: s + _TABLE[h, q - k + 4096], softcap=20.0,
                                  mask_mod=(attngen.prefix_lm(64) | attngen.sliding_window(512)) & ~attngen.block_diagonal(2048)),
     }

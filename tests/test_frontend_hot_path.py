@@ -38,7 +38,7 @@ def hot(monkeypatch):
 def test_hot_path_launches_the_ready_library(hot):
     attn, q, lib, calls, _ = hot
     assert attn(q, q, q, scale=0.5, return_lse=True, q_offset=3) == "out"
-    assert calls == [("forward", lib, {"scale": 0.5, "q_offset": 3, "return_lse": True})]
+    assert calls == [("forward", lib, {"scale": 0.5, "q_offset": 3, "return_lse": True, "params": None})]
 
 
 @pytest.mark.parametrize("code", SM90_FALLBACK_CODES)

@@ -29,8 +29,9 @@ from attngen.printer import torch_function
 from attngen.symbols import B, H, KV, Q, SCORE, load
 from attngen.trace import trace
 
+from attngen.ir import param_values
 from codegen_cases import COMMON_STUB, MATH, UNDEF, VARIANT_MATH, gradient_tensors, make_tensors
-from codegen_cases import check_rendering_across_hash_seeds, run_host_program, traced_gradient_variants, variants
+from codegen_cases import check_rendering_across_hash_seeds, run_host_program, param_setup, traced_gradient_variants, variants
 
 GXX = shutil.which("g++")
 ARGS = (SCORE, B, H, Q, KV)
@@ -69,7 +70,7 @@ def _autograd(tv, S, idx):
               for c in tv.captured}
     S = S.detach().clone().requires_grad_()
     W = torch.randn(S.shape, dtype=torch.float64)
-    out = _values(tv.score, S, *idx, tensors=leaves)
+    out = _values(tv.score.xreplace(param_values(tv.params)), S, *idx, tensors=leaves)
     (W * out).sum().backward()
     grads = {n: t.grad if t.grad is not None else torch.zeros(t.shape, dtype=torch.float64)
              for n, t in leaves.items() if t.dtype == torch.float64}
@@ -100,14 +101,16 @@ def test_derivatives_match_torch_autograd(name, grad_variants):
     S = torch.randn(NH, QLEN, KVLEN, dtype=torch.float64) * 12
     W, dS, dT = _autograd(tv, S, idx)
     g = derive_gradients(tv)
-    torch.testing.assert_close(W * _values(g.dscore, S, *idx, tensors=_tensors64(tv)), dS, rtol=1e-9, atol=1e-12)
+    values = param_values(tv.params)  # the derivatives are symbolic in runtime parameters (softcap's cap)
+    torch.testing.assert_close(W * _values(g.dscore.xreplace(values), S, *idx, tensors=_tensors64(tv)), dS,
+                               rtol=1e-9, atol=1e-12)
     caps = {c.name: c for c in tv.captured}
     for name_, grad in dT.items():
         t = caps[name_].tensor
         got = torch.zeros(_storage_grad(t, grad).shape, dtype=torch.float64)
         for site in g.sites:
             if site.tensor == name_:
-                d = _values(site.derivative, S, *idx, tensors=_tensors64(tv))
+                d = _values(site.derivative.xreplace(values), S, *idx, tensors=_tensors64(tv))
                 got.index_add_(0, _flat_index(site, t, (S,) + idx, _tensors64(tv)).flatten(), (W * d).flatten())
         torch.testing.assert_close(got, _storage_grad(t, grad), rtol=1e-9, atol=1e-9,
                                    msg=lambda m: f"{name}: gradient of {name_}: {m}")
@@ -283,7 +286,7 @@ def test_gradient_functions_host_semantics_match_autograd(tmp_path):
            f"static const float S[{S.numel()}] = {{{', '.join(repr(float(x)) + 'f' for x in S.flatten().tolist())}}};"]
     for k, (tv, preds) in V.items():
         (tmp_path / f"{k}.inc").write_text(render_variant_inc(tv, preds))
-        setup = ["  CapturedArgs c; memset(&c, 0, sizeof(c));"]
+        setup = ["  CapturedArgs c; memset(&c, 0, sizeof(c));"] + param_setup(tv)
         for n, ct in enumerate(tv.captured):
             src.append(_c_bytes(f"{k}_{ct.name}", ct.tensor))
             setup.append(f"  c.ptr[{n}] = {k}_{ct.name} + {ct.tensor.storage_offset() * ct.tensor.element_size()};")

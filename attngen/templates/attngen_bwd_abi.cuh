@@ -5,7 +5,7 @@
 
 #include "attngen_common.cuh"
 
-#define ATTNGEN_BWD_ABI_VERSION 1
+#define ATTNGEN_BWD_ABI_VERSION 2
 
 // Layout (x86-64 / aarch64, natural alignment, no padding):
 //   offset   0  q, k, v, o, dout, lse         6 pointers
@@ -14,8 +14,8 @@
 //   offset  96  q_stride[3] .. dv_stride[3]   8 x 3 int64          element strides (batch, head, seq)
 //   offset 288  B, Hq, Hkv, Lq, Lk, D         6 int32
 //   offset 312  scale (float32), q_offset (int32)
-//   offset 320  captured                      CapturedArgs (384 bytes)
-//   size   704
+//   offset 320  captured                      CapturedArgs (448 bytes)
+//   size   768
 // Workspaces: dq_accum (B, Hq, Lq, D) contiguous; delta and lse_log2 (B, Hq, Lq_pad) contiguous with
 // Lq_pad = ceil(Lq / block_q) * block_q (AttngenKernelInfo.block_q), so that every q-block's slice is whole
 // and 16-byte aligned. Each call overwrites all three before reading them.
@@ -47,7 +47,7 @@ struct AttngenBwdArgs {
 };
 
 #if defined(__cplusplus) && !defined(__CUDACC_RTC__)
-static_assert(sizeof(AttngenBwdArgs) == 704, "AttngenBwdArgs layout is part of the C ABI");
+static_assert(sizeof(AttngenBwdArgs) == 768, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, dq_accum) == 72, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, B) == 288, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, scale) == 312, "AttngenBwdArgs layout is part of the C ABI");

@@ -12,9 +12,10 @@
 
 // The ABI's facts, also stated in attngen/abi.py (tests/test_abi.py checks they agree).
 // Bump ATTNGEN_ABI_VERSION whenever AttngenFwdArgs, CapturedArgs or AttngenKernelInfo change layout or meaning.
-#define ATTNGEN_ABI_VERSION 1
+#define ATTNGEN_ABI_VERSION 2
 #define ATTNGEN_MAX_CAPTURED 8
 #define ATTNGEN_MAX_SUMMARIES 8
+#define ATTNGEN_MAX_PARAMS 8
 #define ATTNGEN_HEAD_DIMS {64, 128, 256}
 
 // Return codes of attngen_fwd beyond cudaError_t (all cudaError_t values are below 10000 except
@@ -49,6 +50,10 @@ struct CapturedArgs {
   const void* ptr[ATTNGEN_MAX_CAPTURED];           // captured tensors, in TracedVariant.captured order
   long long stride[ATTNGEN_MAX_CAPTURED][4];       // element strides; dims beyond the rank are 0
   const void* summary[ATTNGEN_MAX_SUMMARIES];      // BlockPredicates.summaries order (int32 or float32)
+  // Runtime parameters (TracedVariant.params, attngen/params.py): slot k is iparam[k] for an int parameter,
+  // fparam[k] for a real one, so one library serves every window / cap / chunk size.
+  int iparam[ATTNGEN_MAX_PARAMS];
+  float fparam[ATTNGEN_MAX_PARAMS];
 };
 
 // Runtime facts the tile-level predicates are written in (q_idx = row + QOFF).
@@ -61,8 +66,9 @@ struct TileArgs {
 //   offset  40  q_stride[3] .. o_stride[3] 4 x 3 int64          element strides (batch, head, seq)
 //   offset 136  B, Hq, Hkv, Lq, Lk, D      6 int32
 //   offset 160  scale (float32), q_offset (int32)
-//   offset 168  captured                   CapturedArgs (384 bytes)
-//   size   552
+//   offset 168  captured                   CapturedArgs (448 bytes: 384 of tensors and summaries, then
+//                                          8 int32 and 8 float32 runtime parameters)
+//   size   616
 struct AttngenFwdArgs {
   const void* q;        // (B, Hq, Lq, D), last dim contiguous
   const void* k;        // (B, Hkv, Lk, D)
@@ -93,8 +99,9 @@ struct AttngenKernelInfo {
 };
 
 #if defined(__cplusplus) && !defined(__CUDACC_RTC__)
-static_assert(sizeof(CapturedArgs) == 384, "CapturedArgs layout is part of the C ABI");
-static_assert(sizeof(AttngenFwdArgs) == 552, "AttngenFwdArgs layout is part of the C ABI");
+static_assert(sizeof(CapturedArgs) == 448, "CapturedArgs layout is part of the C ABI");
+static_assert(__builtin_offsetof(CapturedArgs, iparam) == 384, "CapturedArgs layout is part of the C ABI");
+static_assert(sizeof(AttngenFwdArgs) == 616, "AttngenFwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenFwdArgs, B) == 136, "AttngenFwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenFwdArgs, scale) == 160, "AttngenFwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenFwdArgs, captured) == 168, "AttngenFwdArgs layout is part of the C ABI");

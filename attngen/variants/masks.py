@@ -6,6 +6,10 @@ uses only Python operators, comparisons and ``& | ~`` (never ``and``/``or``/``no
 values) and indexes captured tensors with index expressions. Constants are validated here, once, so a
 bad argument fails at construction with a message that names the fix, not deep inside a kernel build.
 
+Numbers (window sizes, chunk and prefix lengths, local bounds, dilation) are runtime parameters
+(attngen/params.py) by default: kernel arguments, so one build serves every value, and the block predicates
+are derived symbolically in them. ``specialize=True`` bakes the value into the kernel instead.
+
 ``q_idx`` is the ABSOLUTE query position (row + q_offset); ``kv_idx`` is the key position.
 """
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 
 from ..errors import AttngenError
 from ..mods import MaskMod
+from ..params import RuntimeParam
 
 
 class VariantArgumentError(AttngenError, ValueError, TypeError):
@@ -53,6 +58,19 @@ def _as_opt_int(fn: str, name: str, value, minimum: int, example: str) -> Option
     return None if value is None else _as_int(fn, name, value, minimum, example)
 
 
+def _int_param(fn: str, name: str, value, minimum: int, example: str, specialize: bool) -> RuntimeParam:
+    """A validated int argument as a runtime parameter (a kernel argument unless ``specialize``)."""
+    return RuntimeParam(name, _as_int(fn, name, value, minimum, example), integer=True, minimum=minimum,
+                        specialize=specialize)
+
+
+def _shown(p: Optional[RuntimeParam], show_values: bool) -> str:
+    """A parameter in a mod's name: its value, or (in key names) its name when the kernel takes it as an argument."""
+    if p is None:
+        return "None"
+    return _fmt(p.value) if show_values or p.specialized else p.name
+
+
 def causal() -> MaskMod:
     """Causal: query q sees keys kv <= q (absolute positions)."""
 
@@ -62,24 +80,27 @@ def causal() -> MaskMod:
     return MaskMod(causal_mask, "causal")
 
 
-def sliding_window(window: int) -> MaskMod:
-    """Causal sliding window of ``window`` keys: kv in (q - window, q]. ``window=1`` keeps only the diagonal."""
-    w = _as_int("sliding_window", "window", window, 1, "sliding_window(1024)")
+def sliding_window(window: int, *, specialize: bool = False) -> MaskMod:
+    """Causal sliding window of ``window`` keys: kv in (q - window, q]. ``window=1`` keeps only the diagonal.
+    ``window`` is a kernel argument (one build serves every window) unless ``specialize=True``."""
+    w = _int_param("sliding_window", "window", window, 1, "sliding_window(1024)", specialize)
 
     def sliding_window_mask(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (q_idx - kv_idx < w)
 
-    return MaskMod(sliding_window_mask, f"sliding_window({w})")
+    return MaskMod(sliding_window_mask, lambda v: f"sliding_window({_shown(w, v)})")
 
 
-def local(left: Optional[int], right: Optional[int]) -> MaskMod:
+def local(left: Optional[int], right: Optional[int], *, specialize: bool = False) -> MaskMod:
     """FlashAttention-3 style local window: kv in [q - left, q + right] (both ends included).
 
     ``None`` leaves that side unbounded, so ``local(None, 0)`` is causal and ``local(w - 1, 0)`` equals
-    ``sliding_window(w)``.
+    ``sliding_window(w)``. The bounds are kernel arguments unless ``specialize=True``; None is part of the build.
     """
     lo = _as_opt_int("local", "left", left, 0, "local(128, 0) or local(None, 0) for an unbounded left side")
     hi = _as_opt_int("local", "right", right, 0, "local(128, 0) or local(128, None) for an unbounded right side")
+    lo_p = None if lo is None else RuntimeParam("left", lo, integer=True, minimum=0, specialize=specialize)
+    hi_p = None if hi is None else RuntimeParam("right", hi, integer=True, minimum=0, specialize=specialize)
     if lo is None and hi is None:
         raise VariantArgumentError(
             "local(None, None) masks nothing; pass mask_mod=None for full attention, or give a bound, "
@@ -87,57 +108,61 @@ def local(left: Optional[int], right: Optional[int]) -> MaskMod:
         )
     if hi is None:
         def local_mask(b, h, q_idx, kv_idx):
-            return q_idx - kv_idx <= lo
+            return q_idx - kv_idx <= lo_p
     elif lo is None:
         def local_mask(b, h, q_idx, kv_idx):
-            return kv_idx - q_idx <= hi
+            return kv_idx - q_idx <= hi_p
     else:
         def local_mask(b, h, q_idx, kv_idx):
-            return (q_idx - kv_idx <= lo) & (kv_idx - q_idx <= hi)
+            return (q_idx - kv_idx <= lo_p) & (kv_idx - q_idx <= hi_p)
 
-    return MaskMod(local_mask, f"local({lo}, {hi})")
+    return MaskMod(local_mask, lambda v: f"local({_shown(lo_p, v)}, {_shown(hi_p, v)})")
 
 
-def prefix_lm(prefix: int) -> MaskMod:
-    """Prefix-LM: every query sees the first ``prefix`` keys (bidirectional prefix), the rest causally."""
-    n = _as_int("prefix_lm", "prefix", prefix, 0, "prefix_lm(2048)")
+def prefix_lm(prefix: int, *, specialize: bool = False) -> MaskMod:
+    """Prefix-LM: every query sees the first ``prefix`` keys (bidirectional prefix), the rest causally.
+    ``prefix`` is a kernel argument unless ``specialize=True``."""
+    n = _int_param("prefix_lm", "prefix", prefix, 0, "prefix_lm(2048)", specialize)
 
     def prefix_lm_mask(b, h, q_idx, kv_idx):
         return (kv_idx < n) | (q_idx >= kv_idx)
 
-    return MaskMod(prefix_lm_mask, f"prefix_lm({n})")
+    return MaskMod(prefix_lm_mask, lambda v: f"prefix_lm({_shown(n, v)})")
 
 
-def chunked(size: int) -> MaskMod:
-    """Llama-4 chunked causal attention: causal inside consecutive chunks of ``size`` positions."""
-    c = _as_int("chunked", "size", size, 1, "chunked(8192)")
+def chunked(size: int, *, specialize: bool = False) -> MaskMod:
+    """Llama-4 chunked causal attention: causal inside consecutive chunks of ``size`` positions.
+    ``size`` is a kernel argument unless ``specialize=True``."""
+    c = _int_param("chunked", "size", size, 1, "chunked(8192)", specialize)
 
     def chunked_mask(b, h, q_idx, kv_idx):
         return (q_idx // c == kv_idx // c) & (q_idx >= kv_idx)
 
-    return MaskMod(chunked_mask, f"chunked({c})")
+    return MaskMod(chunked_mask, lambda v: f"chunked({_shown(c, v)})")
 
 
-def block_diagonal(size: int) -> MaskMod:
-    """Bidirectional attention inside consecutive blocks of ``size`` positions (q // size == kv // size)."""
-    s = _as_int("block_diagonal", "size", size, 1, "block_diagonal(256)")
+def block_diagonal(size: int, *, specialize: bool = False) -> MaskMod:
+    """Bidirectional attention inside consecutive blocks of ``size`` positions (q // size == kv // size).
+    ``size`` is a kernel argument unless ``specialize=True``."""
+    s = _int_param("block_diagonal", "size", size, 1, "block_diagonal(256)", specialize)
 
     def block_diagonal_mask(b, h, q_idx, kv_idx):
         return q_idx // s == kv_idx // s
 
-    return MaskMod(block_diagonal_mask, f"block_diagonal({s})")
+    return MaskMod(block_diagonal_mask, lambda v: f"block_diagonal({_shown(s, v)})")
 
 
-def dilated(window: int, dilation: int) -> MaskMod:
+def dilated(window: int, dilation: int, *, specialize: bool = False) -> MaskMod:
     """Causal window of ``window`` positions that keeps only every ``dilation``-th key:
-    kv in (q - window, q] with (q - kv) % dilation == 0. ``dilated(w, 1)`` equals ``sliding_window(w)``."""
-    w = _as_int("dilated", "window", window, 1, "dilated(1024, 4)")
-    d = _as_int("dilated", "dilation", dilation, 1, "dilated(1024, 4)")
+    kv in (q - window, q] with (q - kv) % dilation == 0. ``dilated(w, 1)`` equals ``sliding_window(w)``.
+    Both are kernel arguments unless ``specialize=True``."""
+    w = _int_param("dilated", "window", window, 1, "dilated(1024, 4)", specialize)
+    d = _int_param("dilated", "dilation", dilation, 1, "dilated(1024, 4)", specialize)
 
     def dilated_mask(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (q_idx - kv_idx < w) & ((q_idx - kv_idx) % d == 0)
 
-    return MaskMod(dilated_mask, f"dilated({w}, {d})")
+    return MaskMod(dilated_mask, lambda v: f"dilated({_shown(w, v)}, {_shown(d, v)})")
 
 
 def document(doc_ids: torch.Tensor) -> MaskMod:

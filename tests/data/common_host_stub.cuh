@@ -3,10 +3,13 @@
 #pragma once
 #define ATTNGEN_MAX_CAPTURED 8
 #define ATTNGEN_MAX_SUMMARIES 8
+#define ATTNGEN_MAX_PARAMS 8
 struct CapturedArgs {
   const void* ptr[ATTNGEN_MAX_CAPTURED];
   long long   stride[ATTNGEN_MAX_CAPTURED][4];
   const void* summary[ATTNGEN_MAX_SUMMARIES];
+  int iparam[ATTNGEN_MAX_PARAMS];
+  float fparam[ATTNGEN_MAX_PARAMS];
 };
 struct TileArgs { int QLEN, KVLEN, QOFF, b, h; };
 __host__ __device__ inline int py_floordiv(int a, int b) { int q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
