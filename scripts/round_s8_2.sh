@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Session 8, device rounds 2 and 3 (one step per device call): A = the kernel suites and the mask zoo, then
+# runtime parameters against baked values; B = the API / training / integration suites, then local + global
+# beside flex. Each part is cut by `timeout` so that the call returns its logs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache ATTNGEN_TEST_BUILD_JOBS=14
+R="$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$R/device.txt"
+run_tests() {  # name timeout files...
+  local name=$1 t=$2; shift 2
+  ATTNGEN_TEST_FAILURES="$R/failures_$name.txt" timeout "$t" python -m pytest -v -m gpu -p no:cacheprovider \
+    --durations=10 "$@" > "$R/tests_$name.log" 2>&1
+  echo "tests $name rc=$? $(grep -cE ' PASSED' "$R/tests_$name.log") passed, $(grep -cE ' FAILED' "$R/tests_$name.log") failed"
+  tail -n 3 "$R/tests_$name.log"
+}
+case "$1" in
+  A)
+    run_tests kernels 400 tests/gpu/test_kernel_gpu.py tests/gpu/test_kernel_sm90.py tests/gpu/test_mask_zoo_gpu.py
+    timeout 130 python scripts/specialize_ab.py --out "$R" 2>&1 | tail -n 14 ;;
+  B)
+    run_tests api 430 tests/gpu/test_autograd_gpu.py tests/gpu/test_gpu_api.py tests/gpu/test_integrations_gpu.py \
+      tests/gpu/test_bwd_gpu.py tests/gpu/test_codegen_gpu.py tests/gpu/test_mod_checks_gpu.py \
+      tests/gpu/test_negative_index.py tests/gpu/test_reference_cuda.py tests/gpu/test_params_gpu.py
+    timeout 100 python benchmarks/bench_forward.py --variants local_global causal --no-compile-figures --out "$R" \
+      2>&1 | grep -E "^\|" ;;
+esac
