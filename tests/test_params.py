@@ -33,6 +33,16 @@ def _brute(variant, q_len, kv_len, BQ, BK, q_offset):
     return tile_classes(m, BQ, BK)
 
 
+def _dilated_runtime(w, d):
+    """dilated() with its dilation as a runtime parameter too (the library keeps it in the build)."""
+    wp, dp = attngen.param("window", w, minimum=1), attngen.param("dilation", d, minimum=1)
+
+    def dilated_mask(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx - kv_idx < wp) & ((q_idx - kv_idx) % dp == 0)
+
+    return attngen.MaskMod(dilated_mask, "dilated_runtime")
+
+
 def _families():
     """name -> (variant factory taking the values, value tuples to try, exact)."""
     sw = lambda w: attngen.sliding_window(w)  # noqa: E731
@@ -44,7 +54,8 @@ def _families():
         "prefix_lm": (lambda n: attngen.prefix_lm(n), [(0,), (1,), (70,), (256,), (2000,)], True),
         "chunked": (lambda c: attngen.chunked(c), [(1,), (16,), (100,), (128,), (1000,)], True),
         "block_diagonal": (lambda c: attngen.block_diagonal(c), [(1,), (37,), (64,), (300,)], True),
-        "dilated": (lambda w, d: attngen.dilated(w, d), [(64, 1), (100, 3), (257, 8), (5, 4), (40, 2)], True),
+        "dilated": (lambda w: attngen.dilated(w, 3), [(64,), (100,), (257,), (5,), (2,)], True),
+        "dilated_runtime": (_dilated_runtime, [(64, 1), (100, 3), (257, 8), (5, 4), (40, 2)], True),
         "chunked_or_local": (lambda c, a, b: attngen.chunked(c) | attngen.local(a, b),
                              [(130, 30, 10), (64, 0, 0), (200, 100, 3)], False),
         "prefix_or_window": (lambda n, w: attngen.prefix_lm(n) | sw(w), [(64, 300), (0, 1), (500, 40)], True),
@@ -209,7 +220,7 @@ def test_too_many_parameters_names_the_fix():
 
 
 def test_param_fields_fill_the_slots_by_kind():
-    traced, _ = analyze(attngen.Variant(score_mod=attngen.softcap(12.5), mask_mod=attngen.dilated(300, 7)))
+    traced, _ = analyze(attngen.Variant(score_mod=attngen.softcap(12.5), mask_mod=attngen.local(300, 7)))
     fields = launch.param_fields(traced.params)
     packed = launch._PACK_TAIL.pack(*launch._captured_fields(torch.device("cpu"), (), (), fields))
     c = launch.CapturedArgs.from_buffer_copy(packed)
