@@ -1,9 +1,9 @@
 // sm90_scheduler.cuh: work tiles of the sm90 kernel and who runs which. A work tile is one (q-block of
 // BQ rows, query head, batch), numbered w = 0 .. num_tiles - 1 so that the q-block index falls slowest
 // within a section: under causal-like masks (later q-blocks see more kv tiles) the longest tiles come
-// first; with `ascending` (the first q-blocks are the longest: global query tokens) it rises instead. (batch,
-// head) pairs are cut into sections of about kSectionTiles tiles so that the CTAs running
-// at once share the K/V of few heads in L2 (docs/performance.md).
+// first; with `ascending` (the first q-blocks are the longest: global query tokens) it rises instead, over
+// all heads at once. Otherwise (batch, head) pairs are cut into sections of about kSectionTiles tiles so
+// that the CTAs running at once share the K/V of few heads in L2 (docs/performance.md).
 // Who runs which tile:
 //   - one CTA per tile: the hardware dispatches CTAs in blockIdx order, each to the SM that frees up.
 //   - persistent, with a tile counter (sm90_tile_counter.cuh): CTA x starts with tile x, then its
@@ -42,7 +42,8 @@ template <int BQ>
 ATTNGEN_DEV_INLINE TileArgs tile_args(const AttngenFwdArgs& a, int w, int& i, bool ascending) {
   const int nqb = (a.Lq + BQ - 1) / BQ;
   const int heads = a.Hq * a.B;
-  const int sec_heads = max(1, min(heads, kSectionTiles / nqb));
+  // ascending: one section, so that the first q-blocks of every head (the longest tiles) start in the first wave
+  const int sec_heads = ascending ? heads : max(1, min(heads, kSectionTiles / nqb));
   const int sec = w / (sec_heads * nqb);
   const int in_sec = w - sec * sec_heads * nqb;
   const int hs = min(sec_heads, heads - sec * sec_heads);  // the last section may be narrower
