@@ -4,14 +4,17 @@ A kernel launched through ctypes is invisible to autograd and breaks a torch.com
 needs gradients, or that torch.compile is tracing, goes through two ``torch.library.custom_op`` ops instead
 (CompiledAttention.__call__ decides; the inference hot path never comes here):
 
-    attngen::attention_fwd(q, k, v, captured, variant, scale, q_offset) -> (out, lse)
-    attngen::attention_bwd(dout, dlse, q, k, v, out, lse, captured, variant, scale, q_offset, needs_grad)
+    attngen::attention_fwd(q, k, v, captured, variant, scale, q_offset, params) -> (out, lse)
+    attngen::attention_bwd(dout, dlse, q, k, v, out, lse, captured, variant, scale, q_offset, params, needs_grad)
         -> (dq, dk, dv, dcaptured)
 
 ``variant`` is the op id of a live CompiledAttention (``register``): ops take only tensors and plain values,
 so the mods travel by name. ``captured`` are the variant's captured tensors, passed so that autograd routes
-gradients to the float ones that require grad (ALiBi slopes, a bias table). The forward saves q, k, v, out and
-the LSE, never the probabilities; the backward recomputes them.
+gradients to the float ones that require grad (ALiBi slopes, a bias table). ``params`` are the variant's runtime
+parameter values (``param_values``), read once when the forward is called: the forward runs them and the backward
+recomputes with them (params.pinned_values), so a ``set()`` between forward and backward cannot make the gradients
+disagree with the saved LSE, and torch.compile sees them as arguments. The forward saves q, k, v, out and the LSE,
+never the probabilities; the backward recomputes them.
 
 The backward asks ``backward_kernel`` first (the portable backward kernel on CUDA inputs it supports) and otherwise
 runs ``reference_backward``: float32 (float64 for float64 inputs) torch ops, chunked over query rows so memory
@@ -36,6 +39,7 @@ from torch.utils._pytree import tree_map
 
 from . import reference
 from .errors import InputError
+from .params import pinned_values
 
 # Query rows per backward step are chosen so one (B, Hq, rows, Lk) score block has about this many elements;
 # a step holds ~8 such blocks (scores, modified scores, P, dP, dS and the score_mod's autograd graph), so
@@ -79,8 +83,27 @@ def attention(attn, q, k, v, *, scale: Optional[float], return_lse: bool, q_offs
     _, _, _, _, _, D, _ = reference._check_inputs(q, k, v)
     scale = reference._check_scale(scale, D)
     captured = [c.tensor for c in attn.facts.captured]
-    out, lse = torch.ops.attngen.attention_fwd(q, k, v, captured, attn.op_id, scale, q_offset)
+    out, lse = torch.ops.attngen.attention_fwd(q, k, v, captured, attn.op_id, scale, q_offset, param_values(attn))
     return (out, lse) if return_lse else out
+
+
+def param_values(attn) -> List[float]:
+    """The op argument ``params``: the current value of each of ``attn.params``, in slot order, as floats (an int
+    parameter is within int32, so exact)."""
+    return [float(p.param.value) for p in attn.facts.params]
+
+
+def _pinned(attn, params: Sequence[float]):
+    """A context manager: within it, in this thread, ``attn.params`` read the op argument ``params``
+    (``param_values``), for the kernel arguments (CompiledAttention._param_fields) and the mods alike."""
+    if len(params) != len(attn.facts.params):
+        raise InputError(
+            f"{attn.variant.name} takes {len(attn.facts.params)} runtime parameters but the op got {len(params)} "
+            "values; pass autograd.param_values(attn)"
+        )
+    # back to ints for the int parameters; a fractional value stays a float, for RuntimeParam.check to reject
+    values = [int(v) if s.integer and float(v).is_integer() else v for s, v in zip(attn.facts.params, params)]
+    return pinned_values([s.param for s in attn.facts.params], values)
 
 
 def needs_grad(attn, q, k, v) -> bool:
@@ -125,6 +148,7 @@ def backward_kernel(attn, dout: torch.Tensor, dlse: Optional[torch.Tensor], q: t
         _NO_KERNEL.add(key)  # built once, failed: the reference backward from now on, without rebuilding
         return None
     summaries = attn._bwd_summaries.get(attn, list(captured), lib, q.shape[2], k.shape[2], q_offset)
+    # the values _backward pinned (the forward's), not whatever set() left since
     dq, dk, dv = backward(lib, q, k, v, out, dout, lse, scale=scale, q_offset=q_offset, captured=list(captured),
                           summaries=summaries, params=attn._param_fields())
     return dq, dk, dv, [None] * len(captured)
@@ -134,13 +158,15 @@ def backward_kernel(attn, dout: torch.Tensor, dlse: Optional[torch.Tensor], q: t
 _NO_KERNEL: set = set()
 
 
-def _backward(attn, dout, dlse, q, k, v, out, lse, captured, scale, q_offset, needs_grad):
-    """The backward: a kernel when ``backward_kernel`` has one, else the float32 recompute."""
+def _backward(attn, dout, dlse, q, k, v, out, lse, captured, scale, q_offset, params, needs_grad):
+    """The backward, with the forward's parameter values ``params`` pinned: a kernel when ``backward_kernel`` has
+    one, else the float32 recompute."""
     dout = dout.contiguous()  # autograd hands e.g. out.sum()'s gradient over as an expanded (stride 0) tensor
-    grads = backward_kernel(attn, dout, dlse, q, k, v, out, lse, captured, scale, q_offset, needs_grad)
-    if grads is None:
-        grads = reference_backward(attn.variant, dout, dlse, q, k, v, out, lse, captured,
-                                   [c.tensor for c in attn.facts.captured], scale, q_offset, needs_grad)
+    with _pinned(attn, params):
+        grads = backward_kernel(attn, dout, dlse, q, k, v, out, lse, captured, scale, q_offset, needs_grad)
+        if grads is None:
+            grads = reference_backward(attn.variant, dout, dlse, q, k, v, out, lse, captured,
+                                       [c.tensor for c in attn.facts.captured], scale, q_offset, needs_grad)
     dq, dk, dv, dcap = grads
     # the layout the fake implementation promises (torch.compile plans memory with it): contiguous, and an
     # empty tensor for each captured gradient nobody asked for
@@ -299,15 +325,17 @@ def reference_backward(variant, dout, dlse, q, k, v, out, lse, captured, live_ca
 # the forward impl
 
 
-def _forward(attn, q, k, v, scale: float, q_offset: int):
-    """(out, lse) of one call on the path a plain call takes: the GPU kernel, or the reference on the CPU or
-    with backend='reference'. The LSE is float32 (float64 for float64 inputs on the reference)."""
-    if attn.backend == "reference" or not q.is_cuda:
-        with torch.no_grad():  # the op's own autograd formula is the backward, not the reference's graph
-            out, lse = attn._reference(q, k, v, scale, True, q_offset)
-    else:
-        dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        out, lse = attn._run(attn.library(q.dtype, q.shape[-1], dev), q, k, v, scale, True, q_offset)
+def _forward(attn, q, k, v, scale: float, q_offset: int, params: Sequence[float]):
+    """(out, lse) of one call, with parameter values ``params``, on the path a plain call takes: the GPU kernel, or
+    the reference on the CPU or with backend='reference'. The LSE is float32 (float64 for float64 inputs on the
+    reference)."""
+    with _pinned(attn, params):
+        if attn.backend == "reference" or not q.is_cuda:
+            with torch.no_grad():  # the op's own autograd formula is the backward, not the reference's graph
+                out, lse = attn._reference(q, k, v, scale, True, q_offset)
+        else:
+            dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+            out, lse = attn._run(attn.library(q.dtype, q.shape[-1], dev), q, k, v, scale, True, q_offset)
     return out.contiguous(), lse.contiguous()  # as the fake implementation promises (no-ops as things are)
 
 
@@ -335,37 +363,39 @@ def _lse_dtype(q: torch.Tensor) -> torch.dtype:
 def _define_ops() -> None:
     @torch.library.custom_op("attngen::attention_fwd", mutates_args=())
     def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, captured: List[torch.Tensor],
-                      variant: str, scale: float, q_offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        return _forward(_resolve(variant), q, k, v, scale, q_offset)
+                      variant: str, scale: float, q_offset: int, params: List[float]
+                      ) -> Tuple[torch.Tensor, torch.Tensor]:
+        return _forward(_resolve(variant), q, k, v, scale, q_offset, params)
 
     @attention_fwd.register_fake
-    def _(q, k, v, captured, variant, scale, q_offset):
+    def _(q, k, v, captured, variant, scale, q_offset, params):
         B, Hq, Lq, _ = q.shape
         return q.new_empty((B, Hq, Lq, v.shape[3])), q.new_empty((B, Hq, Lq), dtype=_lse_dtype(q))
 
     @torch.library.custom_op("attngen::attention_bwd", mutates_args=())
     def attention_bwd(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
                       v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, captured: List[torch.Tensor],
-                      variant: str, scale: float, q_offset: int, needs_grad: List[bool]
+                      variant: str, scale: float, q_offset: int, params: List[float], needs_grad: List[bool]
                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, List[torch.Tensor]]:
         dq, dk, dv, dcap = _backward(_resolve(variant), dout, dlse, q, k, v, out, lse, captured, scale, q_offset,
-                                     needs_grad)
+                                     params, needs_grad)
         # an op's outputs may not alias its inputs: a kernel (or a .to() that was a no-op) could return one
         inputs = {t.data_ptr() for t in (dout, q, k, v, out, lse, *captured) if t.numel()}
         fresh = [t.clone() if t.numel() and t.data_ptr() in inputs else t for t in (dq, dk, dv, *dcap)]
         return fresh[0], fresh[1], fresh[2], fresh[3:]
 
     @attention_bwd.register_fake
-    def _(dout, dlse, q, k, v, out, lse, captured, variant, scale, q_offset, needs_grad):
+    def _(dout, dlse, q, k, v, out, lse, captured, variant, scale, q_offset, params, needs_grad):
         dcap = [c.new_empty(c.shape) if n and c.dtype.is_floating_point else c.new_empty(0)
                 for c, n in zip(captured, needs_grad[3:])]
         return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dcap
 
     def setup_context(ctx, inputs, output):
-        q, k, v, captured, variant, scale, q_offset = inputs
+        q, k, v, captured, variant, scale, q_offset, params = inputs
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse, *captured)
-        ctx.variant, ctx.scale, ctx.q_offset = variant, scale, q_offset
+        # params: the values the forward ran, which the backward must recompute with (the LSE is theirs)
+        ctx.variant, ctx.scale, ctx.q_offset, ctx.params = variant, scale, q_offset, list(params)
         # an output nobody used gets None instead of zeros: dlse is None unless the LSE enters the loss, so a
         # kernel without an LSE gradient can take the common case
         ctx.set_materialize_grads(False)
@@ -376,12 +406,14 @@ def _define_ops() -> None:
         q, k, v, out, lse, *captured = ctx.saved_tensors
         if dout is None:  # only the LSE was used
             dout = torch.zeros_like(out)
-        needs = ctx.needs_input_grad  # (q, k, v, [one per captured], variant, scale, q_offset)
+        needs = ctx.needs_input_grad  # (q, k, v, [one per captured], variant, scale, q_offset, params)
         needs_grad = [bool(n) for n in needs[:3]] + [bool(n) for n in needs[3]]
         dq, dk, dv, dcap = torch.ops.attngen.attention_bwd(
-            dout, dlse, q, k, v, out, lse, captured, ctx.variant, ctx.scale, ctx.q_offset, needs_grad)
+            dout, dlse, q, k, v, out, lse, captured, ctx.variant, ctx.scale, ctx.q_offset, ctx.params, needs_grad)
         dcap = [g if n else None for g, n in zip(dcap, needs_grad[3:])]
+        # params' gradient: torch's custom-op autograd takes a list of numbers as one leaf (gradient None) but an
+        # empty list as a list that could have held tensors (gradient [])
         return (dq if needs_grad[0] else None, dk if needs_grad[1] else None, dv if needs_grad[2] else None,
-                dcap, None, None, None)
+                dcap, None, None, None, None if ctx.params else [])
 
     attention_fwd.register_autograd(backward, setup_context=setup_context)

@@ -17,7 +17,7 @@ import torch
 from . import symbols as S
 from .analysis import analyze
 from .errors import InputError
-from .ir import BlockPredicates, TracedVariant, param_values
+from .ir import BlockPredicates, TracedVariant
 from .printer import torch_function
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
@@ -37,11 +37,13 @@ class _Evaluators:
 
 
 @functools.lru_cache(maxsize=64)
-def _compile_evaluators(preds: BlockPredicates) -> _Evaluators:
+def _compile_evaluators(preds: BlockPredicates, params: tuple = ()) -> _Evaluators:
+    """Evaluators of the symbolic predicates, taking the runtime parameters ``params`` (symbols) as trailing
+    arguments: substituting values into the expressions instead would rebuild them at every call."""
     summaries = {s.name: s.integer for s in preds.summaries}
 
     def fn(e, args):
-        return torch_function(e, args, summaries=summaries or None)
+        return torch_function(e, args + params, summaries=summaries or None)
 
     return _Evaluators(
         kv_range=tuple(fn(e, _ROW_ARGS) for e in (preds.kv_lo, preds.kv_hi, preds.kv_full_lo, preds.kv_full_hi)),
@@ -50,6 +52,23 @@ def _compile_evaluators(preds: BlockPredicates) -> _Evaluators:
         tile_all=fn(preds.tile_all, _TILE_ARGS),
         kv_parts=tuple(tuple(fn(e, _ROW_ARGS) for e in part) for part in preds.kv_parts),
         q_parts=tuple(tuple(fn(e, _COL_ARGS) for e in part) for part in preds.q_parts),
+    )
+
+
+def _evaluators(traced: TracedVariant, preds: BlockPredicates) -> _Evaluators:
+    """The compiled evaluators with the parameters' current values bound."""
+    ev = _compile_evaluators(preds, tuple(p.symbol for p in traced.params))
+    if not traced.params:
+        return ev
+    values = tuple(p.param.value for p in traced.params)
+
+    def bind(f):
+        return lambda *args, **kw: f(*args, *values, **kw)
+
+    return _Evaluators(
+        kv_range=tuple(map(bind, ev.kv_range)), q_range=tuple(map(bind, ev.q_range)), tile_any=bind(ev.tile_any),
+        tile_all=bind(ev.tile_all), kv_parts=tuple(tuple(map(bind, part)) for part in ev.kv_parts),
+        q_parts=tuple(tuple(map(bind, part)) for part in ev.q_parts),
     )
 
 
@@ -81,7 +100,7 @@ def kv_ranges(traced, preds, q_len, kv_len, block, b=0, h=0, q_offset=0, capture
     BQ, BK = block
     nqb, nkb = -(-q_len // BQ), -(-kv_len // BK)
     arrays = _runtime_arrays(traced, preds, BQ, BK, q_len, kv_len, q_offset, captured or {})
-    ev = _compile_evaluators(preds)
+    ev = _evaluators(traced, preds)
     i = torch.arange(nqb, dtype=torch.int64)
 
     def run(f):
@@ -124,7 +143,6 @@ def block_map(variant, q_len: int, kv_len: int, block: Tuple[int, int] = (128, 1
     if BQ <= 0 or BK <= 0:
         raise InputError(f"block sizes must be positive, got block={block}")
     traced, preds = analyze(variant)
-    preds = preds.with_values(param_values(traced.params))  # the map of the parameters' current values
     nqb, nkb = -(-q_len // BQ), -(-kv_len // BK)
     out = torch.zeros(nqb, nkb, dtype=torch.int8)
     (lo, hi, flo, fhi), parts, arrays, ev = kv_ranges(traced, preds, q_len, kv_len, block, b, h, q_offset, captured)

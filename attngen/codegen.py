@@ -732,9 +732,15 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         ("q_full_lo", "int", "int j", preds.q_full_lo, (J,) + common),
         ("q_full_hi", "int", "int j", preds.q_full_hi, (J,) + common),
     ]
+    # Parameters print as their slot reads by name: substituting them would rebuild (and re-evaluate) every
+    # node above them, which on a union's tile expressions takes minutes or meets Min/Max comparisons sympy
+    # cannot decide.
+    tile_names.update({sym: name.name for sym, name in param_reads.items()})
+    tile_params = tuple(param_reads)
+
     def tile_expr(what, expr, allowed, integer=True):
-        expr = sympy.sympify(expr).xreplace(param_reads)
-        _check_symbols(what, expr, allowed + param_syms, arrays)
+        expr = sympy.sympify(expr)
+        _check_symbols(what, expr, allowed + tile_params, arrays)
         if integer:
             expr = expr.xreplace({sympy.oo: sympy.Integer(_BIG), -sympy.oo: sympy.Integer(-_BIG)})
         return lower_int_division(_wrap_indices(expr, traced.captured))

@@ -10,17 +10,32 @@ sees a plain constant, as it does for a Python number a user's mod closes over.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import operator
-from typing import Callable, List, Optional
+import threading
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 from .errors import AttngenError
 
-# int32 kernel arguments: q_idx and kv_idx are int in the kernels, so a larger value could not matter anyway
-INT_PARAM_MAX = 2**31 - 1
-# Readers installed by the tracer while it runs: RuntimeParam -> its symbolic proxy.
-_SYMBOLIC_READERS: List[Callable] = []
+# The kernels add int parameters to positions and tile bounds in int32 (q_idx + window, ...): below 2**30 no
+# such sum overflows for any sequence int32 positions can index, and codegen's +-infinity (2**30) stays beyond.
+INT_PARAM_MAX = 2**30 - 1
+
+
+class _ThreadState(threading.local):
+    """What a RuntimeParam reads in this thread: a trace or a pinned backward in one thread must not change what
+    the same parameter computes in another."""
+
+    def __init__(self):
+        # readers installed by the tracer while it runs (symbolic_reader): RuntimeParam -> its symbolic proxy
+        self.symbolic_readers: List[Callable] = []
+        # id(RuntimeParam) -> the value it reads instead of its current one (pinned_values); replaced, never mutated
+        self.pinned: Dict[int, object] = {}
+
+
+_THREAD = _ThreadState()
 
 
 class ParamValueError(AttngenError, ValueError, TypeError):
@@ -48,7 +63,9 @@ class RuntimeParam:
 
     @property
     def value(self):
-        return self._value
+        """The current value, or the one pinned in this thread (pinned_values: a backward recomputing its forward)."""
+        pinned = _THREAD.pinned
+        return pinned.get(id(self), self._value) if pinned else self._value
 
     def set(self, value) -> None:
         """Change the value; raises ParamValueError for a specialised parameter or a value it cannot take."""
@@ -67,16 +84,19 @@ class RuntimeParam:
                     raise TypeError
                 v = operator.index(value)
             except TypeError:
+                hint = (f" (it is an integer parameter because it was made from an int; for a real-valued one make "
+                        f"it from a float, e.g. attngen.param({self.name!r}, 30.0))" if isinstance(value, numbers.Real)
+                        and not isinstance(value, bool) else "")
                 raise ParamValueError(
                     f"parameter {self.name!r} must be an int, got {value!r} ({type(value).__name__}); pass e.g. "
-                    f"{max(self.minimum or 0, 1) * 1024}"
+                    f"{max(self.minimum or 0, 1) * 1024}{hint}"
                 ) from None
-            lo = -INT_PARAM_MAX - 1 if self.minimum is None else self.minimum
+            lo = -INT_PARAM_MAX if self.minimum is None else self.minimum
             if not lo <= v <= INT_PARAM_MAX:
                 raise ParamValueError(
-                    f"parameter {self.name!r} must be in [{lo}, {INT_PARAM_MAX}] (the kernels read it as int32), "
-                    f"got {v}; pass a value in that range (a window longer than the sequence is the same as the "
-                    "sequence length)"
+                    f"parameter {self.name!r} must be in [{lo}, {INT_PARAM_MAX}] (the kernels add it to positions in "
+                    f"int32), got {v}; pass a value in that range (a bound beyond every position, e.g. a window "
+                    "longer than the sequence, acts as no bound)"
                 )
             return int(v)
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -95,9 +115,10 @@ class RuntimeParam:
 
     def operand(self):
         """What the mod computes with: the symbolic proxy while traced (unless specialised), else the value."""
-        if _SYMBOLIC_READERS and not self.specialized:
-            return _SYMBOLIC_READERS[-1](self)
-        return self._value
+        readers = _THREAD.symbolic_readers
+        if readers and not self.specialized:
+            return readers[-1](self)
+        return self.value
 
     def __repr__(self):
         kind = "int" if self.integer else "float"
@@ -125,6 +146,10 @@ class RuntimeParam:
     __le__ = lambda s, o: s.operand() <= o  # noqa: E731
     __gt__ = lambda s, o: s.operand() > o  # noqa: E731
     __ge__ = lambda s, o: s.operand() >= o  # noqa: E731
+    # == and != compare the number too (two parameters: the same parameter); hashing stays by identity
+    __eq__ = lambda s, o: s is o if isinstance(o, RuntimeParam) else s.operand() == o  # noqa: E731
+    __ne__ = lambda s, o: s is not o if isinstance(o, RuntimeParam) else s.operand() != o  # noqa: E731
+    __hash__ = object.__hash__
     __bool__ = lambda s: bool(s.operand())  # noqa: E731
     __index__ = lambda s: operator.index(s.operand())  # noqa: E731
     __int__ = lambda s: int(s.operand())  # noqa: E731
@@ -149,3 +174,32 @@ def param(name: str, value, *, minimum: Optional[int] = None, specialize: bool =
     integer = isinstance(value, numbers.Integral) and not isinstance(value, bool)
     return RuntimeParam(name, value, integer=integer, minimum=minimum, specialize=specialize)
 
+
+@contextlib.contextmanager
+def symbolic_reader(reader: Callable) -> Iterator[None]:
+    """Within the block, in this thread only, runtime parameters read as ``reader(param)`` (the tracer's proxies)."""
+    readers = _THREAD.symbolic_readers
+    readers.append(reader)
+    try:
+        yield
+    finally:
+        readers.pop()
+
+
+@contextlib.contextmanager
+def pinned_values(params: Sequence[RuntimeParam], values: Sequence) -> Iterator[None]:
+    """Within the block, in this thread only, each of ``params`` reads the matching entry of ``values`` (mods and
+    kernel arguments alike), whatever ``set()`` does meanwhile: an autograd backward recomputes its forward with
+    the values that forward ran, not the current ones. Blocks nest; other threads keep the current values."""
+    if len(params) != len(values):
+        raise ValueError(f"pinned_values got {len(params)} parameters but {len(values)} values; pass one per parameter")
+    outer = _THREAD.pinned
+    inner = dict(outer)
+    for p, v in zip(params, values):
+        inner[id(p)] = p.check(v)
+    # a new dict rather than an update: the caller's view is restored exactly, also when the block raises
+    _THREAD.pinned = inner
+    try:
+        yield
+    finally:
+        _THREAD.pinned = outer

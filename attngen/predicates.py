@@ -1149,36 +1149,44 @@ def _full_blocks(lo, hi, blk, length, n_blocks):
 # unions: one range per disjunct
 # ----------------------------------------------------------------------------------------------
 
-# Most ranges (disjuncts) a mask's walk may carry: each costs the kernels two registers and two compares
-# per visited tile, and more disjuncts than this are rare in the masks people write.
+# Most ranges (parts) a mask's walk carries: each costs the kernels two registers and two compares per
+# visited tile. A union of more disjuncts is cut into this many groups, each part the union of its group.
 MAX_PARTS = 4
+# Most disjuncts an And over Ors is distributed into; past it the And stays one disjunct.
+_MAX_DISJUNCTS = 32
 
 
 def _disjuncts(f) -> List:
-    """f as a union of at most MAX_PARTS formulas (an Or's arguments, an And over Ors distributed); [f]
-    when it is not a union or would need more parts."""
+    """f as a union of formulas (an Or's arguments, an And over Ors distributed), at most _MAX_DISJUNCTS; [f]
+    when it is not a union."""
     if isinstance(f, Or):
         out = []
         for a in f.args:
             out += _disjuncts(a)
-        return out if len(out) <= MAX_PARTS else [f]
+        return out if len(out) <= _MAX_DISJUNCTS else [f]
     if isinstance(f, And):
         combos = [[]]
         for a in f.args:
             combos = [c + [d] for c in combos for d in _disjuncts(a)]
-            if len(combos) > MAX_PARTS:
+            if len(combos) > _MAX_DISJUNCTS:
                 return [f]
         return [_and(*c) for c in combos]
     return [f]
 
 
-def _part_hulls(pos, var, other, obox: Box, dom: Tuple, summ) -> Tuple:
-    """Per disjunct of the mask, the (lo, hi) hull of its kept set along ``var`` and its (full_lo,
-    full_hi) kernel: an element outside every hull is masked, one inside any kernel kept. () when the mask
-    is not a union, so that the single hull of the whole mask says all there is."""
-    parts = _disjuncts(pos)
-    if len(parts) < 2:
-        return ()
+def _parts(f) -> List:
+    """The parts the kernels walk: f's disjuncts, cut into at most MAX_PARTS groups (each the union of its
+    group); [] when f is not a union."""
+    ds = _disjuncts(f)
+    if len(ds) < 2:
+        return []
+    n = min(len(ds), MAX_PARTS)
+    return [_or(*ds[k * len(ds) // n:(k + 1) * len(ds) // n]) for k in range(n)]
+
+
+def _part_hulls(parts, var, other, obox: Box, dom: Tuple, summ) -> Tuple:
+    """Per part, the (lo, hi) hull of its kept set along ``var`` and its (full_lo, full_hi) kernel: an element
+    outside every hull is masked, one inside any kernel kept."""
     return tuple(hull(d, var, other, obox, dom, summ) + hull(d, var, other, obox, dom, summ, kernel=True)
                  for d in parts)
 
@@ -1225,23 +1233,32 @@ def _derive(traced: TracedVariant, ranges: int) -> BlockPredicates:
     # kv range per q-block I: hull along KV over the q rows of block I
     qrows = Box(box.qa, box.qb, sympy.Integer(0), S.KVLEN - 1)
     kdom = (sympy.Integer(0), S.KVLEN - 1)
+    parts = _parts(pos)
     klo, khi = hull(pos, S.KV, S.Q, qrows, kdom, summ)
-    kflo, kfhi = hull(pos, S.KV, S.Q, qrows, kdom, summ, kernel=True)
     kv_lo, kv_hi = _block_range_from_hull(klo, khi, S.BK, nkb)
-    kv_full_lo, kv_full_hi = _full_blocks(kflo, kfhi, S.BK, S.KVLEN, nkb)
     kv_parts = tuple(_block_range_from_hull(lo, hi, S.BK, nkb) + _full_blocks(flo, fhi, S.BK, S.KVLEN, nkb)
-                     for lo, hi, flo, fhi in _part_hulls(pos, S.KV, S.Q, qrows, kdom, summ))
+                     for lo, hi, flo, fhi in _part_hulls(parts, S.KV, S.Q, qrows, kdom, summ))
+    if kv_parts:
+        # the walks take the widest of the parts' FULL runs (block_parts.cuh); the whole mask's kernel, a merge
+        # of every part's, grows too fast with their number to be worth deriving: part 0's run stands in
+        kv_full_lo, kv_full_hi = kv_parts[0][2:]
+    else:
+        kflo, kfhi = hull(pos, S.KV, S.Q, qrows, kdom, summ, kernel=True)
+        kv_full_lo, kv_full_hi = _full_blocks(kflo, kfhi, S.BK, S.KVLEN, nkb)
 
     # q range per kv-block J (for the backward pass), positions relative to QOFF
     kcols = Box(S.QOFF, S.QLEN - 1 + S.QOFF, box.ka, box.kb)
     qdom = (S.QOFF, S.QLEN - 1 + S.QOFF)
     qlo, qhi = hull(pos, S.Q, S.KV, kcols, qdom, summ)
-    qflo, qfhi = hull(pos, S.Q, S.KV, kcols, qdom, summ, kernel=True)
     q_lo, q_hi = _block_range_from_hull(qlo - S.QOFF, qhi - S.QOFF, S.BQ, nqb)
-    q_full_lo, q_full_hi = _full_blocks(qflo - S.QOFF, qfhi - S.QOFF, S.BQ, S.QLEN, nqb)
     q_parts = tuple(_block_range_from_hull(lo - S.QOFF, hi - S.QOFF, S.BQ, nqb)
                     + _full_blocks(flo - S.QOFF, fhi - S.QOFF, S.BQ, S.QLEN, nqb)
-                    for lo, hi, flo, fhi in _part_hulls(pos, S.Q, S.KV, kcols, qdom, summ))
+                    for lo, hi, flo, fhi in _part_hulls(parts, S.Q, S.KV, kcols, qdom, summ))
+    if q_parts:
+        q_full_lo, q_full_hi = q_parts[0][2:]
+    else:
+        qflo, qfhi = hull(pos, S.Q, S.KV, kcols, qdom, summ, kernel=True)
+        q_full_lo, q_full_hi = _full_blocks(qflo - S.QOFF, qfhi - S.QOFF, S.BQ, S.QLEN, nqb)
 
     return BlockPredicates(
         kv_lo=kv_lo, kv_hi=kv_hi, kv_full_lo=kv_full_lo, kv_full_hi=kv_full_hi,

@@ -12,6 +12,7 @@ import dataclasses
 import math
 import os
 import sys
+import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 import sympy
@@ -22,7 +23,7 @@ from .errors import UnsupportedOperation
 from .abi import MAX_PARAMS
 from .ir import CapturedTensor, ParamSlot, TracedVariant
 from .mods import MATH_SHIMS, Variant, as_variant
-from .params import _SYMBOLIC_READERS, RuntimeParam
+from .params import RuntimeParam, symbolic_reader
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 NEG_INF = -sympy.oo
@@ -89,13 +90,21 @@ class _Tracer:
         return Sym(slot.symbol)
 
 
-_ACTIVE: List[_Tracer] = []
+class _ActiveTracers(threading.local):
+    """The traces running in this thread, innermost last: one per thread, so a trace never captures another
+    thread's tensors or parameters."""
+
+    def __init__(self):
+        self.stack: List[_Tracer] = []
+
+
+_ACTIVE = _ActiveTracers()
 
 
 def _tracer() -> _Tracer:
-    if not _ACTIVE:
+    if not _ACTIVE.stack:
         raise RuntimeError("symbolic value used outside of attngen tracing")
-    return _ACTIVE[-1]
+    return _ACTIVE.stack[-1]
 
 
 def _is_bool(e) -> bool:
@@ -708,31 +717,30 @@ def trace(variant) -> TracedVariant:
     """Trace a variant (anything ``as_variant`` accepts) into a TracedVariant."""
     variant = as_variant(variant)
     tracer = _Tracer()
-    _ACTIVE.append(tracer)
-    _SYMBOLIC_READERS.append(tracer.param)
+    _ACTIVE.stack.append(tracer)
     try:
-        b, h, q, kv = Sym(S.B), Sym(S.H), Sym(S.Q), Sym(S.KV)
-        mask = sympy.true
-        if variant.mask_mod is not None:
-            tracer.current_mod = f"mask_mod {variant.mask_mod.name!r}"
-            mask = _call_traced(variant.mask_mod, (b, h, q, kv))
-            if not _is_bool(mask):
-                raise UnsupportedOperation(
-                    f"mask_mod {variant.mask_mod.name!r} returned a non-boolean expression ({mask}); "
-                    "fix: return a comparison, e.g. q_idx >= kv_idx"
-                )
-        score = S.SCORE
-        if variant.score_mod is not None:
-            tracer.current_mod = f"score_mod {variant.score_mod.name!r}"
-            score = _call_traced(variant.score_mod, (Sym(S.SCORE), b, h, q, kv))
-            if _is_bool(score):
-                raise UnsupportedOperation(
-                    f"score_mod {variant.score_mod.name!r} returned a boolean ({score}); "
-                    "fix: a score_mod returns a number; put conditions in a mask_mod or use torch.where"
-                )
+        with symbolic_reader(tracer.param):
+            b, h, q, kv = Sym(S.B), Sym(S.H), Sym(S.Q), Sym(S.KV)
+            mask = sympy.true
+            if variant.mask_mod is not None:
+                tracer.current_mod = f"mask_mod {variant.mask_mod.name!r}"
+                mask = _call_traced(variant.mask_mod, (b, h, q, kv))
+                if not _is_bool(mask):
+                    raise UnsupportedOperation(
+                        f"mask_mod {variant.mask_mod.name!r} returned a non-boolean expression ({mask}); "
+                        "fix: return a comparison, e.g. q_idx >= kv_idx"
+                    )
+            score = S.SCORE
+            if variant.score_mod is not None:
+                tracer.current_mod = f"score_mod {variant.score_mod.name!r}"
+                score = _call_traced(variant.score_mod, (Sym(S.SCORE), b, h, q, kv))
+                if _is_bool(score):
+                    raise UnsupportedOperation(
+                        f"score_mod {variant.score_mod.name!r} returned a boolean ({score}); "
+                        "fix: a score_mod returns a number; put conditions in a mask_mod or use torch.where"
+                    )
     finally:
-        _SYMBOLIC_READERS.pop()
-        _ACTIVE.pop()
+        _ACTIVE.stack.pop()
     score = canonicalize(score)
     neg, score = hoist_mask(score)
     if neg is not sympy.false:

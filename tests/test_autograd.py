@@ -281,19 +281,19 @@ def _op_args(name):
     shape = CASES[name]
     q, k, v = (t.detach().requires_grad_() for t in _inputs(shape, torch.float32))
     caps = [c.tensor for c in attn.facts.captured]
-    return attn, (q, k, v, caps, attn.op_id, 0.3, shape[-1])
+    return attn, (q, k, v, caps, attn.op_id, 0.3, shape[-1], ag.param_values(attn))
 
 
-@pytest.mark.parametrize("name", ["causal", "alibi"])
+@pytest.mark.parametrize("name", ["causal", "alibi", "sliding_window"])  # sliding_window: a runtime parameter
 def test_opcheck(name):
     attn, args = _op_args(name)
     torch.library.opcheck(torch.ops.attngen.attention_fwd.default, args)
-    q, k, v, caps, op_id, scale, q_offset = args
+    q, k, v, caps, op_id, scale, q_offset, params = args
     with torch.no_grad():
         out, lse = torch.ops.attngen.attention_fwd(*args)
     needs = [True, True, True] + [c.dtype.is_floating_point for c in caps]
     bargs = (torch.randn_like(out), torch.randn_like(lse), q.detach(), k.detach(), v.detach(), out, lse,
-             [c.detach() for c in caps], op_id, scale, q_offset, needs)
+             [c.detach() for c in caps], op_id, scale, q_offset, params, needs)
     torch.library.opcheck(torch.ops.attngen.attention_bwd.default, bargs)
 
 
@@ -363,3 +363,66 @@ def test_score_mod_singular_at_masked_positions_gives_finite_gradients():
         for a, b in zip(got, want):
             assert torch.isfinite(a).all(), fn.__name__
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# runtime parameters: the backward recomputes with the values its forward ran
+
+
+def _window_softcap_grads(set_between, compiled: bool):
+    """Gradients of a sliding window 8 + softcap 0.5 variant (an int and a float runtime parameter) on CPU
+    float64; with ``set_between`` both parameters change (window 32, cap 4.0) after the forward, before the
+    backward. ``compiled``: through torch.compile(fullgraph=True, backend="aot_eager")."""
+    attn = attngen.compile(softcap=0.5, window=8)
+    window, cap = attn.params
+    assert (window.name, cap.name) == ("window", "cap")
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 24, 8, dtype=torch.float64, generator=gen).requires_grad_() for _ in range(3))
+    w_out = torch.randn(1, 2, 24, 8, dtype=torch.float64, generator=gen)
+    w_lse = torch.randn(1, 2, 24, dtype=torch.float64, generator=gen)
+
+    def loss_of(q, k, v):
+        out, lse = attn(q, k, v, return_lse=True)
+        return (out * w_out).sum() + (lse * w_lse).sum()  # the LSE's gradient too: dlse reaches the recompute
+
+    if compiled:
+        torch._dynamo.reset()
+        loss_of = torch.compile(loss_of, fullgraph=True, backend="aot_eager")
+    loss = loss_of(q, k, v)
+    if set_between:
+        window.set(32)
+        cap.set(4.0)
+    return torch.autograd.grad(loss, [q, k, v])
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch_compile"])
+def test_set_between_forward_and_backward_keeps_the_forward_values(compiled):
+    """set() after the forward must not reach its backward: the saved LSE is the forward's, and recomputing P
+    with other values gave gradients off by ~20 (the reference backward read the parameters' current values)."""
+    want = _window_softcap_grads(set_between=False, compiled=compiled)
+    got = _window_softcap_grads(set_between=True, compiled=compiled)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_backward_kernel_gets_the_forward_values(monkeypatch):
+    """The kernel backward's arguments (CompiledAttention._param_fields) are the forward's values too, and the
+    object's own values are untouched by the backward."""
+    attn = attngen.compile(softcap=0.5, window=8)
+    window, cap = attn.params
+    forward_fields = attn._param_fields()
+    seen = []
+
+    def kernel(attn_, *args):
+        seen.append(attn_._param_fields())
+        return None  # declined: the reference recompute runs, under the same pinned values
+
+    monkeypatch.setattr(ag, "backward_kernel", kernel)
+    q, k, v = (torch.randn(1, 2, 12, 8, dtype=torch.float64).requires_grad_() for _ in range(3))
+    out = attn(q, k, v)
+    window.set(32)
+    cap.set(4.0)
+    out.sum().backward()
+    assert seen == [forward_fields]
+    assert (window.value, cap.value) == (32, 4.0)
+    assert attn._param_fields() != forward_fields

@@ -40,6 +40,8 @@ CASES = {
     "window_global": attngen.MaskMod(_window_global, "window_global"),
     "causal_and_union": attngen.MaskMod(_causal_and_union, "causal_and_union"),
     "prefix_lm": attngen.prefix_lm(37),
+    # five disjuncts (prefix-LM is two), runtime parameters in each: the walk's four parts are groups of them
+    "union_of_five": attngen.prefix_lm(20) | attngen.sliding_window(45) | attngen.chunked(64) | attngen.local(3, 5),
     "causal": attngen.causal(),  # not a union: the walk without parts
 }
 
@@ -136,6 +138,7 @@ def test_tile_walks_visit_every_kept_tile_and_only_prove_full_tiles(tmp_path):
     out = "".join(outs)
     assert preds["local_global"].kv_parts and preds["local_global"].q_parts  # the walk under test has parts
     assert not preds["causal"].kv_parts
+    assert len(preds["union_of_five"].kv_parts) == 4 and len(preds["union_of_five"].q_parts) == 4
 
     blocks = out.split("END\n")
     for n, name in enumerate(CASES):
@@ -159,7 +162,7 @@ def test_tile_walks_visit_every_kept_tile_and_only_prove_full_tiles(tmp_path):
                 assert not missed.any(), f"{ctx}: {label} walk skips kept tiles {missed.nonzero()[:5].tolist()}"
                 wrong_full = (walk == 2) & ~all_
                 assert not wrong_full.any(), f"{ctx}: {label} walk calls partial tiles FULL {wrong_full.nonzero()[:5].tolist()}"
-            if name != "causal_and_union":  # the families the walk is exact for: no empty tile visited
+            if name not in ("causal_and_union", "union_of_five"):  # exact families: no empty tile visited
                 extra = (fwd > 0) & ~any_
                 assert not extra.any(), f"{ctx}: forward walk visits empty tiles {extra.nonzero()[:5].tolist()}"
             if name in ("local_global", "window_global"):

@@ -8,6 +8,7 @@ from CapturedArgs (run under g++ for several values); bad values fail with the p
 """
 import random
 import shutil
+import threading
 
 import pytest
 import sympy
@@ -20,7 +21,7 @@ from attngen.blockmap import EMPTY, FULL, _compile_evaluators, _runtime_arrays
 from attngen.codegen import render_variant_inc
 from attngen.fingerprint import fingerprint
 from attngen.ir import param_values
-from attngen.params import ParamValueError
+from attngen.params import ParamValueError, pinned_values
 from codegen_cases import COMMON_STUB, MATH, VARIANT_MATH, param_setup, run_host_program
 from helpers import tile_classes
 
@@ -185,8 +186,8 @@ def test_user_mods_take_runtime_parameters():
 def test_bad_values_name_the_problem_and_the_fix():
     w = attngen.sliding_window(128).fn.__closure__[0].cell_contents
     assert isinstance(w, attngen.RuntimeParam)
-    for bad, words in ((0, "must be in [1, 2147483647]"), (2**31, "int32"), (1.5, "must be an int"),
-                       (True, "must be an int")):
+    for bad, words in ((0, "must be in [1, 1073741823]"), (2**30, "int32"), (2**31, "int32"),
+                       (1.5, "made from an int"), (True, "must be an int")):
         with pytest.raises(ParamValueError, match=words.replace("[", r"\[").replace("]", r"\]")) as e:
             w.set(bad)
         assert "pass" in str(e.value)
@@ -290,3 +291,114 @@ def test_predicates_carry_the_parameter_assumptions():
     assert syms["prefix"].is_integer and syms["prefix"].is_nonnegative and syms["prefix"].is_positive is None
     assert syms["cap"].is_positive and syms["cap"].is_integer is None
     assert isinstance(syms["cap"], sympy.Symbol)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# threads: a trace, and a pinned backward, are per thread
+
+
+def _sliding_window_by_hand(q, k, v, window):
+    """Causal sliding-window attention in plain torch (kv in (q - window, q]), float64."""
+    L = q.shape[2]
+    qi, ki = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    keep = (qi >= ki) & (qi - ki < window)
+    s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    return torch.softmax(torch.where(keep, s, -torch.inf), -1) @ v
+
+
+def test_a_trace_in_one_thread_leaves_parameters_in_another_alone():
+    """While thread A traces (blocked inside its mask_mod), thread B compiles and runs a parameterised variant on
+    CPU tensors. The tracer's symbolic readers used to be process-global: B's mod read A's proxy for its window
+    (UnsupportedOperation in B) and A's trace gained a 'window' slot it never read."""
+    width = attngen.param("a_width", 5, minimum=1)
+    inside_trace, b_finished = threading.Event(), threading.Event()
+
+    def slow_mask(b, h, q_idx, kv_idx):
+        kept = (q_idx >= kv_idx) & (q_idx - kv_idx < width)
+        inside_trace.set()
+        b_finished.wait(timeout=120)  # a deadlock guard only: B sets it as soon as it is done
+        return kept & (kv_idx >= 0)
+
+    traced_a = {}
+
+    def thread_a():
+        try:
+            traced_a["traced"] = attngen.trace(attngen.Variant(mask_mod=slow_mask))
+        except BaseException as e:  # reported by the main thread
+            traced_a["error"] = e
+            inside_trace.set()  # B need not wait for a trace that failed
+
+    a = threading.Thread(target=thread_a, name="tracer-A")
+    a.start()
+    try:
+        assert inside_trace.wait(timeout=120), "thread A never reached its mask_mod"
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, 2, 40, 16, dtype=torch.float64) for _ in range(3))
+        attn = attngen.compile(window=16)
+        got = attn(q, k, v)
+        with torch.enable_grad():  # the autograd custom ops too (they pin the values in this thread)
+            qg = q.clone().requires_grad_()
+            got_grad_path = attn(qg, k, v)
+    finally:
+        b_finished.set()
+        a.join(timeout=120)
+    assert not a.is_alive()
+    assert "error" not in traced_a, traced_a.get("error")
+    want = _sliding_window_by_hand(q, k, v, 16)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got_grad_path.detach(), want, rtol=1e-12, atol=1e-12)
+    assert [p.label for p in traced_a["traced"].params] == ["a_width"]
+
+
+def test_pinned_values_are_per_thread_nested_and_restored():
+    window, cap = attngen.param("window", 8, minimum=1), attngen.param("cap", 2.0)
+    other_thread_saw = []
+    with pinned_values([window, cap], [32, 4.0]):
+        assert (window.value, cap.value, window + 0, cap * 1) == (32, 4.0, 32, 4.0)
+        reader = threading.Thread(target=lambda: other_thread_saw.append((window.value, cap.value)))
+        reader.start()
+        reader.join()
+        with pinned_values([window], [2]):
+            assert (window.value, cap.value) == (2, 4.0)
+        assert window.value == 32
+        window.set(100)  # set() changes the parameter, not what a pinned block reads
+        assert window.value == 32
+    assert other_thread_saw == [(8, 2.0)]
+    assert (window.value, cap.value) == (100, 2.0)
+    with pytest.raises(RuntimeError, match="inside"):
+        with pinned_values([window], [7]):
+            raise RuntimeError("inside")
+    assert window.value == 100
+    with pytest.raises(ParamValueError, match="'window'"):
+        pinned_values([window], [0]).__enter__()  # checked like set(): the kernels cannot take a window of 0
+    assert window.value == 100
+    with pytest.raises(ValueError, match="one per parameter"):
+        pinned_values([window, cap], [7]).__enter__()
+
+
+def test_a_parameter_compares_as_its_number():
+    w = attngen.param("w", 64)
+    assert w == 64 and not (w != 64) and w != 65 and not (w == 65)
+    assert w != attngen.param("w", 64) and w == w  # two parameters: equal only to themselves
+    assert len({w, attngen.param("w", 64)}) == 2  # hashed by identity
+    traced, _ = analyze(attngen.Variant(mask_mod=lambda b, h, q, kv: (w == q - kv) | (q == kv)))
+    assert len(traced.params) == 1  # the == inside a mod is traced, not decided by identity
+
+
+def test_union_of_many_disjuncts_with_parameters_renders_and_stays_sound():
+    """Five disjuncts with runtime parameters: the walk groups them into four parts, and neither codegen nor
+    block_map substitutes values into the (large) tile expressions."""
+    mod = attngen.prefix_lm(20) | attngen.sliding_window(45) | attngen.chunked(64) | attngen.local(3, 5)
+    traced, preds = analyze(mod)
+    assert len(preds.kv_parts) == 4 and len(traced.params) == 5
+    text = render_variant_inc(traced, preds)
+    assert "#define ATTNGEN_KV_PARTS 4" in text and "c.iparam[" in text
+    rng = random.Random(5)
+    for vals in (dict(prefix=20, window=45, size=64, left=3, right=5), dict(prefix=1, window=200, size=7, left=0,
+                                                                             right=40)):
+        for p in traced.params:
+            p.param.set(vals[p.label])
+        for q_len, kv_len, BQ, BK, q_offset in _shapes(rng, 4):
+            got = attngen.block_map(mod, q_len, kv_len, (BQ, BK), q_offset=q_offset)
+            want = _brute(attngen.Variant(mask_mod=mod), q_len, kv_len, BQ, BK, q_offset)
+            assert not ((got == EMPTY) & (want != EMPTY)).any() and not ((got == FULL) & (want != FULL)).any()

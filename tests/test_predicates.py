@@ -193,8 +193,8 @@ def _count_block_map_work(monkeypatch, variant):
             return fn(first, *args, **kw)
         return f
 
-    def evaluators(preds):
-        ev = real_evaluators(preds)
+    def evaluators(preds, params=()):
+        ev = real_evaluators(preds, params)
         return blockmap._Evaluators(kv_range=tuple(counted(f, "range") for f in ev.kv_range), q_range=ev.q_range,
                                     tile_any=counted(ev.tile_any, "tile"), tile_all=counted(ev.tile_all, "tile"))
 

@@ -31,7 +31,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from .. import reference
-from ..autograd import _lse_dtype
+from ..autograd import _lse_dtype, param_values
 from ..launch import _raw_stream
 from ._cache import constant_result
 
@@ -151,9 +151,10 @@ def _segment_attention_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     with entry.lock:
         attn, buf = entry.load(seg)
         # attngen's own backward op (the kernel on CUDA, the float32 recompute elsewhere); the buffer is its one
-        # captured tensor and needs no gradient
-        dq, dk, dv, _ = torch.ops.attngen.attention_bwd(dout, None, q, k, v, out, lse, [buf],
-                                                        attn.op_id, scale, q_offset, [True, True, True, False])
+        # captured tensor and needs no gradient. The variant's parameters (window, cap) are private to this
+        # module and never set(), so their current values are the forward's.
+        dq, dk, dv, _ = torch.ops.attngen.attention_bwd(dout, None, q, k, v, out, lse, [buf], attn.op_id, scale,
+                                                        q_offset, param_values(attn), [True, True, True, False])
     return dq, dk, dv
 
 
