@@ -47,9 +47,19 @@ def register(name: str = NAME) -> str:
         raise ImportError(
             f"attngen.integrations.hf needs transformers>=5 ({e}); install it with: pip install 'attngen[hf]'"
         ) from None
+    from transformers import masking_utils
+
+    # the mask function runs inside the model's forward, which torch.compile traces: it must not import
+    # (transformers' lazy modules are a graph break), so it reads what it needs from here
+    _MASKING.update(causal=masking_utils.causal_mask_function,
+                    bidirectional=masking_utils.bidirectional_mask_function,
+                    padding=masking_utils.prepare_padding_mask)
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, attention_mask)
     return name
+
+
+_MASKING: dict = {}  # transformers.masking_utils' functions attention_mask compares with / calls (register)
 
 
 def _unsupported(what: str, fix: str) -> InputError:
@@ -63,15 +73,15 @@ def _unsupported(what: str, fix: str) -> InputError:
 def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0, mask_function=None,
                    attention_mask: Optional[torch.Tensor] = None, use_vmap: bool = False, device="cpu", **kwargs):
     """``None``, or a (batch, kv_length) int32 tensor of segment ids with -1 on padded keys."""
-    from transformers import masking_utils as mu
-
+    if not _MASKING:
+        register()
+    causal, bidirectional = _MASKING["causal"], _MASKING["bidirectional"]
     if use_vmap:
         raise _unsupported("custom mask overlays (or_mask_function / and_mask_function, e.g. bidirectional image "
                            "tokens)", f"Use {_OTHERS} for this model.")
-    base = mask_function is None or mask_function is mu.causal_mask_function \
-        or mask_function is mu.bidirectional_mask_function
+    base = mask_function is None or mask_function is causal or mask_function is bidirectional
     if isinstance(q_offset, torch.Tensor) or (
-            mask_function is not mu.bidirectional_mask_function and q_offset - kv_offset != kv_length - q_length):
+            mask_function is not bidirectional and q_offset - kv_offset != kv_length - q_length):
         raise _unsupported(
             "a cache whose keys do not end at the last query (a static cache: cache_implementation='static')",
             "Use the default dynamic cache, or " + _OTHERS + ".")
@@ -79,7 +89,7 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
     if not base and attention_mask is None and q_length == kv_length and q_offset == 0 and kv_offset == 0:
         seg = _segments_of(mask_function, batch_size, kv_length, device)
     if attention_mask is not None:
-        keep = mu.prepare_padding_mask(attention_mask, kv_length, kv_offset)[:, kv_offset:kv_offset + kv_length]
+        keep = _MASKING["padding"](attention_mask, kv_length, kv_offset)[:, kv_offset:kv_offset + kv_length]
         keep = keep.to(device=device, dtype=torch.bool)
         seg = torch.where(keep, 0 if seg is None else seg, -1).to(torch.int32)
     if seg is not None and not torch.compiler.is_compiling() and not bool(seg.any()):

@@ -114,7 +114,7 @@ def test_backward_matches_float64(case):
     summaries = tuple(s.compute(tensors, lib.block_q, lib.block_k, Lq, Lk, q_offset) for s in attn.facts.summaries)
     poison_allocator(64 << 20)
     dq, dk, dv = attngen.launch.backward(lib, qd, kd, vd, out, dod, lse, scale=scale, q_offset=q_offset,
-                                         captured=captured, summaries=summaries)
+                                         captured=captured, summaries=summaries, params=attn._param_fields())
     torch.cuda.synchronize()
 
     # float64 golden, on the inputs as the kernel saw them (rounded to dt)

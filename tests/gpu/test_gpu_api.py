@@ -225,7 +225,11 @@ def test_captured_tensor_strides():
     docs = DOCS.clone()
     attn = attngen.compile(mask_mod=attngen.document(docs), backend=BACKEND)
     assert attn.traced.captured[0].unit_stride_dims == (0,)
-    assert torch.equal(attn(q, k, v), strided(q, k, v))
+    # two builds, which the spill ladder may give different K/V tiles (another summation order): equal up to
+    # rounding, and each within the float64 bound
+    unit = attn(q, k, v)
+    assert (unit.double() - ref).abs().max() < 2e-2
+    torch.testing.assert_close(unit, strided(q, k, v), atol=2e-2, rtol=0)
     docs.set_(base.untyped_storage(), 0, (DOCS.numel(),), (2,))  # same values, stride 2
     with pytest.raises(attngen.InputError, match="stride 1"):
         attn(q, k, v)
