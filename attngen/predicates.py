@@ -1154,6 +1154,9 @@ def _full_blocks(lo, hi, blk, length, n_blocks):
 MAX_PARTS = 4
 # Most disjuncts an And over Ors is distributed into; past it the And stays one disjunct.
 _MAX_DISJUNCTS = 32
+# Longest part bound (sympy operations) worth a walk over parts: the union masks people write (local + global,
+# prefix-LM, window + sinks) have bounds of a few dozen.
+_MAX_PART_OPS = 200
 
 
 def _disjuncts(f) -> List:
@@ -1186,9 +1189,16 @@ def _parts(f) -> List:
 
 def _part_hulls(parts, var, other, obox: Box, dom: Tuple, summ) -> Tuple:
     """Per part, the (lo, hi) hull of its kept set along ``var`` and its (full_lo, full_hi) kernel: an element
-    outside every hull is masked, one inside any kernel kept."""
-    return tuple(hull(d, var, other, obox, dom, summ) + hull(d, var, other, obox, dom, summ, kernel=True)
-                 for d in parts)
+    outside every hull is masked, one inside any kernel kept. A part that groups several disjuncts takes its
+    first disjunct's kernel: merging theirs grows fast with their number (thousands of operations for the
+    NATTEN cases), and the kernel only spares tiles the classifier would call FULL anyway."""
+    hulls = [hull(d, var, other, obox, dom, summ) for d in parts]
+    if len(set(hulls)) < 2:
+        return ()  # every part spans the same range (NATTEN's border cases): nothing to skip between them
+    if any(sympy.count_ops(e) > _MAX_PART_OPS for h in hulls for e in h):
+        return ()  # ranges this long cost more to print and evaluate per tile than the gaps they skip
+    return tuple(h + hull(d.args[0] if isinstance(d, Or) else d, var, other, obox, dom, summ, kernel=True)
+                 for h, d in zip(hulls, parts))
 
 
 def derive(traced: TracedVariant) -> BlockPredicates:
