@@ -157,6 +157,7 @@ class CompiledAttention:
                 if lib is None:
                     spec = self.spec(dtype, head_dim, current_arch(device_index), kernel)
                     lib = self._libraries[key] = loader(spec.build_cached())
+                    lib.param_count = len(self.facts.params)
         return lib
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optional[float] = None,

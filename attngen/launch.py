@@ -95,6 +95,9 @@ class _Library:
     def __init__(self, path: str, handle: ctypes.CDLL, info: AttngenKernelInfo):
         self.path = path
         self.handle = handle
+        # runtime parameters its variant reads (set by CompiledAttention when it loads the library): a launch
+        # without their values would run zeros
+        self.param_count = 0
         self.head_dim = info.head_dim
         self.dtype = _DTYPE_CODES[info.dtype]
         self.block_q = info.block_q
@@ -271,6 +274,14 @@ def _check_qkv(lib: KernelLibrary, q, k, v) -> None:
                              f"{name}.contiguous() (or {name}.clone() for a misaligned storage offset)")
 
 
+def _missing_params(lib) -> InputError:
+    return InputError(
+        f"{lib.path} reads {lib.param_count} runtime parameter(s), but this launch passed none (params=None would run "
+        "them as 0); pass params=attn._param_fields() (or launch.param_fields(attn.traced.params)), or call the "
+        "compiled object, which does"
+    )
+
+
 def param_fields(params) -> tuple:
     """CapturedArgs.iparam and .fparam for ``params`` (ParamSlots), from the live parameters' current values,
     each checked again (RuntimeParam.check: a value set on the object bypassing set() must not reach a kernel)."""
@@ -382,6 +393,8 @@ def forward(
     arrays of BlockPredicates.summaries, computed for lib.block_q / lib.block_k. ``out`` / ``lse_out``:
     optional preallocated outputs (out: any strides with a contiguous last dim; lse_out contiguous).
     ``params``: CapturedArgs.iparam + fparam (``param_fields``), None for a variant without runtime parameters."""
+    if params is None and lib.param_count:
+        raise _missing_params(lib)
     if lib.debug_slot is not None and captured and len(captured) == lib.debug_slot:
         return _forward_debug(lib, q, k, v, captured, dict(scale=scale, q_offset=q_offset, return_lse=return_lse,
                                                            summaries=summaries, out=out, lse_out=lse_out,
@@ -551,6 +564,8 @@ def backward(
     ``scale`` / ``q_offset`` / ``captured`` as in the forward call; ``summaries``: BlockPredicates.summaries
     computed for lib.block_q / lib.block_k; ``params`` as in the forward. Returns (dq, dk, dv), contiguous, in q's dtype; rows with nothing
     kept get zero gradients. Allocates the fp32 workspaces (dQ accumulator, delta, lse in log2) per call."""
+    if params is None and lib.param_count:
+        raise _missing_params(lib)
     _check_qkv(lib, q, k, v)
     dev = q.get_device()
     if dev not in _capable_devices:

@@ -402,3 +402,14 @@ def test_union_of_many_disjuncts_with_parameters_renders_and_stays_sound():
             got = attngen.block_map(mod, q_len, kv_len, (BQ, BK), q_offset=q_offset)
             want = _brute(attngen.Variant(mask_mod=mod), q_len, kv_len, BQ, BK, q_offset)
             assert not ((got == EMPTY) & (want != EMPTY)).any() and not ((got == FULL) & (want != FULL)).any()
+
+
+def test_a_direct_launch_without_parameter_values_is_refused():
+    """launch.forward / launch.backward with params=None on a library whose variant reads parameters would run them
+    as 0 (a window of 0 masks everything): refused before any input check, naming the fix."""
+    lib = launch._Library.__new__(launch._Library)  # no kernel needed: the check comes first
+    lib.path, lib.param_count = "libattngen_fwd.so", 1
+    x = torch.zeros(1)
+    for call in (lambda: launch.forward(lib, x, x, x), lambda: launch.backward(lib, x, x, x, x, x, x)):
+        with pytest.raises(attngen.InputError, match=r"params=attn._param_fields\(\)"):
+            call()
