@@ -33,7 +33,6 @@ class _Evaluators:
     tile_any: object
     tile_all: object
     kv_parts: tuple = ()  # per part, (lo, hi, full_lo, full_hi) evaluators (BlockPredicates.kv_parts)
-    q_parts: tuple = ()
 
 
 @functools.lru_cache(maxsize=64)
@@ -51,7 +50,6 @@ def _compile_evaluators(preds: BlockPredicates, params: tuple = ()) -> _Evaluato
         tile_any=fn(preds.tile_any, _TILE_ARGS),
         tile_all=fn(preds.tile_all, _TILE_ARGS),
         kv_parts=tuple(tuple(fn(e, _ROW_ARGS) for e in part) for part in preds.kv_parts),
-        q_parts=tuple(tuple(fn(e, _COL_ARGS) for e in part) for part in preds.q_parts),
     )
 
 
@@ -68,7 +66,6 @@ def _evaluators(traced: TracedVariant, preds: BlockPredicates) -> _Evaluators:
     return _Evaluators(
         kv_range=tuple(map(bind, ev.kv_range)), q_range=tuple(map(bind, ev.q_range)), tile_any=bind(ev.tile_any),
         tile_all=bind(ev.tile_all), kv_parts=tuple(tuple(map(bind, part)) for part in ev.kv_parts),
-        q_parts=tuple(tuple(map(bind, part)) for part in ev.q_parts),
     )
 
 
@@ -106,11 +103,10 @@ def kv_ranges(traced, preds, q_len, kv_len, block, b=0, h=0, q_offset=0, capture
     def run(f):
         return _as_i64(f(i, BQ, BK, q_len, kv_len, q_offset, b, h, tensors=arrays), nqb)
 
-    lo, hi, flo, fhi = [run(f).clamp(0, nkb) for f in ev.kv_range]
     parts = [[run(f) for f in part] for part in ev.kv_parts]
-    if parts:
-        flo, fhi = widest_full_run([p[2] for p in parts], [p[3] for p in parts])
-        flo, fhi = flo.clamp(0, nkb), fhi.clamp(0, nkb)
+    # with parts the kernels take the parts' widest FULL run, not the whole mask's range
+    full = widest_full_run([p[2] for p in parts], [p[3] for p in parts]) if parts else (run(f) for f in ev.kv_range[2:])
+    lo, hi, flo, fhi = [x.clamp(0, nkb) for x in (run(ev.kv_range[0]), run(ev.kv_range[1]), *full)]
     return (lo, hi, flo, fhi), [(p[0].clamp(0, nkb), p[1].clamp(0, nkb)) for p in parts], arrays, ev
 
 

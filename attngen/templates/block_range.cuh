@@ -65,18 +65,17 @@ ATTNGEN_DEV_INLINE int next_kv_tile(const CapturedArgs& C, const TileArgs& t, in
   return j;
 }
 
-// About how many kv tiles q-block i visits (the parts' spans, overlaps counted twice), for ordering work.
+#if ATTNGEN_HAS_MASK && ATTNGEN_KV_PARTS
+// About how many kv tiles q-block i of a union mask visits (the parts' spans, overlaps counted twice), for
+// ordering work (fwd_sm90.cuh ascending_q_blocks).
 template <int BQ, int BK>
 ATTNGEN_DEV_INLINE int kv_tiles_estimate(const CapturedArgs& C, const TileArgs& t, int i) {
   const KvRange r = kv_range<BQ, BK>(C, t, i);
-#if ATTNGEN_HAS_MASK && ATTNGEN_KV_PARTS
   int n = 0;
 #pragma unroll
   for (int k = 0; k < ATTNGEN_KV_PARTS; ++k) n += max(0, min(r.hi[k], r.j_end) - max(r.lo[k], r.j_begin));
   return n;
-#else
-  return r.j_end - r.j_begin;
-#endif
 }
+#endif
 
 }  // namespace attngen
