@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Session 9's device calls, one step per call (each part cut by `timeout` so that the call returns its logs):
+# A = the GPU suites that did not run or failed in session 8's round 4, then runtime parameters against baked
+# values over 9 rounds, then local + global beside flex (the ascending q-block order).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache ATTNGEN_TEST_BUILD_JOBS=14
+R="$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$R/device.txt"
+run_tests() {  # name timeout files...
+  local name=$1 t=$2; shift 2
+  ATTNGEN_TEST_FAILURES="$R/failures_$name.txt" timeout "$t" python -m pytest -v -m gpu -p no:cacheprovider \
+    --durations=15 "$@" > "$R/tests_$name.log" 2>&1
+  echo "tests $name rc=$? $(grep -cE ' PASSED' "$R/tests_$name.log") passed, $(grep -cE ' FAILED' "$R/tests_$name.log") failed"
+  grep -E ' FAILED' "$R/tests_$name.log" | head -n 20
+  tail -n 3 "$R/tests_$name.log"
+}
+case "$1" in
+  A)
+    run_tests api 340 tests/gpu/test_negative_index.py tests/gpu/test_reference_cuda.py tests/gpu/test_params_gpu.py \
+      tests/gpu/test_mod_checks_gpu.py tests/gpu/test_bwd_gpu.py tests/gpu/test_integrations_gpu.py \
+      "tests/gpu/test_gpu_api.py::test_captured_tensor_strides" tests/gpu/test_codegen_gpu.py
+    timeout 130 python scripts/specialize_ab.py --rounds 9 --out "$R" 2>&1 | tail -n 12
+    timeout 70 python benchmarks/bench_forward.py --variants local_global --no-compile-figures --out "$R" \
+      2>&1 | grep -E "^\|" ;;
+esac
