@@ -126,35 +126,48 @@ def backward_kernel(attn, dout: torch.Tensor, dlse: Optional[torch.Tensor], q: t
     masked rows); ``needs_grad`` one bool per q, k, v and captured tensor. Returns ``(dq, dk, dv, dcaptured)``:
     dq/dk/dv shaped and typed like q/k/v (values ignored where not needed), ``dcaptured[i]`` shaped and typed
     like ``captured[i]`` where ``needs_grad[3 + i]`` and ``captured[i]`` is floating point, else anything
-    (replaced by an empty tensor). The portable backward kernel (launch.backward, templates/bwd_sm80.cuh)
-    takes 16-bit CUDA inputs of one head dim; it declines (None) an LSE gradient, gradients of captured
-    tensors and variants whose backward library does not build (a score_mod without derivatives).
+    (replaced by an empty tensor). The backward kernels (launch.backward: templates/bwd_sm90.cuh on sm_90a at
+    head dims 64 / 128, else the portable bwd_sm80.cuh, which also takes a call whose layout TMA cannot
+    describe) take 16-bit CUDA inputs of one head dim; they decline (None) an LSE gradient, gradients of
+    captured tensors and variants whose backward library does not build (a score_mod without derivatives).
     """
     if dlse is not None or not q.is_cuda or getattr(attn, "backend", None) == "reference" or any(needs_grad[3:]):
         return None
     if q.dtype not in (torch.bfloat16, torch.float16) or v.shape[-1] != q.shape[-1]:
         return None
-    from .abi import SUPPORTED_HEAD_DIMS
-    from .errors import BuildError
+    from .abi import SM90_FALLBACK_CODES, SUPPORTED_HEAD_DIMS
+    from .errors import BuildError, KernelLaunchError
+    from .jit.spec import BWD_KERNEL, choose_bwd_kernel
+    from .jit.toolchain import current_arch
     from .launch import backward
 
-    D = q.shape[-1]
-    key = (attn.op_id, q.dtype, D, q.get_device())
-    if D not in SUPPORTED_HEAD_DIMS or key in _NO_KERNEL:
+    D, dev = q.shape[-1], q.get_device()
+    if D not in SUPPORTED_HEAD_DIMS:
         return None
-    try:
-        lib = attn.backward_library(q.dtype, D, q.get_device())
-    except BuildError:
-        _NO_KERNEL.add(key)  # built once, failed: the reference backward from now on, without rebuilding
-        return None
-    summaries = attn._bwd_summaries.get(attn, list(captured), lib, q.shape[2], k.shape[2], q_offset)
-    # the values _backward pinned (the forward's), not whatever set() left since
-    dq, dk, dv = backward(lib, q, k, v, out, dout, lse, scale=scale, q_offset=q_offset, captured=list(captured),
-                          summaries=summaries, params=attn._param_fields())
-    return dq, dk, dv, [None] * len(captured)
+    # the sm90 backward where there is one, else (or when this call's layout has no TMA map) the portable kernel
+    for kernel in dict.fromkeys((choose_bwd_kernel(current_arch(dev), D), BWD_KERNEL)):
+        key = (attn.op_id, q.dtype, D, dev, kernel)
+        if key in _NO_KERNEL:
+            continue
+        try:
+            lib = attn.backward_library(q.dtype, D, dev, kernel)
+        except BuildError:
+            _NO_KERNEL.add(key)  # built once, failed: the next family (or the reference) from now on, no rebuild
+            continue
+        summaries = attn._bwd_summaries.get(attn, list(captured), lib, q.shape[2], k.shape[2], q_offset)
+        try:
+            # the values _backward pinned (the forward's), not whatever set() left since
+            dq, dk, dv = backward(lib, q, k, v, out, dout, lse, scale=scale, q_offset=q_offset,
+                                  captured=list(captured), summaries=summaries, params=attn._param_fields())
+        except KernelLaunchError as e:
+            if e.code in SM90_FALLBACK_CODES:
+                continue
+            raise
+        return dq, dk, dv, [None] * len(captured)
+    return None
 
 
-# (op id, dtype, head dim, device) whose backward library failed to build
+# (op id, dtype, head dim, device, kernel family) whose backward library failed to build
 _NO_KERNEL: set = set()
 
 

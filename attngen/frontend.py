@@ -18,7 +18,7 @@ from . import autograd as _autograd
 from .abi import SM90_FALLBACK_CODES
 from .analysis_cache import variant_facts
 from .errors import InputError, KernelLaunchError
-from .jit.spec import BWD_KERNEL, KernelSpec
+from .jit.spec import KernelSpec, choose_bwd_kernel
 from .jit.toolchain import current_arch
 from .ir import check_extents
 from .launch import forward, load_bwd_library, load_library, param_fields
@@ -140,11 +140,12 @@ class CompiledAttention:
             self._ready[(dtype, head_dim, device_index)] = lib
         return lib
 
-    def backward_library(self, dtype: torch.dtype, head_dim: int, device_index: int):
-        """The loaded backward library (launch.backward; kernel family 'sm80_bwd', on any sm80+ GPU) for one
-        signature on one device, built (or found in the cache) on first use. Its block_q / block_k size the
-        block summaries of a backward call."""
-        return self._load(dtype, head_dim, device_index, BWD_KERNEL, load_bwd_library)
+    def backward_library(self, dtype: torch.dtype, head_dim: int, device_index: int, kernel: Optional[str] = None):
+        """The loaded backward library (launch.backward) for one signature on one device, built (or found in the
+        cache) on first use: kernel family 'sm90_bwd' on sm_90a at head dims 64 / 128, else the portable
+        'sm80_bwd' (or the family asked for). Its block_q / block_k size the block summaries of a backward call."""
+        kernel = kernel or choose_bwd_kernel(current_arch(device_index), head_dim)
+        return self._load(dtype, head_dim, device_index, kernel, load_bwd_library)
 
     def _load(self, dtype: torch.dtype, head_dim: int, device_index: int, kernel: Optional[str], loader):
         """The library of one signature and kernel family: memoised, else built (or found in the cache) and loaded

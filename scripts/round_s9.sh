@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 9's device calls, one step per call (each part cut by `timeout` so that the call returns its logs):
 # A = the GPU suites that did not run or failed in session 8's round 4, then runtime parameters against baked
-# values over 9 rounds, then local + global beside flex (the ascending q-block order).
+# values over 9 rounds, then local + global beside flex (the ascending q-block order); B = the backward
+# kernels (sm80_bwd and the new sm90_bwd) against float64, then forward + backward beside flex and cuDNN.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache ATTNGEN_TEST_BUILD_JOBS=14
@@ -23,4 +24,7 @@ case "$1" in
     timeout 130 python scripts/specialize_ab.py --rounds 9 --out "$R" 2>&1 | tail -n 12
     timeout 70 python benchmarks/bench_forward.py --variants local_global --no-compile-figures --out "$R" \
       2>&1 | grep -E "^\|" ;;
+  B)
+    run_tests bwd 250 tests/gpu/test_bwd_gpu.py
+    timeout 200 python benchmarks/bench_training.py --variants causal softcap_causal --out "$R" 2>&1 | tail -n 12 ;;
 esac

@@ -9,7 +9,7 @@ from typing import Tuple
 
 from ..abi import SUPPORTED_HEAD_DIMS
 from ..errors import BuildError
-from .tiles import SM90_TILES, bwd_tile_config, tile_config
+from .tiles import SM90_BWD_TILES, SM90_TILES, bwd_tile_config, tile_config
 from .toolchain import arch_number
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -17,8 +17,8 @@ KERNEL_SOURCE = "attngen_fwd.cu"
 KERNEL_TEMPLATE = "attngen_fwd.cu.j2"  # renders KERNEL_SOURCE: the configuration, then the kernel header
 VARIANT_INCLUDE = "variant.inc"
 BWD_KERNEL_SOURCE = "attngen_bwd.cu"
-BWD_KERNEL_TEMPLATE = "attngen_bwd.cu.j2"  # renders BWD_KERNEL_SOURCE: the configuration, then bwd_sm80.cuh
-KERNELS = ("sm80", "sm90", "sm80_bwd")
+BWD_KERNEL_TEMPLATE = "attngen_bwd.cu.j2"  # renders BWD_KERNEL_SOURCE: the configuration, then bwd_<family>.cuh
+KERNELS = ("sm80", "sm90", "sm80_bwd", "sm90_bwd")
 
 _DTYPES = {
     "bfloat16": ("__nv_bfloat16", 1, "bfloat16"),
@@ -71,10 +71,10 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
     default for the head dim). The kernel source (KERNEL_SOURCE) is the configuration rendered from
     KERNEL_TEMPLATE; it includes VARIANT_INCLUDE and the kernel's plain header ``fwd_<kernel>.cuh``,
     which is among the headers returned with them (every ``.cuh``, and the rendered ``.cuh.j2``).
-    'sm80_bwd' is the backward library: BWD_KERNEL_SOURCE rendered from BWD_KERNEL_TEMPLATE (``tiles`` a
-    BwdTileConfig), including ``bwd_sm80.cuh``."""
+    'sm80_bwd' / 'sm90_bwd' are backward libraries: BWD_KERNEL_SOURCE rendered from BWD_KERNEL_TEMPLATE
+    (``tiles`` a BwdTileConfig / Sm90BwdTiles), including ``bwd_sm80.cuh`` / ``bwd_sm90.cuh``."""
     if kernel not in KERNELS:
-        raise BuildError(f"kernel must be 'sm80', 'sm90' or 'sm80_bwd', got {kernel!r}")
+        raise BuildError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise BuildError(f"head dim {head_dim} is not supported: expected one of {list(SUPPORTED_HEAD_DIMS)}")
     elem_type, dtype_code, dtype_name = dtype_info(dtype)
@@ -82,8 +82,16 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
                   head_dim=head_dim, variant_include=VARIANT_INCLUDE)
     if kernel == "sm80_bwd":
         t = tiles or bwd_tile_config(head_dim, arch)
-        params.update(block_q=t.block_q, block_k=t.block_k, num_warps=t.num_warps, warps_d=t.warps_d,
-                      min_blocks=t.min_blocks, arch_number=arch_number(arch))
+        params.update(family="sm80", block_q=t.block_q, block_k=t.block_k, num_warps=t.num_warps,
+                      warps_d=t.warps_d, min_blocks=t.min_blocks, arch_number=arch_number(arch))
+        text = _render(BWD_KERNEL_TEMPLATE, template_dir, **params)
+        return {BWD_KERNEL_SOURCE: text, VARIANT_INCLUDE: variant_inc, **headers(template_dir)}
+    if kernel == "sm90_bwd":
+        if arch != "sm_90a" or head_dim not in SM90_BWD_TILES:
+            raise BuildError(f"the sm90 backward needs arch sm_90a and head dim {' or '.join(map(str, SM90_BWD_TILES))}"
+                             f", got {arch}, head dim {head_dim}; use kernel='sm80_bwd'")
+        t = tiles or SM90_BWD_TILES[head_dim]
+        params.update(family="sm90", block_q=t.block_q, block_k=t.block_k, stages=t.stages, arch_number=90)
         text = _render(BWD_KERNEL_TEMPLATE, template_dir, **params)
         return {BWD_KERNEL_SOURCE: text, VARIANT_INCLUDE: variant_inc, **headers(template_dir)}
     if kernel == "sm90":

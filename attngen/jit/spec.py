@@ -27,17 +27,27 @@ from ..errors import BuildError, InputError
 from ..ir import BlockPredicates, TracedVariant
 from .ninja import BWD_LIBRARY_NAME, LIBRARY_NAME, ptxas_spill_bytes, run_ninja, write_build_ninja
 from .render import dtype_info, generator_hash, render_sources, template_hash
-from .tiles import bwd_tile_config, sm90_ladder, tile_config
+from .tiles import SM90_BWD_TILES, bwd_tile_config, sm90_ladder, tile_config
 from .toolchain import NVCC_HELP, find_nvcc, nvcc_version
 
 KERNEL_CHOICES = ("auto", "sm80", "sm90")
-BWD_KERNEL = "sm80_bwd"  # the backward library's family (bwd_sm80.cuh): a kernel value, so it enters the key
+BWD_KERNEL = "sm80_bwd"  # the portable backward library's family (bwd_sm80.cuh): a kernel value, so it enters the key
+SM90_BWD_KERNEL = "sm90_bwd"  # the sm_90a backward (bwd_sm90.cuh)
+BWD_KERNELS = (BWD_KERNEL, SM90_BWD_KERNEL)
+
+
+def choose_bwd_kernel(arch: str, head_dim: int) -> str:
+    """The backward family a signature gets: 'sm90_bwd' on sm_90a at the head dims it has tiles for, else the
+    portable 'sm80_bwd'."""
+    return SM90_BWD_KERNEL if arch == "sm_90a" and head_dim in SM90_BWD_TILES else BWD_KERNEL
 
 
 def choose_kernel(arch: str, kernel: str = "auto") -> str:
     """'sm90' (TMA + wgmma) on sm_90a unless the portable 'sm80' kernel is asked for; 'sm80_bwd' (the
     portable backward, any sm80+ arch) only when asked for."""
-    if kernel == BWD_KERNEL:
+    if kernel == SM90_BWD_KERNEL and arch != "sm_90a":
+        raise InputError(f"the sm90 backward needs arch sm_90a (H100/H200), got {arch}; use kernel='{BWD_KERNEL}'")
+    if kernel in BWD_KERNELS:
         return kernel
     if kernel not in KERNEL_CHOICES:
         raise InputError(f"kernel must be 'auto', 'sm80' or 'sm90', got {kernel!r}")
@@ -55,7 +65,7 @@ class KernelSpec:
     dtype: str      # 'bfloat16' or 'float16'
     head_dim: int
     arch: str       # 'sm_90a', 'sm_80', ...
-    kernel: str     # 'sm90' or 'sm80' (forward), 'sm80_bwd' (backward)
+    kernel: str     # 'sm90' or 'sm80' (forward), 'sm80_bwd' or 'sm90_bwd' (backward)
     fast_math: bool = True
     debug: bool = False  # ATTNGEN_DEBUG=1 when the spec was made: captured-tensor reads are bounds-checked
     # () -> (traced variant, predicates): what a build generates code from (the full analysis)
@@ -94,6 +104,8 @@ class KernelSpec:
             return sm90_ladder(self.head_dim, self.facts.has_mask, self.facts.has_score_mod)
         if self.kernel == BWD_KERNEL:
             return bwd_tile_config(self.head_dim, self.arch)
+        if self.kernel == SM90_BWD_KERNEL:
+            return SM90_BWD_TILES[self.head_dim]
         return tile_config(self.head_dim, self.arch)
 
     def fields(self, nvcc: Optional[Sequence[int]] = None) -> dict:
@@ -142,8 +154,8 @@ class KernelSpec:
             tiles, spill = build_first_without_spills(build_dir, inc, self.dtype, self.head_dim, self.arch,
                                                       self.tile_choices())
             info = {"tiles": repr(tiles), "spill_bytes": spill}
-        elif self.kernel == BWD_KERNEL:
-            write_build_ninja(build_dir, render_sources(inc, self.dtype, self.head_dim, self.arch, kernel=BWD_KERNEL),
+        elif self.kernel in BWD_KERNELS:
+            write_build_ninja(build_dir, render_sources(inc, self.dtype, self.head_dim, self.arch, kernel=self.kernel),
                               self.arch, ["-Xptxas", "-v"], library=BWD_LIBRARY_NAME)
             info = ptxas_report(run_ninja(build_dir))
         else:
@@ -175,7 +187,7 @@ class KernelSpec:
         Without nvcc here only prebuilt roots can serve (keyed by the toolchain they record): a miss there is a
         BuildError naming the roots searched and how to get nvcc."""
         cache = default_cache()
-        artifact = BWD_LIBRARY_NAME if self.kernel == BWD_KERNEL else LIBRARY_NAME
+        artifact = BWD_LIBRARY_NAME if self.kernel in BWD_KERNELS else LIBRARY_NAME
         try:
             fields = self.fields()
         except BuildError as e:  # no nvcc (or none that runs): this machine's key is unknown

@@ -92,6 +92,31 @@ def bwd_tile_config(head_dim: int, arch: str = "sm_80") -> BwdTileConfig:
     return _first_fitting(SM80_BWD_TILES, head_dim, arch, "backward tile configuration")
 
 
+# ----------------------------------------------------------------------------------- sm90 backward
+
+
+@dataclass(frozen=True)
+class Sm90BwdTiles:
+    """Tiles of the sm90 backward kernel (bwd_sm90.cuh): a CTA holds BK = 128 kv rows (two consumer warpgroups
+    of 64) and walks q blocks of BQ = 64 rows, Q / dO in a ``stages``-deep ring (sm90_bwd_layout.cuh)."""
+
+    block_q: int = 64
+    block_k: int = 128
+    stages: int = 2
+
+    def smem_bytes(self, head_dim: int) -> int:
+        """K, V; the Q / dO ring; two dS^T buffers; the row statistics per stage; mbarriers; alignment slack."""
+        kv = self.block_k * head_dim * 2
+        q = self.block_q * head_dim * 2
+        return 1024 + 2 * kv + 2 * self.stages * q + 2 * self.block_k * self.block_q * 2 \
+            + self.stages * 2 * self.block_q * 4 + 8 * (1 + 2 * self.stages)
+
+
+# Head dim 256 has no sm90 backward (dK + dV of 64 rows x 256 columns take the consumers' registers): the sm80
+# backward serves it.
+SM90_BWD_TILES = {64: Sm90BwdTiles(stages=2), 128: Sm90BwdTiles(stages=2)}
+
+
 # ---------------------------------------------------------------------------------------------- sm90
 
 

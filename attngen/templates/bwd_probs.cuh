@@ -21,18 +21,24 @@ namespace attngen {
 // s * scale), 0 where masked: MASK evaluates mask_mod (the tile is not known FULL), BOUNDS masks q columns
 // past QLEN and kv rows past KVLEN (the mods see clamped indices there, results discarded). lse2 points at
 // the tile's BQ row log-sum-exps in the log2 domain (+inf for rows with nothing kept, so P = 0, never NaN).
-// kv0: the kv position of this thread's row g of slice 0; q0: the tile's first q row. With a score_mod, gs
+// kv0: the kv position of this thread's row g of slice 0; q0: the tile's first q row. With a score_mod, g
 // receives d score_mod / d score at each element.
-template <bool MASK, bool BOUNDS, int MT, int NT>
-ATTNGEN_DEV_INLINE void probs_t(float (&s)[MT][NT][4], float (&gs)[MT][NT][4], float scale, const CapturedArgs& C,
+// GRADS (the sm90 kernel, which holds dP^T when it takes the probabilities): g holds dP^T on entry and receives
+// dS^T = P (dP - delta) (times d score_mod / d score), delta per q column at `delta`, in the same pass, so that
+// no array of derivatives is kept; without GRADS, g receives d score_mod / d score (grad_scores_t below does
+// the rest).
+template <bool MASK, bool BOUNDS, bool GRADS = false, int MT, int NT>
+ATTNGEN_DEV_INLINE void probs_t(float (&s)[MT][NT][4], float (&g)[MT][NT][4], float scale, const CapturedArgs& C,
                                 const HeadCtx& hc, const ColCtx (&cc)[MT][2], int kv0, int q0, const TileArgs& t,
-                                const float* lse2, int tig) {
+                                const float* lse2, int tig, const float* delta = nullptr) {
 #if !ATTNGEN_HAS_SCORE_MOD
   const float scale_log2 = scale * LOG2E;
 #endif
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const float2 l2 = *reinterpret_cast<const float2*>(lse2 + nt * 8 + 2 * tig);
+    float2 d2 = make_float2(0.f, 0.f);
+    if (GRADS) d2 = *reinterpret_cast<const float2*>(delta + nt * 8 + 2 * tig);
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int row = q0 + nt * 8 + 2 * tig + e;
@@ -47,12 +53,15 @@ ATTNGEN_DEV_INLINE void probs_t(float (&s)[MT][NT][4], float (&gs)[MT][NT][4], f
 #pragma unroll
         for (int rh = 0; rh < 2; ++rh) {
           float& x = s[mt][nt][rh * 2 + e];
+          float& gx = g[mt][nt][rh * 2 + e];
+          float grad = 1.f;
           const int kv_raw = kv0 + mt * 16 + rh * 8;
           const int kv = BOUNDS ? min(kv_raw, t.KVLEN - 1) : kv_raw;
 #if ATTNGEN_HAS_SCORE_MOD
           const float sc = x * scale;
           const float y = score_mod(sc, C, hc, rc, cc[mt][rh], q_idx, kv) * LOG2E - lse;
-          gs[mt][nt][rh * 2 + e] = score_mod_grad(sc, C, hc, rc, cc[mt][rh], q_idx, kv);
+          grad = score_mod_grad(sc, C, hc, rc, cc[mt][rh], q_idx, kv);
+          if (!GRADS) gx = grad;
 #else
           const float y = fmaf(x, scale_log2, -lse);
 #endif
@@ -61,6 +70,8 @@ ATTNGEN_DEV_INLINE void probs_t(float (&s)[MT][NT][4], float (&gs)[MT][NT][4], f
           if (MASK) keep = keep & mask_mod(C, hc, rc, cc[mt][rh], q_idx, kv);
 #endif
           x = keep ? fast_exp2(y) : 0.f;
+          // P = 0 (masked, or a row with nothing kept) gives dS = 0 exactly, whatever the derivative there
+          if (GRADS) gx = x > 0.f ? x * (gx - (e ? d2.y : d2.x)) * grad : 0.f;
         }
       }
     }

@@ -12,6 +12,7 @@
 //     of the head dim (WN > 1 at large head dims: the WN warps of a row slice recompute its S^T and dP^T
 //     instead of holding all D columns of dK and dV);
 //  3. postprocess: dQ = dQ_acc * scale in the input dtype.
+// (1 and 3 are bwd_prepost.cuh's, shared with the sm90 backward.)
 // dK is scaled once at the end, dQ in the postprocess. Configuration (Elem, D, BQ, BK, NWARPS, WN, MIN_BLOCKS,
 // kDtypeCode, kArch) and variant.inc come from the including attngen_bwd.cu (templates/attngen_bwd.cu.j2).
 #pragma once
@@ -21,6 +22,7 @@
 #include "sm80_tiles.cuh"
 #include "block_range_bwd.cuh"
 #include "bwd_probs.cuh"
+#include "bwd_prepost.cuh"
 #include "host_abi_bwd.cuh"
 
 namespace {
@@ -349,86 +351,6 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_bwd_kernel(const
   store_kv_grad(a.dv, a.dv_stride, b, kvh, j * BK + kv_row0, wn * DW + tig * 2, KVLEN, dv, 1.f);
 }
 
-// ------------------------------------------------------------------------------------- pre / post
-
-template <typename T>
-__device__ __forceinline__ float2 unpack2(uint32_t x);
-template <>
-__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t x) {
-  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x));
-}
-template <>
-__device__ __forceinline__ float2 unpack2<__half>(uint32_t x) {
-  return __half22float2(*reinterpret_cast<__half2*>(&x));
-}
-
-__device__ __forceinline__ float dot8(const uint4& x, const uint4& y) {
-  const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
-  float acc = 0.f;
-#pragma unroll
-  for (int n = 0; n < 4; ++n) {
-    const float2 u = unpack2<Elem>(xs[n]), v = unpack2<Elem>(ys[n]);
-    acc = fmaf(u.x, v.x, acc);
-    acc = fmaf(u.y, v.y, acc);
-  }
-  return acc;
-}
-
-constexpr int PRE_THREADS = 256;  // 8 rows per block, one warp each
-
-// Row r of (b, h) for r < Lq_pad: delta, lse_log2 (+inf for rows with nothing kept and padding), dQ_acc zeroed.
-__global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __grid_constant__ AttngenBwdArgs a,
-                                                                      int Lq_pad) {
-  const long long row_id = ((long long)blockIdx.x * PRE_THREADS + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (row_id >= (long long)a.B * a.Hq * Lq_pad) return;
-  const long long bh = row_id / Lq_pad;
-  const int r = (int)(row_id - bh * Lq_pad);
-  const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);
-  float delta = 0.f, lse2 = INFINITY;
-  if (r < a.Lq) {
-    const uint4* o = reinterpret_cast<const uint4*>(static_cast<const Elem*>(a.o) + b * a.o_stride[0] +
-                                                    h * a.o_stride[1] + r * a.o_stride[2]);
-    const uint4* d = reinterpret_cast<const uint4*>(static_cast<const Elem*>(a.dout) + b * a.do_stride[0] +
-                                                    h * a.do_stride[1] + r * a.do_stride[2]);
-    for (int c = lane; c < D / 8; c += 32) delta += dot8(o[c], d[c]);
-#pragma unroll
-    for (int m = 16; m >= 1; m >>= 1) delta += __shfl_xor_sync(0xffffffffu, delta, m);
-    const float lse = a.lse[bh * a.Lq + r];
-    lse2 = lse == -INFINITY ? INFINITY : lse * LOG2E;
-    float4* acc = reinterpret_cast<float4*>(a.dq_accum + (bh * a.Lq + r) * D);
-    for (int c = lane; c < D / 4; c += 32) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  if (lane == 0) {
-    a.delta[row_id] = delta;
-    a.lse_log2[row_id] = lse2;
-  }
-}
-
-constexpr int POST_THREADS = 256;
-
-// dQ = dQ_acc * scale in Elem, 8 elements (one 16-byte store) per thread and step.
-__global__ void __launch_bounds__(POST_THREADS) attngen_bwd_post_kernel(const __grid_constant__ AttngenBwdArgs a) {
-  const long long n8 = (long long)a.B * a.Hq * a.Lq * (D / 8);
-  for (long long idx = (long long)blockIdx.x * POST_THREADS + threadIdx.x; idx < n8;
-       idx += (long long)gridDim.x * POST_THREADS) {
-    const long long row_id = idx / (D / 8);
-    const int c = (int)(idx - row_id * (D / 8));
-    const long long bh = row_id / a.Lq;
-    const int r = (int)(row_id - bh * a.Lq);
-    const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);
-    const float4* src = reinterpret_cast<const float4*>(a.dq_accum + row_id * D + c * 8);
-    const float4 x = src[0], y = src[1];
-    const float f = a.scale;
-    uint4 v;
-    v.x = pack2<Elem>(x.x * f, x.y * f);
-    v.y = pack2<Elem>(x.z * f, x.w * f);
-    v.z = pack2<Elem>(y.x * f, y.y * f);
-    v.w = pack2<Elem>(y.z * f, y.w * f);
-    st_global_16(static_cast<Elem*>(a.dq) + b * a.dq_stride[0] + h * a.dq_stride[1] + r * a.dq_stride[2] + c * 8, v);
-  }
-}
-
 // ------------------------------------------------------------------------------------- host side
 
 AttngenKernelInfo bwd_kernel_info() {
@@ -439,23 +361,13 @@ int launch_bwd(const AttngenBwdArgs& a, cudaStream_t stream) {
   int dev = 0, sms = 0;
   cudaError_t err = prepare_device(attngen_bwd_kernel, SMEM_BYTES, dev, sms);
   if (err != cudaSuccess) return (int)err;
-  const int nqb = (a.Lq + BQ - 1) / BQ;
-  const long long rows = (long long)a.B * a.Hq * nqb * BQ;
-  if (rows > 0) {
-    const long long blocks = (rows * 32 + PRE_THREADS - 1) / PRE_THREADS;
-    attngen_bwd_pre_kernel<<<(unsigned)blocks, PRE_THREADS, 0, stream>>>(a, nqb * BQ);
-  }
+  launch_bwd_pre(a, BQ, stream);
   const int nkb = (a.Lk + BK - 1) / BK;
   if (nkb > 0 && a.B > 0 && a.Hkv > 0) {
     const dim3 grid((unsigned)nkb, (unsigned)a.Hkv, (unsigned)a.B);
     attngen_bwd_kernel<<<grid, NTHREADS, SMEM_BYTES, stream>>>(a);
   }
-  const long long n8 = (long long)a.B * a.Hq * a.Lq * (D / 8);
-  if (n8 > 0) {
-    const long long want = (n8 + POST_THREADS - 1) / POST_THREADS;
-    const long long blocks = want < (long long)sms * 16 ? want : (long long)sms * 16;
-    attngen_bwd_post_kernel<<<(unsigned)blocks, POST_THREADS, 0, stream>>>(a);
-  }
+  launch_bwd_post(a, sms, stream);
   return (int)cudaGetLastError();
 }
 

@@ -63,6 +63,15 @@ __device__ __forceinline__ void tma_load_4d(uint32_t smem_dst, const CUtensorMap
       : "memory");
 }
 
+// Bulk copy of `bytes` contiguous bytes (a multiple of 16; both addresses 16-byte aligned) from global memory
+// into shared memory at `smem_dst`, completing `bytes` on mbarrier `bar` (no tensor map: a 1-D row).
+__device__ __forceinline__ void bulk_load_1d(uint32_t smem_dst, const void* gmem_src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_dst),
+               "l"(reinterpret_cast<uint64_t>(gmem_src)), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 // Pull a tensor map (kernel parameter) into the TMA unit's descriptor cache ahead of the first copy.
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* tmap) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");

@@ -1,4 +1,5 @@
-"""The portable backward kernel (bwd_sm80.cuh, launch.backward) against float64 autograd of the golden
+"""The backward kernels (bwd_sm80.cuh everywhere, bwd_sm90.cuh on sm_90a at head dims 64 / 128; launch.backward)
+against float64 autograd of the golden
 (tests/reference64.py), judged as tests/gpu/test_gpu_api.py judges the forward: each of dq, dk, dv within ~2x
 the error of a same-dtype eager implementation's autograd (plus a small slack). The caching allocator is
 filled with NaN before every call, so outputs the kernel fails to write show up; fully masked rows must get
@@ -56,7 +57,19 @@ CASES += [
     ("softcap_causal", torch.bfloat16, 128, 2, 4, 2, 200, 200, 0),
     ("softcap_causal", torch.float16, 256, 1, 2, 1, 90, 150, 30),
     ("alibi", torch.float16, 64, 1, 4, 2, 120, 170, 0),
+    # many q-blocks per kv block (the sm90 kernel's Q / dO ring wraps), across the query heads of a kv head
+    ("causal", torch.bfloat16, 128, 1, 8, 2, 700, 900, 200),
+    ("softcap_causal", torch.bfloat16, 64, 2, 4, 1, 517, 517, 0),
+    ("alibi", torch.bfloat16, 128, 1, 2, 2, 1024, 1024, 0),
+    ("document_masked_rows", torch.bfloat16, 64, 1, 4, 4, 512, 512, 0),
 ]
+FAMILIES = ("sm80_bwd", "sm90_bwd")
+
+
+def _has_family(family, hd):
+    if family == "sm80_bwd":
+        return True
+    return attngen.jit.toolchain.current_arch() == "sm_90a" and hd in attngen.jit.tiles.SM90_BWD_TILES
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,7 +78,7 @@ def prebuilt():
     specs = set()
     for n, dt, hd, *_ in CASES:
         specs.add((n, dt, hd, "sm80"))
-        specs.add((n, dt, hd, "sm80_bwd"))
+        specs.update((n, dt, hd, f) for f in FAMILIES if _has_family(f, hd))
     V = variants()
     arch = attngen.jit.toolchain.current_arch()
     with cf.ThreadPoolExecutor(16) as ex:
@@ -95,9 +108,12 @@ def poison_allocator(nbytes):
     del x
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{str(c[1])[6:]}-hd{c[2]}-{c[3]}x{c[4]}x{c[5]}-{c[6]}x{c[7]}+{c[8]}")
-def test_backward_matches_float64(case):
+def test_backward_matches_float64(case, family):
     name, dt, hd, B, Hq, Hkv, Lq, Lk, q_offset = case
+    if not _has_family(family, hd):
+        pytest.skip(f"no {family} kernel for head dim {hd} on this GPU")
     prebuilt()
     attn = variants()[name]
     gen = torch.Generator(device="cpu").manual_seed(zlib.crc32(repr(case).encode()) & 0xFFFF)  # the same in every process
@@ -108,7 +124,7 @@ def test_backward_matches_float64(case):
 
     out, lse = attn(qd, kd, vd, scale=scale, q_offset=q_offset, return_lse=True)
     dev = qd.get_device()
-    lib = attn.backward_library(dt, hd, dev)
+    lib = attn.backward_library(dt, hd, dev, family)
     captured = [c.tensor for c in attn.facts.captured]
     tensors = {c.name: c.tensor for c in attn.facts.captured}
     summaries = tuple(s.compute(tensors, lib.block_q, lib.block_k, Lq, Lk, q_offset) for s in attn.facts.summaries)

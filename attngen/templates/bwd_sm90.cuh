@@ -1,0 +1,322 @@
+// bwd_sm90.cuh: attention backward for sm_90a (Hopper), FlashAttention-3 style, warp specialized, in three
+// launches on one stream: bwd_prepost.cuh's preprocess (delta, lse in log2, dQ_acc zeroed), the main kernel,
+// the postprocess (dQ = dQ_acc * scale). A CTA owns kv-block j (BK = 128 rows) of one kv head: grid
+// (ceil(Lk / BK), Hkv, B), low kv blocks first (under causal-like masks they see the most q blocks).
+// Warpgroup 0 is the producer: one thread loads K and V once, then for each q-block the mask does not prove
+// EMPTY (block_range_bwd.cuh, over the query heads that share the kv head) its Q and dO tiles (TMA, 128-byte
+// swizzle) and its row statistics (bulk copies) into a STAGES-deep ring. Warpgroups 1 and 2 each own 64 kv
+// rows and, per q-block of BQ = 64 rows, with wgmma:
+//   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory), then in registers P^T and
+//   dS^T = P^T (dP^T - delta) [* d score_mod / d score] (bwd_probs.cuh, one pass);
+//   dV += P^T dO and dK += dS^T Q (A from registers, B = dO / Q read MN-major);
+//   dS^T to shared memory, then dQ = dS K (both operands MN-major from shared memory), added to the fp32
+//   dQ_acc with vector reductions (red.global.add.v2.f32); sm90_bwd_layout.cuh says how dQ is split.
+// dK is scaled once at the end, dQ in the postprocess. Configuration (Elem, D, BQ, BK, STAGES, kDtypeCode,
+// kArch) and variant.inc come from the including attngen_bwd.cu (templates/attngen_bwd.cu.j2).
+#pragma once
+
+#include "attngen_common.cuh"
+#include "attngen_bwd_abi.cuh"
+#include "sm80_mma.cuh"  // smem_addr, pack2
+#include "sm90_mbarrier.cuh"
+#include "sm90_tma.cuh"
+#include "sm90_wgmma.cuh"
+#include "sm90_bwd_layout.cuh"
+#include "block_range_bwd.cuh"
+#include "bwd_probs.cuh"
+#include "bwd_prepost.cuh"
+#include "host_abi_bwd.cuh"
+
+namespace {
+
+using namespace attngen;
+
+// Where one CTA's walk starts: its kv block, kv head, batch, and the query heads [h0, h_end) sharing the kv head.
+struct BwdCta {
+  int j, kvh, b, h_end;
+  TileArgs t;  // t.h: the walk's first query head
+};
+
+__device__ __forceinline__ BwdCta bwd_cta(const AttngenBwdArgs& a) {
+  BwdCta c;
+  c.j = blockIdx.x;
+  c.kvh = blockIdx.y;
+  c.b = blockIdx.z;
+  const int group = a.Hq / a.Hkv;  // GQA / MQA: consecutive query heads share a kv head
+  c.h_end = (c.kvh + 1) * group;
+  c.t.QLEN = a.Lq;
+  c.t.KVLEN = a.Lk;
+  c.t.QOFF = a.q_offset;
+  c.t.b = c.b;
+  c.t.h = c.kvh * group;
+  return c;
+}
+
+__device__ __forceinline__ QStep first_q_tile(const AttngenBwdArgs& a, const BwdCta& c) {
+  return next_q_tile<BQ, BK>(a.captured, c.t, c.j, q_range<BQ, BK>(a.captured, c.t, c.j), c.h_end);
+}
+
+__device__ __forceinline__ QStep following_q_tile(const AttngenBwdArgs& a, const BwdCta& c, QStep s) {
+  ++s.i;
+  return next_q_tile<BQ, BK>(a.captured, c.t, c.j, s, c.h_end);
+}
+
+// ------------------------------------------------------------------------------------------- producer
+// One thread: K and V once, then Q, dO and the statistics of every visited q-block once its slot is free.
+__device__ __forceinline__ void produce(const AttngenBwdArgs& a, const CUtensorMap& tm_q, const CUtensorMap& tm_do,
+                                        const CUtensorMap& tm_k, const CUtensorMap& tm_v, const BwdSmem& sm) {
+  tma_prefetch_map(&tm_q);
+  tma_prefetch_map(&tm_do);
+  const BwdCta c = bwd_cta(a);
+  mbar_arrive_expect_tx(sm.bar_kv(), 2 * KV_BYTES);
+#pragma unroll
+  for (int db = 0; db < DB; ++db) {
+    tma_load_4d(sm.k() + db * KV_BLOCK_BYTES, &tm_k, sm.bar_kv(), db * 64, c.j * BK, c.kvh, c.b);
+    tma_load_4d(sm.v() + db * KV_BLOCK_BYTES, &tm_v, sm.bar_kv(), db * 64, c.j * BK, c.kvh, c.b);
+  }
+  const int Lq_pad = (a.Lq + BQ - 1) / BQ * BQ;
+  int stage = 0;
+  uint32_t phase = 0;
+  for (QStep s = first_q_tile(a, c); s.h < c.h_end; s = following_q_tile(a, c, s)) {
+    mbar_wait(sm.empty(stage), phase ^ 1u);
+    const uint32_t full = sm.full(stage);
+    mbar_arrive_expect_tx(full, 2 * Q_BYTES + STATS_BYTES);
+#pragma unroll
+    for (int db = 0; db < DB; ++db) {
+      tma_load_4d(sm.q(stage) + db * Q_BLOCK_BYTES, &tm_q, full, db * 64, s.i * BQ, s.h, c.b);
+      tma_load_4d(sm.dout(stage) + db * Q_BLOCK_BYTES, &tm_do, full, db * 64, s.i * BQ, s.h, c.b);
+    }
+    const long long row = ((long long)c.b * a.Hq + s.h) * Lq_pad + (long long)s.i * BQ;
+    bulk_load_1d(sm.stats(stage), a.lse_log2 + row, BQ * 4, full);
+    bulk_load_1d(sm.stats(stage) + BQ * 4, a.delta + row, BQ * 4, full);
+    advance(stage, phase);
+  }
+}
+
+// ------------------------------------------------------------------------------------------- consumers
+
+// A 64 x N accumulator (sm90_wgmma.cuh's layout) seen as bwd_probs.cuh's m16n8 fragments [1][N / 8][4]:
+// element 4j + 2rh + e of the first is element [0][j][2rh + e] of the second, in the same order.
+template <int M>
+__device__ __forceinline__ float (&as_frags(float (&x)[M]))[1][M / 4][4] {
+  return *reinterpret_cast<float(*)[1][M / 4][4]>(&x);
+}
+
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void red_add_v2(float* gmem, float x, float y) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(gmem), "f"(x), "f"(y) : "memory");
+}
+
+// dS^T (this thread's A fragments of the k16 steps over q) into buffer `ds`: row = kv row of the tile, 128
+// bytes of BQ = 64 q columns, 16-byte chunk c of row r at chunk c ^ (r % 8) (the 128-byte swizzle the MN-major
+// descriptor of dQ = dS K reads). Fragment k of a step: rows r0 / r0 + 8, columns 16 kk + 2 tig (+ 8).
+__device__ __forceinline__ void store_ds(uint32_t ds, const uint32_t (&f)[KSTEPS_Q][4], int r0, int tig) {
+#pragma unroll
+  for (int kk = 0; kk < KSTEPS_Q; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int row = r0 + (r & 1) * 8;
+      const int chunk = 2 * kk + (r >> 1);  // 16-byte chunk: 8 q columns
+      st_shared_b32(ds + row * 128 + ((chunk ^ (row & 7)) << 4) + tig * 4, f[kk][r]);
+    }
+  }
+}
+
+// dQ_acc rows q0 + (this thread's rows) += the 64 x DQ_N fragment dq at columns col0.., rows past QLEN skipped.
+__device__ __forceinline__ void add_dq(float* dq_head, int q0, int QLEN, int col0, const float (&dq)[NDQ], int r0,
+                                       int tig) {
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    const int row = q0 + r0 + rh * 8;
+    if (row < QLEN) {
+      float* dst = dq_head + (long long)row * D + col0 + 2 * tig;
+#pragma unroll
+      for (int jj = 0; jj < DQ_N / 8; ++jj) red_add_v2(dst + jj * 8, dq[4 * jj + 2 * rh], dq[4 * jj + 2 * rh + 1]);
+    }
+  }
+}
+
+// A finished dK or dV fragment (times f) to global memory, rows past KVLEN skipped.
+__device__ __forceinline__ void store_kv_grad(void* out, const long long (&st)[3], int b, int kvh, int row0,
+                                              int KVLEN, const float (&x)[NKV], float f, int tig) {
+  Elem* base = static_cast<Elem*>(out) + (long long)b * st[0] + (long long)kvh * st[1];
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    const int row = row0 + rh * 8;
+    if (row < KVLEN) {
+      Elem* dst = base + (long long)row * st[2] + 2 * tig;
+#pragma unroll
+      for (int jj = 0; jj < D / 8; ++jj)
+        *reinterpret_cast<uint32_t*>(dst + jj * 8) = pack2<Elem>(x[4 * jj + 2 * rh] * f, x[4 * jj + 2 * rh + 1] * f);
+    }
+  }
+}
+
+// The consumer warpgroup wg's 64 kv rows through every visited q-block, then its rows of dK and dV.
+__device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& sm, int wg) {
+  const int cw = wg - 1;
+  const int tid = (int)threadIdx.x - 128 * wg;
+  const int lane = tid & 31;
+  const int wq = tid >> 5;
+  const int g = lane >> 2;
+  const int tig = lane & 3;
+  const int r0 = wq * 16 + g;          // this thread's accumulator rows r0, r0 + 8 (of 64)
+  const BwdCta c = bwd_cta(a);
+  const CapturedArgs& C = a.captured;
+  TileArgs t = c.t;
+  const int kv0 = c.j * BK + cw * 64 + r0;  // the kv position of this thread's first row
+  const float scale = a.scale;
+
+  // Descriptors (sm90_wgmma.cuh): K / V rows of this consumer as A (K-major); Q / dO as B of S^T and dP^T
+  // (K-major) and as B of dK / dV (MN-major, LBO = distance of 64-column blocks); dS^T and K for dQ (MN-major).
+  const uint64_t desc_k = make_smem_desc_sw128(sm.k() + cw * 64 * 128, 16, 1024);
+  const uint64_t desc_v = make_smem_desc_sw128(sm.v() + cw * 64 * 128, 16, 1024);
+  const uint32_t dq_ds_off = DQ_SPLIT_D ? 0u : (uint32_t)(cw * 64 * 128);
+  const uint64_t desc_kt = DQ_SPLIT_D ? make_smem_desc_sw128(sm.k() + cw * (DQ_N / 64) * KV_BLOCK_BYTES, KV_BLOCK_BYTES, 1024)
+                                      : make_smem_desc_sw128(sm.k() + cw * 64 * 128, KV_BLOCK_BYTES, 1024);
+  const int dq_col0 = DQ_SPLIT_D ? cw * DQ_N : 0;
+
+  float dk[NKV], dv[NKV];
+#pragma unroll
+  for (int n = 0; n < NKV; ++n) dk[n] = dv[n] = 0.f;
+  HeadCtx hc = head_ctx(C, c.b, t.h);
+  ColCtx cc[1][2];
+  int ctx_h = -1;
+
+  mbar_wait(sm.bar_kv(), 0);
+  int stage = 0;
+  uint32_t phase = 0;
+  int n = 0;  // q-blocks done: the dS^T buffer
+  for (QStep s = first_q_tile(a, c); s.h < c.h_end; s = following_q_tile(a, c, s), ++n) {
+    if (s.h != ctx_h) {  // a new query head: its HeadCtx and this thread's kv rows' ColCtx
+      ctx_h = s.h;
+      hc = head_ctx(C, c.b, s.h);
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) cc[0][rh] = col_ctx(C, hc, min(kv0 + rh * 8, t.KVLEN - 1));
+    }
+    t.h = s.h;
+    const int q0 = s.i * BQ;
+    const float* lse2 = sm.stats_ptr(stage);
+    const float* delta = lse2 + BQ;
+
+    float st[NS], dp[NS];
+    mbar_wait(sm.full(stage), phase);
+    wgmma_fence();
+    wgmma_ss_kmajor<Elem, BQ, KSTEPS_D, KV_BLOCK_BYTES, Q_BLOCK_BYTES>(st, desc_k,
+                                                                     make_smem_desc_sw128(sm.q(stage), 16, 1024));
+    wgmma_commit();
+    wgmma_ss_kmajor<Elem, BQ, KSTEPS_D, KV_BLOCK_BYTES, Q_BLOCK_BYTES>(dp, desc_v,
+                                                                     make_smem_desc_sw128(sm.dout(stage), 16, 1024));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(st);
+    fence_regs(dp);
+
+    // P^T into st, dS^T into dp: mask_mod only where the tile is not known FULL, bounds on tiles past either end
+    const bool masked = q_tile_masked<BQ, BK>(C, t, s, c.j);
+    const bool bounds = q0 + BQ > t.QLEN || (c.j + 1) * BK > t.KVLEN;
+    if (masked) {
+      if (bounds) probs_t<true, true, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta);
+      else probs_t<true, false, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta);
+    } else {
+      if (bounds) probs_t<false, true, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta);
+      else probs_t<false, false, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta);
+    }
+    uint32_t pa[KSTEPS_Q][4], da[KSTEPS_Q][4];
+    pack_a_frags<Elem, BQ>(st, pa);
+    pack_a_frags<Elem, BQ>(dp, da);
+    const uint32_t ds = sm.ds(n & 1);
+    store_ds(ds, da, cw * 64 + r0, tig);
+
+    // dV += P^T dO, dK += dS^T Q
+    wgmma_fence();
+    wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dv, pa, make_smem_desc_sw128(sm.dout(stage), Q_BLOCK_BYTES, 1024));
+    wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dk, da, make_smem_desc_sw128(sm.q(stage), Q_BLOCK_BYTES, 1024));
+    wgmma_commit();
+
+    // dQ = dS K once the dS^T rows it reads are written (generic stores, read by wgmma: the async proxy)
+    fence_proxy_async_smem();
+    if (DQ_SPLIT_D) named_bar_sync(BAR_DS, 128 * NUM_CONSUMERS);
+    else named_bar_sync(BAR_DS + cw, 128);
+    float dq[NDQ];
+    wgmma_fence();
+    wgmma_ss_mnmajor<Elem, DQ_N, DQ_KSTEPS>(dq, make_smem_desc_sw128(ds + dq_ds_off, 1024, 1024), desc_kt);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(dv);
+    fence_regs(dk);
+    fence_regs(dq);
+    fence_regs(pa);
+    fence_regs(da);
+    if (lane == 0) mbar_arrive(sm.empty(stage));  // Q, dO and the statistics of this slot are read
+    add_dq(a.dq_accum + ((long long)c.b * a.Hq + s.h) * t.QLEN * D, q0, t.QLEN, dq_col0, dq, r0, tig);
+    advance(stage, phase);
+  }
+
+  store_kv_grad(a.dk, a.dk_stride, c.b, c.kvh, c.j * BK + cw * 64 + r0, t.KVLEN, dk, scale, tig);
+  store_kv_grad(a.dv, a.dv_stride, c.b, c.kvh, c.j * BK + cw * 64 + r0, t.KVLEN, dv, 1.f, tig);
+}
+
+__global__ void __launch_bounds__(NTHREADS, 1)
+    attngen_bwd_kernel(const __grid_constant__ AttngenBwdArgs a, const __grid_constant__ CUtensorMap tm_q,
+                       const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_k,
+                       const __grid_constant__ CUtensorMap tm_v) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // The runtime only promises 16-byte alignment of dynamic shared memory: align by hand.
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const BwdSmem sm{base, smem_raw + (base - raw)};
+  if (threadIdx.x == 0) {
+    mbar_init(sm.bar_kv(), 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(sm.full(s), 1);                       // the producer's arrive.expect_tx (+ the copies' bytes)
+      mbar_init(sm.empty(s), 4 * NUM_CONSUMERS);      // one arrival per consumer warp
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+  if (wg == 0) {
+    setmaxnreg_dec<PRODUCER_REGS>();
+    if (threadIdx.x == 0) produce(a, tm_q, tm_do, tm_k, tm_v, sm);
+    return;
+  }
+  setmaxnreg_inc<CONSUMER_REGS>();
+  consume(a, sm, wg);
+}
+
+// ------------------------------------------------------------------------------------------- host side
+
+AttngenKernelInfo bwd_kernel_info() {
+  return {ATTNGEN_BWD_ABI_VERSION, (int)sizeof(AttngenBwdArgs), D, kDtypeCode, BQ, BK, NTHREADS, SMEM_BYTES, kArch};
+}
+
+int launch_bwd(const AttngenBwdArgs& a, cudaStream_t stream) {
+  if (tma_encode_fn() == nullptr) return ATTNGEN_ERROR_SM90_NO_TMA_ENCODER;
+  // Q / dO boxes of BQ rows, K / V boxes of BK rows; each map re-encoded only when its tensor changed.
+  static thread_local TmaMapMemo memo_q, memo_do, memo_k, memo_v;
+  CUtensorMap tm_q, tm_do, tm_k, tm_v;
+  const bool bf16 = kDtypeCode == 1;
+  if (tma_encode_bhld_memo(memo_q, &tm_q, a.q, bf16, D, a.B, a.Hq, a.Lq, a.q_stride, BQ) != CUDA_SUCCESS ||
+      tma_encode_bhld_memo(memo_do, &tm_do, a.dout, bf16, D, a.B, a.Hq, a.Lq, a.do_stride, BQ) != CUDA_SUCCESS ||
+      tma_encode_bhld_memo(memo_k, &tm_k, a.k, bf16, D, a.B, a.Hkv, a.Lk, a.k_stride, BK) != CUDA_SUCCESS ||
+      tma_encode_bhld_memo(memo_v, &tm_v, a.v, bf16, D, a.B, a.Hkv, a.Lk, a.v_stride, BK) != CUDA_SUCCESS)
+    return ATTNGEN_ERROR_SM90_TMA_LAYOUT;
+  int dev = 0, sms = 0;
+  const cudaError_t err = prepare_device(attngen_bwd_kernel, SMEM_BYTES, dev, sms);
+  if (err != cudaSuccess) return (int)err;
+  launch_bwd_pre(a, BQ, stream);
+  const int nkb = (a.Lk + BK - 1) / BK;
+  if (nkb > 0) {
+    const dim3 grid((unsigned)nkb, (unsigned)a.Hkv, (unsigned)a.B);
+    attngen_bwd_kernel<<<grid, NTHREADS, SMEM_BYTES, stream>>>(a, tm_q, tm_do, tm_k, tm_v);
+  }
+  launch_bwd_post(a, sms, stream);
+  return (int)cudaGetLastError();
+}
+
+}  // namespace

@@ -1,0 +1,97 @@
+// sm90_bwd_layout.cuh: the static facts of the sm90 backward kernel (bwd_sm90.cuh) that follow from its
+// configuration: warpgroup roles and register budgets, accumulator sizes, how dQ is split between the
+// consumers, the shared-memory layout with its mbarriers, and the checks that the configuration fits.
+// Configuration (Elem, D, BQ, BK, STAGES) from the including attngen_bwd.cu.
+#pragma once
+
+#include "attngen_common.cuh"
+
+namespace {
+
+using namespace attngen;
+
+constexpr int NUM_CONSUMERS = BK / 64;  // each consumer warpgroup owns 64 kv rows (wgmma M = 64)
+constexpr int NTHREADS = 128 * (1 + NUM_CONSUMERS);
+// setmaxnreg budgets, as in the forward (sm90_layout.cuh): 128 * 24 + 256 * 240 = 64512 <= 65536.
+constexpr int PRODUCER_REGS = 24;
+constexpr int CONSUMER_REGS = 240;
+
+constexpr int DB = D / 64;                     // 128-byte (64-column) blocks of a row
+constexpr int Q_BLOCK_BYTES = BQ * 128;        // one 64-column block of a Q (or dO) tile
+constexpr int Q_BYTES = DB * Q_BLOCK_BYTES;
+constexpr int KV_BLOCK_BYTES = BK * 128;
+constexpr int KV_BYTES = DB * KV_BLOCK_BYTES;  // the K (or V) tile
+constexpr int DS_BYTES = BK * BQ * 2;          // dS^T: BK kv rows of BQ = 64 q columns (one 128-byte row each)
+constexpr int STATS_BYTES = 2 * BQ * 4;        // lse_log2 then delta of one q-block
+constexpr int NS = BQ / 2;                     // S^T (and dP^T) accumulator floats per thread: 64 x BQ
+constexpr int NKV = D / 2;                     // dK (and dV) accumulator floats per thread: 64 x D
+constexpr int KSTEPS_D = D / 16;               // k16 steps of K Q^T and V dO^T
+constexpr int KSTEPS_Q = BQ / 16;              // k16 steps of P^T dO and dS^T Q
+
+// dQ = dS K (64 q rows, M = 64). From D = 128 on, each consumer takes D / NUM_CONSUMERS whole 64-column blocks
+// of dQ over all BK kv rows (one atomic add per element); at D = 64 a 32-column half would start inside a
+// 128-byte swizzle row, so each consumer takes all D columns over its own 64 kv rows, and both add into dQ_acc.
+constexpr bool DQ_SPLIT_D = (D / NUM_CONSUMERS) % 64 == 0;
+constexpr int DQ_N = DQ_SPLIT_D ? D / NUM_CONSUMERS : D;
+constexpr int DQ_KSTEPS = DQ_SPLIT_D ? BK / 16 : 64 / 16;
+constexpr int NDQ = DQ_N / 2;
+
+// Shared memory (offsets from a 1024-byte aligned base; tiles are multiples of 1024 bytes, so every 8-row
+// swizzle atom is 1024-aligned as the descriptors' base offset 0 requires):
+//   K | V | Q [STAGES] | dO [STAGES] | dS^T [2] | row statistics [STAGES] | mbarriers
+// dS^T is double-buffered so that one consumer may write the next q-block's while the other still reads
+// this one's in dQ = dS K.
+constexpr int SMEM_LIMIT = 232448;  // 227 KB opt-in maximum per block on sm90
+constexpr int OFF_V = KV_BYTES;
+constexpr int OFF_Q = 2 * KV_BYTES;
+constexpr int OFF_DO = OFF_Q + STAGES * Q_BYTES;
+constexpr int OFF_DS = OFF_DO + STAGES * Q_BYTES;
+constexpr int OFF_STATS = OFF_DS + 2 * DS_BYTES;
+constexpr int OFF_BAR = OFF_STATS + STAGES * STATS_BYTES;
+constexpr int NUM_MBARS = 1 + 2 * STAGES;  // K and V loaded; per stage: Q, dO, statistics loaded / released
+constexpr int SMEM_BYTES = 1024 /* alignment slack */ + OFF_BAR + NUM_MBARS * 8;
+
+constexpr uint32_t BAR_DS = 1;  // named barrier (0 is __syncthreads): dS^T written (+ consumer index at D = 64)
+
+static_assert(sizeof(Elem) == 2, "16-bit inputs only");
+static_assert(attngen_head_dim_supported(D), "head dim: one of ATTNGEN_HEAD_DIMS");
+static_assert(D % 64 == 0 && D <= 128, "head dim: 64 or 128 (256 takes the sm80 backward: dK + dV do not fit)");
+static_assert(BQ == 64, "dS^T rows are one 128-byte swizzle row, and dQ's wgmma M is 64");
+static_assert(NUM_CONSUMERS == 2 && BK == 64 * NUM_CONSUMERS, "two consumer warpgroups of 64 kv rows");
+static_assert(STAGES >= 2, "Q / dO of the next q-block load under this one");
+static_assert(DQ_SPLIT_D || D == 64, "dQ split by columns, or by kv rows at D = 64");
+static_assert(STATS_BYTES % 16 == 0 && (BQ * 4) % 16 == 0, "bulk copies move multiples of 16 bytes");
+static_assert(OFF_STATS % 16 == 0 && OFF_BAR % 8 == 0, "alignment of the statistics and the mbarriers");
+static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0 && DS_BYTES % 1024 == 0, "1024-aligned swizzle atoms");
+static_assert(SMEM_BYTES <= SMEM_LIMIT, "tiles do not fit in shared memory: lower STAGES");
+static_assert(2 * KV_BYTES < (1 << 20) && 2 * Q_BYTES + STATS_BYTES < (1 << 20), "mbarrier tx counts are 20-bit");
+static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NUM_CONSUMERS <= 65536, "register budget");
+
+// Shared-memory addresses (32-bit, for TMA / wgmma / mbarriers) and the generic pointer of the same base.
+struct BwdSmem {
+  uint32_t base;        // 1024-byte aligned
+  unsigned char* ptr;   // the same bytes, generic
+  __device__ uint32_t k() const { return base; }
+  __device__ uint32_t v() const { return base + OFF_V; }
+  __device__ uint32_t q(int st) const { return base + OFF_Q + st * Q_BYTES; }
+  __device__ uint32_t dout(int st) const { return base + OFF_DO + st * Q_BYTES; }
+  __device__ uint32_t ds(int buf) const { return base + OFF_DS + buf * DS_BYTES; }
+  __device__ uint32_t stats(int st) const { return base + OFF_STATS + st * STATS_BYTES; }
+  __device__ const float* stats_ptr(int st) const {
+    return reinterpret_cast<const float*>(ptr + OFF_STATS + st * STATS_BYTES);
+  }
+  __device__ uint32_t bar(int n) const { return base + OFF_BAR + 8u * (uint32_t)n; }
+  __device__ uint32_t bar_kv() const { return bar(0); }
+  __device__ uint32_t full(int st) const { return bar(1 + st); }
+  __device__ uint32_t empty(int st) const { return bar(1 + STAGES + st); }
+};
+
+// The next slot of the Q / dO ring (stage) and the parity of its use (phase; sm90_mbarrier.cuh).
+__device__ __forceinline__ void advance(int& stage, uint32_t& phase) {
+  if (++stage == STAGES) {
+    stage = 0;
+    phase ^= 1u;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,153 @@
+#!/usr/bin/env python
+"""Forward + backward benchmark (issue 11): attngen vs torch.compile(flex_attention) vs SDPA (cuDNN), one process.
+
+The anchor variants of bench_forward.py at B=2, H=16, S=8192, D=128, bf16 (--variants to choose). One step is
+``out = attn(q, k, v)`` then ``torch.autograd.grad(out, (q, k, v), dout)`` (no .grad accumulation). Before
+timing, attngen's dq, dk, dv are compared with flex's (max abs difference printed). Every implementation of a
+variant is built first, then timed in 3 interleaved rounds (triton's do_bench median each, after 1 s of
+matmuls); the figure is the median of the rounds.
+TFLOP/s = 4 * B * H * S^2 * D * density * 3.5 / time (the forward's work plus 2.5 times it for the backward),
+density as in bench_forward.py: masked-out pairs are not counted, for every implementation alike.
+``--bwd-kernel sm80_bwd`` times attngen with the portable backward instead of the sm90 one (the "before").
+
+    python benchmarks/bench_training.py --out DIR [--variants causal full ...] [--bwd-kernel sm80_bwd]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_forward as bf  # noqa: E402  (the variants, flex / SDPA wrappers and timing helpers)
+
+VARIANTS = ["causal", "full", "sliding_window", "softcap_causal", "alibi_causal", "document", "prefix_lm"]
+FLOP_FACTOR = 3.5  # forward + backward work over the forward's
+
+
+def step_fn(fn, q, k, v, dout):
+    import torch
+
+    def step():
+        out = bf._out(fn(q, k, v))
+        return torch.autograd.grad(out, (q, k, v), dout)
+
+    return step
+
+
+def run(args):
+    import torch
+
+    device = torch.device("cuda")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    if args.bwd_kernel:
+        import attngen.jit.spec as spec
+
+        spec.choose_bwd_kernel = lambda arch, head_dim: args.bwd_kernel  # what autograd.backward_kernel asks
+    B, H, S, D = args.batch, args.heads, args.seq, args.head_dim
+    gen = torch.Generator(device="cpu").manual_seed(args.seed)
+    q, k, v, dout = (torch.randn(B, H, S, D, generator=gen).to(device=device, dtype=dtype) for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    bf.heat_gpu(device)
+    flex = bf.Flex()
+    rows = []
+    for key in args.variants:
+        print(f"[{key}]", flush=True)
+        row = {"key": key, "B": B, "H": H, "S": S, "D": D, "dtype": args.dtype}
+        score_mod, mask_mod = bf.make_variant(key, S, H, device, seed=args.seed)
+        row["variant"] = bf.LABELS.get(key) or bf.variant_name(score_mod, mask_mod)
+        row["density"] = bf.density_of(score_mod, mask_mod, B, H, S, device)
+        fns, ref = {}, None
+        try:
+            f = step_fn(flex.make(score_mod, mask_mod, S, device), q, k, v, dout)
+            ref = [g.float() for g in f()]
+            fns["flex"] = f
+        except Exception as e:  # noqa: BLE001
+            row["flex_error"] = bf.err_line("flex", e)
+        try:
+            t0 = time.perf_counter()
+            a = step_fn(bf.make_attngen(score_mod, mask_mod), q, k, v, dout)
+            grads = a()
+            torch.cuda.synchronize()
+            row["attngen_first_step_s"] = time.perf_counter() - t0
+            if ref is not None:
+                errs = [(g.float() - r).abs().max().item() for g, r in zip(grads, ref)]
+                row["max_abs_diff_vs_flex"] = dict(zip(("dq", "dk", "dv"), errs))
+                print("  attngen vs flex: " + ", ".join(f"{n} {e:.3e}" for n, e in zip(("dq", "dk", "dv"), errs)),
+                      flush=True)
+            del grads
+            fns["attngen"] = a
+        except Exception as e:  # noqa: BLE001
+            row["attngen_error"] = bf.err_line("attngen", e)
+        if key in ("full", "causal"):
+            sd, backend = bf.sdpa_for(q, k, v, key == "causal")
+            if sd is not None:
+                fns["sdpa"] = step_fn(sd, q, k, v, dout)
+                row["sdpa_backend"] = backend
+        bf.heat_gpu(device, 1.0)
+        times = {n: [] for n in fns}
+        for _ in range(bf.ROUNDS):
+            for n in ("attngen", "flex", "sdpa"):
+                if n in fns:
+                    times[n].append(bf.bench_ms(fns[n]))
+        for n, ts in times.items():
+            row[f"{n}_ms"] = sorted(ts)[len(ts) // 2]
+            row[f"{n}_ms_rounds"] = ts
+            row[f"{n}_tflops"] = bf.tflops(B, H, S, D, row["density"], row[f"{n}_ms"]) * FLOP_FACTOR
+        for other in ("flex", "sdpa"):
+            if row.get("attngen_ms") and row.get(f"{other}_ms"):
+                row[f"attngen_over_{other}"] = row[f"{other}_ms"] / row["attngen_ms"]
+        print("  " + ", ".join(f"{n}={bf.fmt(row.get(n + '_tflops'))} TFLOP/s" for n in ("attngen", "flex", "sdpa")),
+              flush=True)
+        rows.append(row)
+        bf._free()
+    return rows
+
+
+def table(rows, bwd_kernel) -> str:
+    head = ("| variant | attngen ms | attngen TFLOP/s | flex TFLOP/s | cuDNN TFLOP/s | ÷ flex | ÷ cuDNN | density |"
+            " max abs diff vs flex (dq, dk, dv) |\n|---|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for r in rows:
+        d = r.get("max_abs_diff_vs_flex") or {}
+        lines.append(f"| {r['variant']} | {bf.fmt(r.get('attngen_ms'), 3)} | {bf.fmt(r.get('attngen_tflops'))} | "
+                     f"{bf.fmt(r.get('flex_tflops'))} | {bf.fmt(r.get('sdpa_tflops'))} | "
+                     f"{bf.fmt(r.get('attngen_over_flex'), 2)}x | {bf.fmt(r.get('attngen_over_sdpa'), 2)}x | "
+                     f"{r['density']:.3f} | {', '.join(f'{x:.2e}' for x in d.values()) or 'n/a'} |")
+    return (f"attngen backward: {bwd_kernel or 'default (sm90_bwd on sm_90a at D 64 / 128)'}\n\n" + head
+            + "\n".join(lines) + "\n")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variants", nargs="+", default=VARIANTS, choices=bf.ANCHORS, metavar="NAME")
+    p.add_argument("--seq", type=int, default=8192)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bwd-kernel", choices=["sm80_bwd", "sm90_bwd"], default=None)
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "latest"))
+    args = p.parse_args(argv)
+    import torch
+
+    rows = run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    md = table(rows, args.bwd_kernel)
+    meta = {"date": stamp, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args)}
+    (out / f"training-{stamp}.md").write_text(f"{meta}\n\n{md}")
+    (out / f"training-{stamp}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
