@@ -1,6 +1,7 @@
 """One anchor-shaped launch for Nsight Compute: B=2, H=16, S=8192, D=128, bf16 (or --S/--D), after a
-warm-up launch, so `ncu --launch-skip 1 --launch-count 1 -k regex:attngen_fwd` profiles a warm kernel.
-`--build` only fills the kernel cache (run it outside ncu). Usage: profile_case.py VARIANT [--build]"""
+warm-up launch, so `ncu --launch-skip 1 --launch-count 1 -k regex:attngen_fwd` profiles a warm kernel;
+`--backward` also runs the backward (its kernels: `-k regex:attngen_bwd_kernel`).
+`--build` only fills the kernel cache (run it outside ncu). Usage: profile_case.py VARIANT [--build] [--backward]"""
 import argparse
 import sys
 from pathlib import Path
@@ -18,13 +19,23 @@ p.add_argument("--build", action="store_true")
 p.add_argument("--backend", default="auto")
 p.add_argument("--S", type=int, default=8192)
 p.add_argument("--D", type=int, default=128)
+p.add_argument("--backward", action="store_true")
 args = p.parse_args()
 B, H = 2, 16
 score_mod, mask_mod = make_variant(args.variant, args.S, H, "cuda")
 attn = attngen.compile(score_mod=score_mod, mask_mod=mask_mod, backend=args.backend)
-q, k, v = (torch.randn(B, H, args.S, args.D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-attn(q, k, v)  # builds (or loads) the kernel; with --build that is all
+q, k, v = (torch.randn(B, H, args.S, args.D, device="cuda", dtype=torch.bfloat16, requires_grad=args.backward)
+           for _ in range(3))
+
+
+def call():
+    out = attn(q, k, v)
+    if args.backward:
+        torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+
+
+call()  # builds (or loads) the kernels; with --build that is all
 if not args.build:
-    attn(q, k, v)
+    call()
 torch.cuda.synchronize()
 print("profiled", attn.name)

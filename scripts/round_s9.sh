@@ -27,4 +27,15 @@ case "$1" in
   B)
     run_tests bwd 250 tests/gpu/test_bwd_gpu.py
     timeout 200 python benchmarks/bench_training.py --variants causal softcap_causal --out "$R" 2>&1 | tail -n 12 ;;
+  C)
+    # where the sm90 backward's time goes (causal, one warm launch), and the portable backward's figure beside it
+    python scripts/profile_case.py causal --backward --build
+    timeout 200 ncu --clock-control none -k regex:attngen_bwd_kernel --launch-skip 1 --launch-count 1 --set full \
+      --import-source no -f -o "$R/ncu-bwd" python scripts/profile_case.py causal --backward > "$R/ncu-bwd.log" 2>&1
+    ncu --import "$R/ncu-bwd.ncu-rep" --page details > "$R/ncu-bwd-details.txt" 2>&1
+    ncu --import "$R/ncu-bwd.ncu-rep" --page source --csv --print-source sass | gzip > "$R/ncu-bwd-sass.csv.gz"
+    rm -f "$R/ncu-bwd.ncu-rep"
+    grep -E "Duration|Throughput|Issue Slots Busy|No Eligible|Registers Per|Pipe|L2 Hit|Achieved Occ" "$R/ncu-bwd-details.txt" | head -24
+    python scripts/ncu_hot_lines.py "$R/ncu-bwd-sass.csv.gz" --top 25
+    timeout 100 python benchmarks/bench_training.py --variants causal --bwd-kernel sm80_bwd --out "$R" 2>&1 | tail -n 4 ;;
 esac
