@@ -38,8 +38,4 @@ case "$1" in
     grep -E "Duration|Throughput|Issue Slots Busy|No Eligible|Registers Per|Pipe|L2 Hit|Achieved Occ" "$R/ncu-bwd-details.txt" | head -24
     python scripts/ncu_hot_lines.py "$R/ncu-bwd-sass.csv.gz" --top 25
     timeout 100 python benchmarks/bench_training.py --variants causal --bwd-kernel sm80_bwd --out "$R" 2>&1 | tail -n 4 ;;
-  D)
-    # the sm90 backward with dQ through shared memory and bulk reductions: correctness, then every anchor
-    run_tests bwd 150 tests/gpu/test_bwd_gpu.py
-    timeout 390 python benchmarks/bench_training.py --out "$R" 2>&1 | grep -E "^\||^\[|vs flex|!!" ;;
 esac

@@ -105,14 +105,11 @@ class Sm90BwdTiles:
     stages: int = 2
 
     def smem_bytes(self, head_dim: int) -> int:
-        """K, V; the Q / dO ring; two dS^T buffers; the consumers' dQ staging tiles; the row statistics per
-        stage; mbarriers; alignment slack (sm90_bwd_layout.cuh)."""
+        """K, V; the Q / dO ring; two dS^T buffers; the row statistics per stage; mbarriers; alignment slack."""
         kv = self.block_k * head_dim * 2
         q = self.block_q * head_dim * 2
-        consumers = self.block_k // 64
-        dq_n = head_dim // consumers if (head_dim // consumers) % 64 == 0 else head_dim
         return 1024 + 2 * kv + 2 * self.stages * q + 2 * self.block_k * self.block_q * 2 \
-            + consumers * 64 * (dq_n * 4 + 16) + self.stages * 2 * self.block_q * 4 + 8 * (1 + 2 * self.stages)
+            + self.stages * 2 * self.block_q * 4 + 8 * (1 + 2 * self.stages)
 
 
 # Head dim 256 has no sm90 backward (dK + dV of 64 rows x 256 columns take the consumers' registers): the sm80

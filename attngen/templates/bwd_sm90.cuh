@@ -9,8 +9,8 @@
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory), then in registers P^T and
 //   dS^T = P^T (dP^T - delta) [* d score_mod / d score] (bwd_probs.cuh, one pass);
 //   dV += P^T dO and dK += dS^T Q (A from registers, B = dO / Q read MN-major);
-//   dS^T to shared memory, then dQ = dS K (both operands MN-major from shared memory), staged in shared memory
-//   and added to the fp32 dQ_acc by bulk reductions; sm90_bwd_layout.cuh says how dQ is split.
+//   dS^T to shared memory, then dQ = dS K (both operands MN-major from shared memory), added to the fp32
+//   dQ_acc with vector reductions (red.global.add.v2.f32); sm90_bwd_layout.cuh says how dQ is split.
 // dK is scaled once at the end, dQ in the postprocess. Configuration (Elem, D, BQ, BK, STAGES, kDtypeCode,
 // kArch) and variant.inc come from the including attngen_bwd.cu (templates/attngen_bwd.cu.j2).
 #pragma once
@@ -106,6 +106,10 @@ __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
+__device__ __forceinline__ void red_add_v2(float* gmem, float x, float y) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(gmem), "f"(x), "f"(y) : "memory");
+}
+
 // dS^T (this thread's A fragments of the k16 steps over q) into buffer `ds`: row = kv row of the tile, 128
 // bytes of BQ = 64 q columns, 16-byte chunk c of row r at chunk c ^ (r % 8) (the 128-byte swizzle the MN-major
 // descriptor of dQ = dS K reads). Fragment k of a step: rows r0 / r0 + 8, columns 16 kk + 2 tig (+ 8).
@@ -121,27 +125,18 @@ __device__ __forceinline__ void store_ds(uint32_t ds, const uint32_t (&f)[KSTEPS
   }
 }
 
-// This consumer's 64 x DQ_N dQ fragment into its staging tile (rows of DQ_PITCH bytes), float2 per column pair.
-__device__ __forceinline__ void stage_dq(uint32_t buf, const float (&dq)[NDQ], int r0, int tig) {
+// dQ_acc rows q0 + (this thread's rows) += the 64 x DQ_N fragment dq at columns col0.., rows past QLEN skipped.
+__device__ __forceinline__ void add_dq(float* dq_head, int q0, int QLEN, int col0, const float (&dq)[NDQ], int r0,
+                                       int tig) {
 #pragma unroll
   for (int rh = 0; rh < 2; ++rh) {
-    const uint32_t row = buf + (uint32_t)((r0 + rh * 8) * DQ_PITCH + 8 * tig);
+    const int row = q0 + r0 + rh * 8;
+    if (row < QLEN) {
+      float* dst = dq_head + (long long)row * D + col0 + 2 * tig;
 #pragma unroll
-    for (int jj = 0; jj < DQ_N / 8; ++jj)
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(row + jj * 32), "f"(dq[4 * jj + 2 * rh]),
-                   "f"(dq[4 * jj + 2 * rh + 1])
-                   : "memory");
+      for (int jj = 0; jj < DQ_N / 8; ++jj) red_add_v2(dst + jj * 8, dq[4 * jj + 2 * rh], dq[4 * jj + 2 * rh + 1]);
+    }
   }
-}
-
-// dQ_acc rows q0 + [0, 64) (dq_head: the head's first row; columns col0..) += the staging tile, rows past QLEN
-// skipped: one bulk reduction per row, lane l of the issuing warp taking rows l and l + 32, in its own bulk group.
-__device__ __forceinline__ void reduce_dq(float* dq_head, int q0, int QLEN, int col0, uint32_t buf, int lane) {
-#pragma unroll
-  for (int r = lane; r < 64; r += 32) {
-    if (q0 + r < QLEN) bulk_reduce_add_f32(dq_head + (long long)(q0 + r) * D + col0, buf + r * DQ_PITCH, DQ_N * 4);
-  }
-  bulk_commit();
 }
 
 // A finished dK or dV fragment (times f) to global memory, rows past KVLEN skipped.
@@ -242,9 +237,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
     wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dk, da, make_smem_desc_sw128(sm.q(stage), Q_BLOCK_BYTES, 1024));
     wgmma_commit();
 
-    // dQ = dS K once the dS^T rows it reads are written (generic stores, read by wgmma: the async proxy); the
-    // barrier also tells the consumer that its dQ staging tile has been read by the previous q-block's reductions
-    if (wq == 0) bulk_wait_read<0>();
+    // dQ = dS K once the dS^T rows it reads are written (generic stores, read by wgmma: the async proxy)
     fence_proxy_async_smem();
     if (DQ_SPLIT_D) named_bar_sync(BAR_DS, 128 * NUM_CONSUMERS);
     else named_bar_sync(BAR_DS + cw, 128);
@@ -259,13 +252,9 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
     fence_regs(pa);
     fence_regs(da);
     if (lane == 0) mbar_arrive(sm.empty(stage));  // Q, dO and the statistics of this slot are read
-    stage_dq(sm.dq(cw), dq, r0, tig);
-    fence_proxy_async_smem();  // generic stores, read by the bulk reductions (the async proxy)
-    named_bar_sync(BAR_DQ + cw, 128);
-    if (wq == 0) reduce_dq(a.dq_accum + ((long long)c.b * a.Hq + s.h) * t.QLEN * D, q0, t.QLEN, dq_col0, sm.dq(cw), lane);
+    add_dq(a.dq_accum + ((long long)c.b * a.Hq + s.h) * t.QLEN * D, q0, t.QLEN, dq_col0, dq, r0, tig);
     advance(stage, phase);
   }
-  if (wq == 0) bulk_wait_all();
 
   store_kv_grad(a.dk, a.dk_stride, c.b, c.kvh, c.j * BK + cw * 64 + r0, t.KVLEN, dk, scale, tig);
   store_kv_grad(a.dv, a.dv_stride, c.b, c.kvh, c.j * BK + cw * 64 + r0, t.KVLEN, dv, 1.f, tig);

@@ -35,15 +35,10 @@ constexpr bool DQ_SPLIT_D = (D / NUM_CONSUMERS) % 64 == 0;
 constexpr int DQ_N = DQ_SPLIT_D ? D / NUM_CONSUMERS : D;
 constexpr int DQ_KSTEPS = DQ_SPLIT_D ? BK / 16 : 64 / 16;
 constexpr int NDQ = DQ_N / 2;
-// dQ goes to dQ_acc through shared memory and bulk reductions (cp.reduce.async.bulk, one per row, issued by one
-// warp), not one atomic per element from every thread: rows of DQ_N floats, padded by 16 bytes against bank
-// conflicts (the bulk copies need 16-byte aligned rows).
-constexpr int DQ_PITCH = DQ_N * 4 + 16;
-constexpr int DQ_BYTES = 64 * DQ_PITCH;  // one consumer's 64 x DQ_N staging tile
 
 // Shared memory (offsets from a 1024-byte aligned base; tiles are multiples of 1024 bytes, so every 8-row
 // swizzle atom is 1024-aligned as the descriptors' base offset 0 requires):
-//   K | V | Q [STAGES] | dO [STAGES] | dS^T [2] | dQ [NUM_CONSUMERS] | row statistics [STAGES] | mbarriers
+//   K | V | Q [STAGES] | dO [STAGES] | dS^T [2] | row statistics [STAGES] | mbarriers
 // dS^T is double-buffered so that one consumer may write the next q-block's while the other still reads
 // this one's in dQ = dS K.
 constexpr int SMEM_LIMIT = 232448;  // 227 KB opt-in maximum per block on sm90
@@ -51,15 +46,12 @@ constexpr int OFF_V = KV_BYTES;
 constexpr int OFF_Q = 2 * KV_BYTES;
 constexpr int OFF_DO = OFF_Q + STAGES * Q_BYTES;
 constexpr int OFF_DS = OFF_DO + STAGES * Q_BYTES;
-constexpr int OFF_DQ = OFF_DS + 2 * DS_BYTES;
-constexpr int OFF_STATS = OFF_DQ + NUM_CONSUMERS * DQ_BYTES;
+constexpr int OFF_STATS = OFF_DS + 2 * DS_BYTES;
 constexpr int OFF_BAR = OFF_STATS + STAGES * STATS_BYTES;
 constexpr int NUM_MBARS = 1 + 2 * STAGES;  // K and V loaded; per stage: Q, dO, statistics loaded / released
 constexpr int SMEM_BYTES = 1024 /* alignment slack */ + OFF_BAR + NUM_MBARS * 8;
 
-// Named barriers (0 is __syncthreads): dS^T written (+ consumer index at D = 64); a consumer's dQ tile written.
-constexpr uint32_t BAR_DS = 1;
-constexpr uint32_t BAR_DQ = 1 + NUM_CONSUMERS;  // + consumer index
+constexpr uint32_t BAR_DS = 1;  // named barrier (0 is __syncthreads): dS^T written (+ consumer index at D = 64)
 
 static_assert(sizeof(Elem) == 2, "16-bit inputs only");
 static_assert(attngen_head_dim_supported(D), "head dim: one of ATTNGEN_HEAD_DIMS");
@@ -69,7 +61,6 @@ static_assert(NUM_CONSUMERS == 2 && BK == 64 * NUM_CONSUMERS, "two consumer warp
 static_assert(STAGES >= 2, "Q / dO of the next q-block load under this one");
 static_assert(DQ_SPLIT_D || D == 64, "dQ split by columns, or by kv rows at D = 64");
 static_assert(STATS_BYTES % 16 == 0 && (BQ * 4) % 16 == 0, "bulk copies move multiples of 16 bytes");
-static_assert(DQ_PITCH % 16 == 0 && OFF_DQ % 16 == 0, "bulk reductions read 16-byte aligned rows");
 static_assert(OFF_STATS % 16 == 0 && OFF_BAR % 8 == 0, "alignment of the statistics and the mbarriers");
 static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0 && DS_BYTES % 1024 == 0, "1024-aligned swizzle atoms");
 static_assert(SMEM_BYTES <= SMEM_LIMIT, "tiles do not fit in shared memory: lower STAGES");
@@ -85,7 +76,6 @@ struct BwdSmem {
   __device__ uint32_t q(int st) const { return base + OFF_Q + st * Q_BYTES; }
   __device__ uint32_t dout(int st) const { return base + OFF_DO + st * Q_BYTES; }
   __device__ uint32_t ds(int buf) const { return base + OFF_DS + buf * DS_BYTES; }
-  __device__ uint32_t dq(int cw) const { return base + OFF_DQ + cw * DQ_BYTES; }
   __device__ uint32_t stats(int st) const { return base + OFF_STATS + st * STATS_BYTES; }
   __device__ const float* stats_ptr(int st) const {
     return reinterpret_cast<const float*>(ptr + OFF_STATS + st * STATS_BYTES);

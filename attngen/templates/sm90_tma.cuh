@@ -72,24 +72,6 @@ __device__ __forceinline__ void bulk_load_1d(uint32_t smem_dst, const void* gmem
                : "memory");
 }
 
-// dst[0 .. bytes / 4) += src[0 .. bytes / 4) (float32, in global memory), read from shared memory by the TMA unit
-// (bytes a multiple of 16; both addresses 16-byte aligned), in this thread's bulk async-group: commit it with
-// bulk_commit, and before the source is written again wait for it with bulk_wait_read.
-__device__ __forceinline__ void bulk_reduce_add_f32(float* gmem_dst, uint32_t smem_src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
-                   reinterpret_cast<uint64_t>(gmem_dst)),
-               "r"(smem_src), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// This thread's bulk async-groups have read their sources (all but the last N).
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-// This thread's bulk async-groups are complete (their writes performed).
-__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-
 // Pull a tensor map (kernel parameter) into the TMA unit's descriptor cache ahead of the first copy.
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* tmap) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
