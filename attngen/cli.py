@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--head-dims", default="64,128,256")
     b.add_argument("--archs", default="sm_90a,sm_80")
     b.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel builds (default: CPU count)")
-    b.add_argument("--no-backward", action="store_true", help="forward libraries only (default: also sm80_bwd)")
+    b.add_argument("--no-backward", action="store_true", help="forward libraries only (default: also the backward each arch runs)")
     b.add_argument("--no-strip", action="store_true", help="keep the host symbol tables of the libraries")
     b.add_argument("--strict", action="store_true", help="exit 1 when a library fails to build")
     b.add_argument("--wheel", action="store_true", help="then package the root as the attngen-kernels wheel")

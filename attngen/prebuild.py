@@ -71,7 +71,7 @@ class Task:
     dtype: str    # 'bf16' / 'fp16'
     head_dim: int
     arch: str
-    kernel: str   # 'auto' (the forward for the arch) or 'sm80_bwd'
+    kernel: str   # 'auto' (the forward for the arch), 'sm80_bwd' or 'sm90_bwd'
 
     def label(self) -> str:
         return f"{self.variant} {self.dtype} hd{self.head_dim} {self.arch} {'bwd' if self.kernel != 'auto' else 'fwd'}"
@@ -98,6 +98,7 @@ def variant_of(name_or_spec: str, device: str = "cpu", length: int = 8):
 
 def plan(variants: Iterable[str], dtypes: Iterable[str], head_dims: Iterable[int], archs: Iterable[str],
          backward: bool = True) -> List[Task]:
+    from .jit.spec import choose_bwd_kernel
     from .specs import resolve_arch
 
     out = []
@@ -109,7 +110,9 @@ def plan(variants: Iterable[str], dtypes: Iterable[str], head_dims: Iterable[int
                 if dt not in DTYPES:
                     raise InputError(f"--dtypes: {dt!r} is not one of {', '.join(DTYPES)}")
                 for hd in head_dims:
-                    out += [Task(v, dt, int(hd), a, k) for k in (("auto", "sm80_bwd") if backward else ("auto",))]
+                    # the backward a call on this arch runs: sm90_bwd on sm_90a at head dims 64 / 128
+                    kinds = ("auto", choose_bwd_kernel(a, int(hd))) if backward else ("auto",)
+                    out += [Task(v, dt, int(hd), a, k) for k in kinds]
     return out
 
 

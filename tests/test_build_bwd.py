@@ -1,5 +1,6 @@
-"""The backward library (kernel family 'sm80_bwd', templates/bwd_sm80.cuh), CPU only: tile policy, rendering,
-real nvcc builds for sm_80 and sm_90a without spills, and the transposed block predicates variant.inc prints
+"""The backward libraries (kernel families 'sm80_bwd', templates/bwd_sm80.cuh, and 'sm90_bwd', bwd_sm90.cuh), CPU
+only: tile policy, which family a signature gets, rendering, real nvcc builds for sm_80 and sm_90a without spills
+(the sm90 one on wgmma), and the transposed block predicates variant.inc prints
 (q_block_lo/q_block_hi/q_full_lo/q_full_hi) computed by g++ against BlockPredicates and a brute-force map."""
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from attngen import abi
 from attngen.codegen import render_variant_inc
 from attngen.jit import render, tiles
 from attngen.jit.ninja import BWD_LIBRARY_NAME, run_ninja, write_build_ninja
-from attngen.jit.spec import BWD_KERNEL, ptxas_report
+from attngen.jit.spec import BWD_KERNEL, SM90_BWD_KERNEL, choose_bwd_kernel, ptxas_report
 from attngen.symbols import BK, BQ, B, H, J, KVLEN, QLEN, QOFF
 
 from attngen.ir import param_values
@@ -63,6 +64,50 @@ def test_bwd_spec_key_differs_from_forward():
     bwd = attn.spec(torch.bfloat16, 128, "sm_90a", kernel=BWD_KERNEL)
     assert bwd.kernel == BWD_KERNEL and bwd.uri.endswith("sm80_bwd")
     assert fwd.fields()["kernel"] != bwd.fields()["kernel"] and fwd.fields()["tiles"] != bwd.fields()["tiles"]
+
+
+def test_sm90_backward_family_and_tiles():
+    assert choose_bwd_kernel("sm_90a", 64) == choose_bwd_kernel("sm_90a", 128) == SM90_BWD_KERNEL
+    assert choose_bwd_kernel("sm_90a", 256) == choose_bwd_kernel("sm_80", 128) == BWD_KERNEL
+    for hd, cfg in tiles.SM90_BWD_TILES.items():
+        assert cfg.smem_bytes(hd) <= tiles.SM90_SMEM_LIMIT
+    with pytest.raises(attngen.InputError, match="sm_90a"):
+        attngen.compile(causal=True).spec(torch.bfloat16, 128, "sm_80", kernel=SM90_BWD_KERNEL)
+    with pytest.raises(attngen.BuildError, match="head dim"):
+        render.render_sources("", torch.bfloat16, 256, "sm_90a", kernel=SM90_BWD_KERNEL)
+    src = render.render_sources("", torch.float16, 64, "sm_90a", kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
+    assert '#include "bwd_sm90.cuh"' in src and "constexpr int STAGES = 2;" in src and "{{" not in src
+
+
+def test_prebuild_plans_the_backward_each_arch_runs():
+    from attngen.prebuild import plan
+
+    kinds = {(t.arch, t.head_dim, t.kernel) for t in plan(["causal"], ["bf16"], [64, 128, 256], ["sm_90a", "sm_80"])}
+    assert kinds == {(a, hd, k) for a in ("sm_90a", "sm_80") for hd in (64, 128, 256)
+                     for k in ("auto", choose_bwd_kernel(a, hd))}
+
+
+@pytest.mark.requires_nvcc
+def test_sm90_backward_builds_on_wgmma_without_spills(tmp_path):
+    """bwd_sm90.cuh for a mask, a score_mod and a captured tensor at both head dims: no spills, wgmma in the SASS
+    when cuobjdump is at hand."""
+    V = {"causal": attngen.compile(causal=True), "softcap_causal": attngen.compile(softcap=20.0, causal=True),
+         "document": _variants()["document"]}
+    sources = dict(render.headers())
+    for n, a in V.items():
+        inc = a.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL).variant_inc()
+        for hd, dt in ((64, torch.float16), (128, torch.bfloat16)):
+            src = render.render_sources(inc, dt, hd, "sm_90a", kernel=SM90_BWD_KERNEL)
+            sources[f"{n}_{hd}/{render.BWD_KERNEL_SOURCE}"] = src[render.BWD_KERNEL_SOURCE]
+            sources[f"{n}_{hd}/{render.VARIANT_INCLUDE}"] = inc
+    libs = write_build_ninja(tmp_path, sources, "sm_90a", ["-Xptxas", "-v"], library=BWD_LIBRARY_NAME)
+    out = run_ninja(tmp_path)
+    assert ptxas_report(out)["spill_bytes"] == 0, out[-4000:]
+    assert "serializ" not in out.lower(), "ptxas serialised the wgmmas"
+    assert len(libs) == 2 * len(V)
+    if shutil.which("cuobjdump"):
+        sass = subprocess.run(["cuobjdump", "--dump-sass", libs[0]], capture_output=True, text=True).stdout
+        assert "HGMMA" in sass and "tnspA.tnspB" in sass, "dQ = dS K (both operands MN-major) is not on wgmma"
 
 
 @pytest.mark.requires_nvcc
