@@ -2,7 +2,8 @@
 # Session 9's device calls, one step per call (each part cut by `timeout` so that the call returns its logs):
 # A = the GPU suites that did not run or failed in session 8's round 4, then runtime parameters against baked
 # values over 9 rounds, then local + global beside flex (the ascending q-block order); B = the backward
-# kernels (sm80_bwd and the new sm90_bwd) against float64, then forward + backward beside flex and cuDNN.
+# kernels (sm80_bwd and the new sm90_bwd) against float64, then forward + backward beside flex and cuDNN; C = a
+# profile of the sm90 backward; D = a variant of it (reverted); E = the final tree's wheel, suites and figures.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache ATTNGEN_TEST_BUILD_JOBS=14
@@ -38,4 +39,15 @@ case "$1" in
     grep -E "Duration|Throughput|Issue Slots Busy|No Eligible|Registers Per|Pipe|L2 Hit|Achieved Occ" "$R/ncu-bwd-details.txt" | head -24
     python scripts/ncu_hot_lines.py "$R/ncu-bwd-sass.csv.gz" --top 25
     timeout 100 python benchmarks/bench_training.py --variants causal --bwd-kernel sm80_bwd --out "$R" 2>&1 | tail -n 4 ;;
+  D)
+    # (ran on b43b7e3, dQ through shared memory and bulk reductions, reverted since) correctness, then every anchor
+    run_tests bwd 150 tests/gpu/test_bwd_gpu.py
+    timeout 390 python benchmarks/bench_training.py --out "$R" 2>&1 | grep -E "^\||^\[|vs flex|!!" ;;
+  E)
+    # the final tree: the sm_90a wheel built on the CPU machine (dist/, carried) with nvcc hidden; the autograd,
+    # parameter and integration suites on the sm90 backward; forward + backward on every anchor
+    timeout 110 python scripts/prebuilt_check.py dist/attngen_kernels-*.whl > "$R/prebuilt_check.log" 2>&1
+    echo "prebuilt_check rc=$?"; tail -n 20 "$R/prebuilt_check.log"
+    run_tests final 150 tests/gpu/test_autograd_gpu.py tests/gpu/test_params_gpu.py tests/gpu/test_integrations_gpu.py
+    timeout 230 python benchmarks/bench_training.py --out "$R" 2>&1 | grep -E "^\||!!" ;;
 esac
