@@ -128,24 +128,58 @@ class CheckIndex(sympy.Function):
 
 def lower_int_division(expr: sympy.Basic) -> sympy.Basic:
     """Rewrite ``floor(n/d)`` / ``ceiling(n/d)`` of integer n, d into ``FloorDiv`` (sympy assumptions
-    decide integrality). Exact, and keeps the division atomic for CSE."""
+    decide integrality). Exact, and keeps the division atomic for CSE.
+
+    Bottom up, once per distinct subexpression, and the parents of a rewritten node are rebuilt unevaluated:
+    ``expr.replace`` re-evaluated every Max / Min above each rewrite, whose argument comparisons (assumption
+    queries over the whole subtree) made this take a minute for a NATTEN-2D tile classifier."""
+
+    ints = {}
+
+    def integer(e) -> bool:
+        """Whether e is an integer by its structure (integer leaves under +, *, Max, Min, Piecewise, FloorDiv,
+        floor, ceiling, Mod): sympy's own query expands Abs / Max / Min of the whole subtree."""
+        hit = ints.get(e)
+        if hit is None:
+            if e.is_Atom or isinstance(e, (sympy.floor, sympy.ceiling, FloorDiv)):
+                hit = e.is_integer is True
+            elif isinstance(e, (sympy.Add, sympy.Mul, sympy.Max, sympy.Min, sympy.Mod)):
+                hit = all(integer(a) for a in e.args)
+            elif isinstance(e, sympy.Piecewise):
+                hit = all(integer(x) for x, _ in e.args)
+            else:
+                hit = e.is_integer is True
+            ints[e] = hit
+        return hit
 
     def ratio(x):
         n, d = x.as_numer_denom()
-        if d == 1 or not (n.is_integer and d.is_integer):
+        if d == 1 or not (integer(n) and integer(d)):
             return None
         return n, d
 
-    def fl(e):
-        r = ratio(e.args[0])
-        return FloorDiv(*r) if r else e
+    done = {}
 
-    def ce(e):
-        r = ratio(e.args[0])
-        return -FloorDiv(-r[0], r[1]) if r else e
+    def lower(e):
+        hit = done.get(e)
+        if hit is not None:
+            return hit
+        args = tuple(lower(a) for a in e.args)
+        if isinstance(e, sympy.floor):
+            r = ratio(args[0])
+            out = FloorDiv(*r) if r else (e if args == e.args else e.func(*args))
+        elif isinstance(e, sympy.ceiling):
+            r = ratio(args[0])
+            out = -FloorDiv(-r[0], r[1]) if r else (e if args == e.args else e.func(*args))
+        elif args != e.args:
+            with sympy.evaluate(False):
+                out = e.func(*args)
+        else:
+            out = e
+        done[e] = out
+        return out
 
-    expr = expr.replace(lambda e: isinstance(e, sympy.floor), fl)
-    return expr.replace(lambda e: isinstance(e, sympy.ceiling), ce)
+    return lower(sympy.sympify(expr))
 
 
 # ---------------------------------------------------------------------------------------------------------
