@@ -45,9 +45,10 @@ case "$1" in
     timeout 390 python benchmarks/bench_training.py --out "$R" 2>&1 | grep -E "^\||^\[|vs flex|!!" ;;
   E)
     # the final tree: the sm_90a wheel built on the CPU machine (dist/, carried) with nvcc hidden; the autograd,
-    # parameter and integration suites on the sm90 backward; forward + backward on every anchor
+    # parameter and integration suites on the sm90 backward; forward + backward on every anchor; the mask zoo
     timeout 110 python scripts/prebuilt_check.py dist/attngen_kernels-*.whl > "$R/prebuilt_check.log" 2>&1
     echo "prebuilt_check rc=$?"; tail -n 20 "$R/prebuilt_check.log"
     run_tests final 150 tests/gpu/test_autograd_gpu.py tests/gpu/test_params_gpu.py tests/gpu/test_integrations_gpu.py
-    timeout 230 python benchmarks/bench_training.py --out "$R" 2>&1 | grep -E "^\||!!" ;;
+    timeout 215 python benchmarks/bench_training.py --out "$R" 2>&1 | grep -E "^\||!!"
+    run_tests zoo 100 tests/gpu/test_mask_zoo_gpu.py ;;
 esac
