@@ -87,6 +87,19 @@ class CompiledAttention:
         self._captured_tensors = tuple(c.tensor for c in self.facts.captured)
         # the name the autograd custom ops know this object by (they take no Python objects)
         self.op_id = _autograd.register(self)
+        if self.facts.summaries and any(t.is_cuda for t in self._captured_tensors):
+            self._warm_summaries()
+
+    def _warm_summaries(self):
+        """Run each block summary once, on one position: torch loads a CUDA kernel's module on its first use in
+        a process, and the summaries' kernels (min / max, cummax, searchsorted, ...) would otherwise load on the
+        first call (docs/performance.md, first call of a prebuilt variant)."""
+        tensors = {c.name: c.tensor for c in self.facts.captured}
+        for s in self.facts.summaries:
+            try:
+                s.compute(tensors, 1, 1, 1, 1, 0)
+            except (InputError, RuntimeError, IndexError):
+                pass  # a tensor this summary cannot read at one position: the call reports it
 
     @property
     def traced(self):

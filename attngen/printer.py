@@ -126,13 +126,23 @@ class CheckIndex(sympy.Function):
         return None
 
 
+def _unevaluated(func, args):
+    """func(*args) without sympy's evaluation where the class takes ``evaluate=False``, else evaluated."""
+    try:
+        return func(*args, evaluate=False)
+    except TypeError:
+        return func(*args)
+
+
 def lower_int_division(expr: sympy.Basic) -> sympy.Basic:
     """Rewrite ``floor(n/d)`` / ``ceiling(n/d)`` of integer n, d into ``FloorDiv`` (sympy assumptions
     decide integrality). Exact, and keeps the division atomic for CSE.
 
     Bottom up, once per distinct subexpression, and the parents of a rewritten node are rebuilt unevaluated:
     ``expr.replace`` re-evaluated every Max / Min above each rewrite, whose argument comparisons (assumption
-    queries over the whole subtree) made this take a minute for a NATTEN-2D tile classifier."""
+    queries over the whole subtree) made this take a minute for a NATTEN-2D tile classifier. ``evaluate=False``
+    goes to each constructor, not through sympy's ``evaluate(False)`` switch: that one clears sympy's cache, which
+    other threads share, and lets them fetch unevaluated nodes from it (their CSE then recursed too deep)."""
 
     ints = {}
 
@@ -172,8 +182,7 @@ def lower_int_division(expr: sympy.Basic) -> sympy.Basic:
             r = ratio(args[0])
             out = -FloorDiv(-r[0], r[1]) if r else (e if args == e.args else e.func(*args))
         elif args != e.args:
-            with sympy.evaluate(False):
-                out = e.func(*args)
+            out = _unevaluated(e.func, args)
         else:
             out = e
         done[e] = out

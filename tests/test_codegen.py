@@ -13,6 +13,7 @@ import random
 import re
 import shutil
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -30,6 +31,9 @@ from codegen_cases import (COMMON_STUB, REPO, VARIANT_MATH, causal_preds, full_p
 from codegen_cases import check_rendering_across_hash_seeds, param_setup, run_host_program
 from codegen_cases import gradient_tensors, traced_gradient_variants
 from codegen_cases import MATH as _MATH
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import mask_zoo  # noqa: E402
 from codegen_cases import UNDEF as _UNDEF
 from codegen_cases import py_eval as _py
 from codegen_cases import write_includes as _write_includes
@@ -59,6 +63,10 @@ def derived_variants():
                                          | ((k - q) // 8 == 1) | (k % 3 == q // 16 % 3), "congr"),
         "d_div_square": Variant(score_mod=attngen.ScoreMod(lambda s, b, h, q, k: s / (1 + 1e-3 * (q - k) ** 2), "div")),
         "d_head_scale": Variant(score_mod=attngen.ScoreMod(lambda s, b, h, q, k: s * _HEAD_SCALE[h], "hs")),
+        # integer division under clamps (printer.lower_int_division rebuilds their parents unevaluated)
+        "d_natten_2d": attngen.MaskMod(mask_zoo._natten_2d(256, W=16, K=2), "natten_2d"),
+        "d_tiled_natten_2d": attngen.MaskMod(mask_zoo._tiled_natten_2d(256, W=32, T=4, K=1), "tiled_natten_2d"),
+        "d_chunked_causal": attngen.MaskMod(mask_zoo._chunked_causal(256, C=48), "chunked_causal"),
     }
     return {k: analyze(m) for k, m in mods.items()}
 

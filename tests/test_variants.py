@@ -391,3 +391,14 @@ def test_proxy_refuses_python_logic():
     with pytest.raises(AssertionError, match="does not support"):
         torch.cumsum(Sym("x"), 0)
     assert operator.and_(Sym("a"), Sym("b")).text == "(a & b)"
+
+
+def test_compile_runs_no_block_summary_for_cpu_tensors(monkeypatch):
+    """The compile-time warm-up of block summaries is for CUDA tensors only (tests/gpu/test_gpu_api.py)."""
+    import attngen
+    import attngen.summaries as summaries
+
+    calls = []
+    monkeypatch.setattr(summaries, "_blocks_of", lambda *a: calls.append(a))
+    attn = attngen.compile(mask_mod=V.document(torch.zeros(300, dtype=torch.int32)))
+    assert attn.facts.summaries and not calls

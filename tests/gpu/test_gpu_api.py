@@ -282,3 +282,16 @@ def test_persistent_grid_counters():
         torch.cuda.synchronize()
         assert torch.equal(captured, refs[0])
         assert torch.equal(eager, refs[1])
+
+
+def test_compile_runs_the_block_summaries_once(monkeypatch):
+    """A variant with block summaries on a CUDA tensor runs each summary once at compile (one position), so that
+    torch's lazily loaded kernels load there, not on the first call (the prebuilt wheel's first-call budget)."""
+    import attngen.summaries as summaries
+
+    calls = []
+    blocks_of = summaries._blocks_of
+    monkeypatch.setattr(summaries, "_blocks_of", lambda *a: calls.append(a[1:]) or blocks_of(*a))
+    ids = torch.zeros(300, dtype=torch.int32, device="cuda")
+    attn = attngen.compile(mask_mod=attngen.document(ids))
+    assert attn.facts.summaries and calls and all(c[1] == 1 for c in calls)
