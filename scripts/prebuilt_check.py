@@ -5,6 +5,7 @@ every output is checked against attngen's float32 reference on the same GPU.
 
     python scripts/prebuilt_check.py dist/attngen_kernels-*.whl      # installs it into a temporary directory
     python scripts/prebuilt_check.py attngen-prebuilt                # a prebuilt root (ATTNGEN_CACHE_READONLY)
+    python scripts/prebuilt_check.py WHEEL --only document document_i32   # some variants only
 
 Exit 1 when a variant builds, fails, is wrong or is over budget. Also reports whether the analysis records
 matched (no sympy import): they hold for the Python / torch / sympy versions prebuilt.json names.
@@ -52,7 +53,8 @@ def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3])
         return 0
-    if len(sys.argv) != 2:
+    only = sys.argv[3:] if len(sys.argv) > 3 and sys.argv[2] == "--only" else None
+    if len(sys.argv) != 2 and only is None:
         raise SystemExit(__doc__)
     import torch
 
@@ -77,7 +79,7 @@ def main() -> int:
     targets = {}
     for e in doc["entries"]:
         t = e.get("task")
-        if t and t["arch"] == arch and t["kernel"] == "auto":
+        if t and t["arch"] == arch and t["kernel"] == "auto" and (only is None or t["variant"] in only):
             targets.setdefault(t["variant"], []).append((t["dtype"], t["head_dim"]))
     print(f"{len(doc['entries'])} libraries built with nvcc {doc['pins']['nvcc']} for attngen {doc['attngen']} "
           f"(records for Python {doc['python']}, torch {doc['torch']}); {arch}: {len(targets)} variants; nvcc hidden")

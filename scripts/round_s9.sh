@@ -3,7 +3,8 @@
 # A = the GPU suites that did not run or failed in session 8's round 4, then runtime parameters against baked
 # values over 9 rounds, then local + global beside flex (the ascending q-block order); B = the backward
 # kernels (sm80_bwd and the new sm90_bwd) against float64, then forward + backward beside flex and cuDNN; C = a
-# profile of the sm90 backward; D = a variant of it (reverted); E = the final tree's wheel, suites and figures.
+# profile of the sm90 backward; D = a variant of it (reverted); E = the final tree's wheel, suites and figures;
+# F = the document variants' first call from the rebuilt wheel.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache ATTNGEN_TEST_BUILD_JOBS=14
@@ -51,4 +52,10 @@ case "$1" in
     run_tests final 150 tests/gpu/test_autograd_gpu.py tests/gpu/test_params_gpu.py tests/gpu/test_integrations_gpu.py
     timeout 215 python benchmarks/bench_training.py --out "$R" 2>&1 | grep -E "^\||!!"
     run_tests zoo 100 tests/gpu/test_mask_zoo_gpu.py ;;
+  F)
+    # the document variants' first call from the wheel (dist/, carried), after compile started running the block
+    # summaries once (torch's lazily loaded kernels)
+    timeout 60 python scripts/prebuilt_check.py dist/attngen_kernels-*.whl --only document document_i32 \
+      > "$R/prebuilt_check_document.log" 2>&1
+    echo "prebuilt_check rc=$?"; cat "$R/prebuilt_check_document.log" ;;
 esac
