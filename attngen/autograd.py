@@ -137,15 +137,13 @@ def backward_kernel(attn, dout: torch.Tensor, dlse: Optional[torch.Tensor], q: t
         return None
     from .abi import SM90_FALLBACK_CODES, SUPPORTED_HEAD_DIMS
     from .errors import BuildError, KernelLaunchError
-    from .jit.spec import BWD_KERNEL, choose_bwd_kernel
-    from .jit.toolchain import current_arch
     from .launch import backward
 
     D, dev = q.shape[-1], q.get_device()
     if D not in SUPPORTED_HEAD_DIMS:
         return None
     # the sm90 backward where there is one, else (or when this call's layout has no TMA map) the portable kernel
-    for kernel in dict.fromkeys((choose_bwd_kernel(current_arch(dev), D), BWD_KERNEL)):
+    for kernel in attn.backward_kernels(D, dev):
         key = (attn.op_id, q.dtype, D, dev, kernel)
         if key in _NO_KERNEL:
             continue

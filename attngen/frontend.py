@@ -18,7 +18,7 @@ from . import autograd as _autograd
 from .abi import SM90_FALLBACK_CODES
 from .analysis_cache import variant_facts
 from .errors import InputError, KernelLaunchError
-from .jit.spec import KernelSpec, choose_bwd_kernel
+from .jit.spec import BWD_KERNEL, KernelSpec, choose_bwd_kernel
 from .jit.toolchain import current_arch
 from .ir import check_extents
 from .launch import forward, load_bwd_library, load_library, param_fields
@@ -98,8 +98,8 @@ class CompiledAttention:
         for s in self.facts.summaries:
             try:
                 s.compute(tensors, 1, 1, 1, 1, 0)
-            except (InputError, RuntimeError, IndexError):
-                pass  # a tensor this summary cannot read at one position: the call reports it
+            except Exception:  # noqa: BLE001  (only a warm-up: whatever fails here, the call reports it)
+                pass
 
     @property
     def traced(self):
@@ -153,11 +153,18 @@ class CompiledAttention:
             self._ready[(dtype, head_dim, device_index)] = lib
         return lib
 
+    def backward_kernels(self, head_dim: int, device_index: int) -> tuple:
+        """The backward families a call on this device tries, in order: 'sm90_bwd' on sm_90a at head dims 64 / 128
+        (unless backend='sm80'), then the portable 'sm80_bwd' (any sm80+ GPU; it also takes a call whose layout
+        TMA cannot describe)."""
+        first = BWD_KERNEL if self.backend == "sm80" else choose_bwd_kernel(current_arch(device_index), head_dim)
+        return tuple(dict.fromkeys((first, BWD_KERNEL)))
+
     def backward_library(self, dtype: torch.dtype, head_dim: int, device_index: int, kernel: Optional[str] = None):
         """The loaded backward library (launch.backward) for one signature on one device, built (or found in the
-        cache) on first use: kernel family 'sm90_bwd' on sm_90a at head dims 64 / 128, else the portable
-        'sm80_bwd' (or the family asked for). Its block_q / block_k size the block summaries of a backward call."""
-        kernel = kernel or choose_bwd_kernel(current_arch(device_index), head_dim)
+        cache) on first use: the first of ``backward_kernels`` unless ``kernel`` names a family. Its block_q /
+        block_k size the block summaries of a backward call."""
+        kernel = kernel or self.backward_kernels(head_dim, device_index)[0]
         return self._load(dtype, head_dim, device_index, kernel, load_bwd_library)
 
     def _load(self, dtype: torch.dtype, head_dim: int, device_index: int, kernel: Optional[str], loader):

@@ -47,9 +47,10 @@ def run(args):
     device = torch.device("cuda")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     if args.bwd_kernel:
-        import attngen.jit.spec as spec
+        from attngen.frontend import CompiledAttention
 
-        spec.choose_bwd_kernel = lambda arch, head_dim: args.bwd_kernel  # what autograd.backward_kernel asks
+        # the families autograd.backward_kernel tries, for every variant of this run
+        CompiledAttention.backward_kernels = lambda self, head_dim, device_index: (args.bwd_kernel,)
     B, H, S, D = args.batch, args.heads, args.seq, args.head_dim
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
     q, k, v, dout = (torch.randn(B, H, S, D, generator=gen).to(device=device, dtype=dtype) for _ in range(4))

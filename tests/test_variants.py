@@ -399,6 +399,7 @@ def test_compile_runs_no_block_summary_for_cpu_tensors(monkeypatch):
     import attngen.summaries as summaries
 
     calls = []
-    monkeypatch.setattr(summaries, "_blocks_of", lambda *a: calls.append(a))
+    blocks_of = summaries._blocks_of
+    monkeypatch.setattr(summaries, "_blocks_of", lambda *a: calls.append(a) or blocks_of(*a))
     attn = attngen.compile(mask_mod=V.document(torch.zeros(300, dtype=torch.int32)))
     assert attn.facts.summaries and not calls

@@ -15,7 +15,7 @@ from ..errors import BuildError
 from .toolchain import arch_flags, find_nvcc
 
 LIBRARY_NAME = "libattngen_fwd.so"
-BWD_LIBRARY_NAME = "libattngen_bwd.so"  # the backward library (kernel family sm80_bwd)
+BWD_LIBRARY_NAME = "libattngen_bwd.so"  # a backward library (kernel families sm80_bwd, sm90_bwd)
 BASE_FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden", "-lineinfo")
 # Static cudart (nvcc's default, named for clarity); libcuda is found by cudart at run time.
 # --exclude-libs keeps cudart's symbols out of the library's dynamic symbol table.

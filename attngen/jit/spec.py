@@ -27,7 +27,7 @@ from ..errors import BuildError, InputError
 from ..ir import BlockPredicates, TracedVariant
 from .ninja import BWD_LIBRARY_NAME, LIBRARY_NAME, ptxas_spill_bytes, run_ninja, write_build_ninja
 from .render import dtype_info, generator_hash, render_sources, template_hash
-from .tiles import SM90_BWD_TILES, bwd_tile_config, sm90_ladder, tile_config
+from .tiles import SM90_BWD_TILES, bwd_tile_config, sm90_bwd_ladder, sm90_ladder, tile_config
 from .toolchain import NVCC_HELP, find_nvcc, nvcc_version
 
 KERNEL_CHOICES = ("auto", "sm80", "sm90")
@@ -87,6 +87,9 @@ class KernelSpec:
             raise InputError(f"head dim {head_dim} is not supported: expected one of {list(SUPPORTED_HEAD_DIMS)}")
         if str(dtype).replace("torch.", "") not in ("bfloat16", "float16"):
             raise InputError(f"the kernels take torch.bfloat16 or torch.float16, got {dtype}")
+        if kernel == SM90_BWD_KERNEL and head_dim not in SM90_BWD_TILES:
+            raise InputError(f"the sm90 backward takes head dims {sorted(SM90_BWD_TILES)}, got {head_dim}; use "
+                             f"kernel='{BWD_KERNEL}'")
         return cls(facts, name, dtype_info(dtype)[2], head_dim, arch, choose_kernel(arch, kernel), fast_math,
                    debug_build_requested(), analysis)
 
@@ -105,7 +108,7 @@ class KernelSpec:
         if self.kernel == BWD_KERNEL:
             return bwd_tile_config(self.head_dim, self.arch)
         if self.kernel == SM90_BWD_KERNEL:
-            return SM90_BWD_TILES[self.head_dim]
+            return sm90_bwd_ladder(self.head_dim)
         return tile_config(self.head_dim, self.arch)
 
     def fields(self, nvcc: Optional[Sequence[int]] = None) -> dict:
@@ -150,11 +153,11 @@ class KernelSpec:
             sys.stderr.write("".join(f"[{n}] " for n in notes))
             sys.stderr.flush()
         info = {}
-        if self.kernel == "sm90":
+        if self.kernel in ("sm90", SM90_BWD_KERNEL):
             tiles, spill = build_first_without_spills(build_dir, inc, self.dtype, self.head_dim, self.arch,
-                                                      self.tile_choices())
+                                                      self.tile_choices(), kernel=self.kernel)
             info = {"tiles": repr(tiles), "spill_bytes": spill}
-        elif self.kernel in BWD_KERNELS:
+        elif self.kernel == BWD_KERNEL:
             write_build_ninja(build_dir, render_sources(inc, self.dtype, self.head_dim, self.arch, kernel=self.kernel),
                               self.arch, ["-Xptxas", "-v"], library=BWD_LIBRARY_NAME)
             info = ptxas_report(run_ninja(build_dir))
@@ -216,10 +219,11 @@ def debug_build_requested() -> bool:
     return os.environ.get("ATTNGEN_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def build_first_without_spills(build_dir: Path, variant_inc: str, dtype, head_dim: int, arch: str, ladder):
-    """Build the SM90 library in build_dir with the first rung of ``ladder`` that ptxas compiles without
-    spilling (mods that keep many values live push the default tiles over the register budget); when
-    every rung spills, the one that spills least. Returns (tiles, spill bytes).
+def build_first_without_spills(build_dir: Path, variant_inc: str, dtype, head_dim: int, arch: str, ladder,
+                               kernel: str = "sm90"):
+    """Build the SM90 library (``kernel`` 'sm90', or the backward 'sm90_bwd') in build_dir with the first rung of
+    ``ladder`` that ptxas compiles without spilling (mods that keep many values live push the default tiles over
+    the register budget); when every rung spills, the one that spills least. Returns (tiles, spill bytes).
 
     The first rung builds alone (most variants stop there); when it spills, the other rungs build at
     once, each in its own subdirectory, so a heavy mod costs about two builds of wall time, not one per
@@ -228,8 +232,9 @@ def build_first_without_spills(build_dir: Path, variant_inc: str, dtype, head_di
     build_dir = Path(build_dir)
 
     def build_in(d: Path, tiles) -> int:
-        sources = render_sources(variant_inc, dtype, head_dim, arch, tiles=tiles, kernel="sm90")
-        write_build_ninja(d, sources, arch, ["-Xptxas", "-v"])
+        sources = render_sources(variant_inc, dtype, head_dim, arch, tiles=tiles, kernel=kernel)
+        write_build_ninja(d, sources, arch, ["-Xptxas", "-v"],
+                          **({"library": BWD_LIBRARY_NAME} if kernel in BWD_KERNELS else {}))
         return ptxas_spill_bytes(run_ninja(d)) or 0
 
     spill = build_in(build_dir, ladder[0])

@@ -103,6 +103,8 @@ class Sm90BwdTiles:
     block_q: int = 64
     block_k: int = 128
     stages: int = 2
+    producer_regs: int = 24   # setmaxnreg budgets: 128 * producer + 256 * consumer <= 65536
+    consumer_regs: int = 240
 
     def smem_bytes(self, head_dim: int) -> int:
         """K, V; the Q / dO ring; two dS^T buffers; the row statistics per stage; mbarriers; alignment slack."""
@@ -115,6 +117,18 @@ class Sm90BwdTiles:
 # Head dim 256 has no sm90 backward (dK + dV of 64 rows x 256 columns take the consumers' registers): the sm80
 # backward serves it.
 SM90_BWD_TILES = {64: Sm90BwdTiles(stages=2), 128: Sm90BwdTiles(stages=2)}
+
+
+def sm90_bwd_ladder(head_dim: int) -> tuple:
+    """The settings an sm90 backward build tries, best first: the spec builds the first that ptxas compiles
+    without spills, else the one that spills least. Heavy masks spill in both roles (the producer's walk calls the
+    tile classifier, the consumers evaluate mask_mod); the second rung moves registers to the producer (NATTEN-2D
+    at head dim 128: 2156 -> 1164 spilled bytes; a union of five parts: 80 -> 1008, so it keeps the first)."""
+    if head_dim not in SM90_BWD_TILES:
+        raise BuildError(f"the sm90 backward has no tiles for head dim {head_dim}: expected one of "
+                         f"{sorted(SM90_BWD_TILES)}; use kernel='sm80_bwd'")
+    t = SM90_BWD_TILES[head_dim]
+    return (t, replace(t, producer_regs=56, consumer_regs=224))
 
 
 # ---------------------------------------------------------------------------------------------- sm90

@@ -1,7 +1,7 @@
 // sm90_bwd_layout.cuh: the static facts of the sm90 backward kernel (bwd_sm90.cuh) that follow from its
 // configuration: warpgroup roles and register budgets, accumulator sizes, how dQ is split between the
 // consumers, the shared-memory layout with its mbarriers, and the checks that the configuration fits.
-// Configuration (Elem, D, BQ, BK, STAGES) from the including attngen_bwd.cu.
+// Configuration (Elem, D, BQ, BK, STAGES, PRODUCER_REGS, CONSUMER_REGS) from the including attngen_bwd.cu.
 #pragma once
 
 #include "attngen_common.cuh"
@@ -12,9 +12,9 @@ using namespace attngen;
 
 constexpr int NUM_CONSUMERS = BK / 64;  // each consumer warpgroup owns 64 kv rows (wgmma M = 64)
 constexpr int NTHREADS = 128 * (1 + NUM_CONSUMERS);
-// setmaxnreg budgets, as in the forward (sm90_layout.cuh): 128 * 24 + 256 * 240 = 64512 <= 65536.
-constexpr int PRODUCER_REGS = 24;
-constexpr int CONSUMER_REGS = 240;
+// setmaxnreg budgets (PRODUCER_REGS, CONSUMER_REGS: the tile configuration's), as in the forward
+// (sm90_layout.cuh): 128 * 24 + 256 * 240 = 64512 <= 65536 by default; the build tries more for the producer
+// when that spills (jit/tiles.py sm90_bwd_ladder).
 
 constexpr int DB = D / 64;                     // 128-byte (64-column) blocks of a row
 constexpr int Q_BLOCK_BYTES = BQ * 128;        // one 64-column block of a Q (or dO) tile
@@ -66,6 +66,8 @@ static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0 && DS_BYTES % 1024 == 
 static_assert(SMEM_BYTES <= SMEM_LIMIT, "tiles do not fit in shared memory: lower STAGES");
 static_assert(2 * KV_BYTES < (1 << 20) && 2 * Q_BYTES + STATS_BYTES < (1 << 20), "mbarrier tx counts are 20-bit");
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NUM_CONSUMERS <= 65536, "register budget");
+static_assert(PRODUCER_REGS % 8 == 0 && CONSUMER_REGS % 8 == 0 && PRODUCER_REGS >= 24 && CONSUMER_REGS <= 256,
+              "setmaxnreg counts: multiples of 8 in [24, 256]");
 
 // Shared-memory addresses (32-bit, for TMA / wgmma / mbarriers) and the generic pointer of the same base.
 struct BwdSmem {
