@@ -95,9 +95,10 @@ for step in "${steps[@]}"; do
         echo "no matplotlib here: plot with benchmarks/plot_sweep.py on another machine"
       fi ;;
     sanitize)
-      python scripts/sanitize_case.py --build
+      # forward and backward kernels: memcheck and racecheck on a small case per head dim
+      python scripts/sanitize_case.py --build --backward
       for tool in memcheck racecheck; do
-        timeout 120 compute-sanitizer --tool $tool python scripts/sanitize_case.py 2>&1 | tee "$RES/$tool.log" | tail -n 6
+        timeout 150 compute-sanitizer --tool $tool python scripts/sanitize_case.py --backward 2>&1 | tee "$RES/$tool.log" | tail -n 6
       done ;;
     profile)
       # Nsight Compute on one warm launch per variant: stall reasons, pipe utilisation, hot SASS lines

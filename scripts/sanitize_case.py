@@ -1,6 +1,7 @@
 """Small cases for compute-sanitizer (memcheck / racecheck / synccheck): one per head dim through the
-public API, checked against the float64 reference. `--build` only fills the kernel cache (run it
-outside the sanitizer so nvcc is not traced). Usage: sanitize_case.py [--build] [--backend sm90]"""
+public API, checked against the float64 reference; with `--backward` also the gradients of q, k, v (the backward
+kernels: sm90 at head dims 64 / 128 on H100/H200, the portable one at 256). `--build` only fills the kernel cache
+(run it outside the sanitizer so nvcc is not traced). Usage: sanitize_case.py [--build] [--backend sm90] [--backward]"""
 import argparse
 import sys
 
@@ -11,6 +12,7 @@ import attngen
 p = argparse.ArgumentParser()
 p.add_argument("--build", action="store_true")
 p.add_argument("--backend", default="auto")
+p.add_argument("--backward", action="store_true")
 args = p.parse_args()
 
 docs = torch.randint(0, 3, (320,), generator=torch.Generator().manual_seed(0)).sort().values.cuda()
@@ -26,6 +28,9 @@ cases = [
 if args.build:
     for d, attn, *_ in cases:
         attn.spec(torch.bfloat16, d).build_cached()
+        if args.backward:
+            dev = torch.cuda.current_device()
+            attn.spec(torch.bfloat16, d, kernel=attn.backward_kernels(d, dev)[0]).build_cached()
     sys.exit(0)
 bad = 0
 for d, attn, lq, lk, off, *heads in cases:
@@ -33,11 +38,23 @@ for d, attn, lq, lk, off, *heads in cases:
     g = torch.Generator(device="cuda").manual_seed(d)
     q = torch.randn(1, H, lq, d, device="cuda", dtype=torch.bfloat16, generator=g)
     k, v = (torch.randn(1, H, lk, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    out, lse = attn(q, k, v, return_lse=True, q_offset=off)
+    if args.backward:
+        q, k, v = (x.requires_grad_() for x in (q, k, v))
+    # without return_lse: an LSE in the graph would send the backward to the float32 recompute, not the kernel
+    out = attn(q, k, v, q_offset=off)
     torch.cuda.synchronize()
-    ref = attngen.reference.attention(q.double(), k.double(), v.double(), attn.variant, q_offset=off)
+    ins = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    ref = attngen.reference.attention(*ins, attn.variant, q_offset=off)
     err = (out.double() - ref).abs().max().item()
     ok = err < 3e-2 and bool(torch.isfinite(out).all())
+    if args.backward:
+        dout = torch.randn(out.shape, device="cuda", dtype=torch.bfloat16, generator=g)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        torch.cuda.synchronize()
+        refs = torch.autograd.grad(ref, ins, dout.double())
+        gerr = max((x.double() - r).abs().max().item() / max(1.0, r.abs().max().item()) for x, r in zip(grads, refs))
+        ok = ok and gerr < 5e-2 and all(bool(torch.isfinite(x).all()) for x in grads)
+        err = max(err, gerr)
     bad += not ok
     print(f"hd{d} {attn.name}: max err {err:.2e} {'ok' if ok else 'FAIL'}", flush=True)
 print("SANITIZE CASES DONE", "ok" if bad == 0 else f"{bad} FAILED")
