@@ -40,8 +40,9 @@ for d, attn, lq, lk, off, *heads in cases:
     k, v = (torch.randn(1, H, lk, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
     if args.backward:
         q, k, v = (x.requires_grad_() for x in (q, k, v))
-    # without return_lse: an LSE in the graph would send the backward to the float32 recompute, not the kernel
-    out = attn(q, k, v, q_offset=off)
+    # the LSE written too, but not with --backward: an LSE in the graph sends the backward to the float32
+    # recompute, not the kernel
+    out = attn(q, k, v, q_offset=off) if args.backward else attn(q, k, v, return_lse=True, q_offset=off)[0]
     torch.cuda.synchronize()
     ins = [x.detach().double().requires_grad_() for x in (q, k, v)]
     ref = attngen.reference.attention(*ins, attn.variant, q_offset=off)
