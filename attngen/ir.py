@@ -123,11 +123,6 @@ class ParamSlot:
         return f"p{self.slot}:{self.label}:{kind}" + (f">={self.minimum}" if self.minimum is not None else "")
 
 
-def param_values(params) -> dict:
-    """{symbol: current value} of ``params`` (ParamSlots): what the reference, block_map and explain substitute."""
-    return {p.symbol: p.param.value for p in params}
-
-
 @dataclass(frozen=True)
 class TracedVariant:
     """A variant as expressions. ``score`` has every score-independent -inf branch hoisted into ``mask``."""
@@ -216,22 +211,3 @@ class BlockPredicates:
     q_parts: Tuple[Tuple[sympy.Expr, ...], ...] = ()
     notes: Tuple[str, ...] = ()  # what a reader of explain or the build log should know (a coarse map)
     analysis_steps: int = 0  # work the derivation did, in predicates.WORK_BUDGET's steps
-
-    def with_values(self, values: dict) -> "BlockPredicates":
-        """These predicates with runtime parameters replaced by values ({symbol: value}, ir.param_values): what
-        block_map and explain evaluate. The kernels evaluate the symbolic form with the values they are passed."""
-        if not values:
-            return self
-        import dataclasses
-
-        import sympy
-
-        subs = {k: sympy.sympify(v) for k, v in values.items()}
-
-        def sub(x):  # expressions, and tuples of them (per-part ranges)
-            if isinstance(x, sympy.Basic):
-                return x.xreplace(subs)
-            return tuple(sub(y) for y in x) if isinstance(x, tuple) else x
-
-        return dataclasses.replace(self, **{f.name: sub(getattr(self, f.name)) for f in dataclasses.fields(self)
-                                            if f.name not in ("summaries", "notes")})

@@ -472,6 +472,11 @@ def _positive_int(x) -> bool:
     return bool(x.is_integer and x.is_positive and not (x.free_symbols & _RUNTIME_SYMBOLS))
 
 
+def _positive_divisor(x) -> bool:
+    """A divisor the floor / Mod bound rules take: a positive number, or a positive parameter expression."""
+    return bool(x.is_number and x > 0) or _positive_int(x)
+
+
 def _dominated(a, others, is_max):
     """Whether ``a`` can never be the max (is_max) / min of the argument list because another argument is
     always at least (at most) as large (small)."""
@@ -643,7 +648,7 @@ def term_bounds(t, var, lo, hi, summ: Optional[_Summaries]):
         inner = t.args[0]
         if inner.is_integer is not False:
             num, den = sympy.fraction(sympy.together(inner))
-            if den.is_number and den > 0 or _positive_int(den):
+            if _positive_divisor(den):
                 a, b = term_bounds(sympy.expand(num), var, lo, hi, summ)
                 return _floor(a / den), _floor(b / den)
         a, b = term_bounds(inner, var, lo, hi, summ)
@@ -651,7 +656,7 @@ def term_bounds(t, var, lo, hi, summ: Optional[_Summaries]):
     if isinstance(t, sympy.ceiling):
         a, b = term_bounds(t.args[0], var, lo, hi, summ)
         return _ceil(a), _ceil(b)
-    if isinstance(t, sympy.Mod) and (t.args[1].is_number and t.args[1] > 0 or _positive_int(t.args[1])):
+    if isinstance(t, sympy.Mod) and _positive_divisor(t.args[1]):
         m = t.args[1]
         a, b = term_bounds(t.args[0], var, lo, hi, summ)
         if a in (INF, -INF) or b in (INF, -INF):
@@ -699,10 +704,10 @@ def _both_bounds(t, box, summ):
         return (coeff * a, coeff * b) if coeff > 0 else (coeff * b, coeff * a)
     if isinstance(t, sympy.floor):
         num, den = sympy.fraction(sympy.together(t.args[0]))
-        if den.is_number and den > 0 or _positive_int(den):
+        if _positive_divisor(den):
             a, b = expr_bounds(sympy.expand(num), box, summ)
             return _floor(a / den), _floor(b / den)
-    if isinstance(t, sympy.Mod) and (t.args[1].is_number and t.args[1] > 0 or _positive_int(t.args[1])):
+    if isinstance(t, sympy.Mod) and _positive_divisor(t.args[1]):
         m = t.args[1]
         a, b = expr_bounds(t.args[0], box, summ)
         if a in (INF, -INF) or b in (INF, -INF):
@@ -1025,7 +1030,7 @@ def _invert_monotone(g, var, glo, ghi):
             return _invert_monotone(g - const, var, None if glo is None else glo - const, None if ghi is None else ghi - const)
     if isinstance(g, sympy.floor):
         num, den = sympy.fraction(sympy.together(g.args[0]))
-        if den.is_number and den > 0 or _positive_int(den):
+        if _positive_divisor(den):
             # floor(n/den) >= glo <=> n >= den*ceil(glo); floor(n/den) <= ghi <=> n <= den*floor(ghi) + den - 1
             return _invert_monotone(
                 sympy.expand(num), var,

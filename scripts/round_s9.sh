@@ -7,17 +7,7 @@
 # F = the document variants' first call from the rebuilt wheel.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache ATTNGEN_TEST_BUILD_JOBS=14
-R="$OUT"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$R/device.txt"
-run_tests() {  # name timeout files...
-  local name=$1 t=$2; shift 2
-  ATTNGEN_TEST_FAILURES="$R/failures_$name.txt" timeout "$t" python -m pytest -v -m gpu -p no:cacheprovider \
-    --durations=15 "$@" > "$R/tests_$name.log" 2>&1
-  echo "tests $name rc=$? $(grep -cE ' PASSED' "$R/tests_$name.log") passed, $(grep -cE ' FAILED' "$R/tests_$name.log") failed"
-  grep -E ' FAILED' "$R/tests_$name.log" | head -n 20
-  tail -n 3 "$R/tests_$name.log"
-}
+source scripts/device_step.sh  # environment, $R, run_tests
 case "$1" in
   A)
     run_tests api 340 tests/gpu/test_negative_index.py tests/gpu/test_reference_cuda.py tests/gpu/test_params_gpu.py \

@@ -135,3 +135,28 @@ def training_variants(slopes, table, docs, npos: int, window: int, softcap: floa
         "relpos": attngen.compile(score_mod=relpos),
         "document": attngen.compile(mask_mod=doc_strict),
     }
+
+
+def param_values(params) -> dict:
+    """{symbol: current value} of runtime parameters (ParamSlots): what a test substitutes to evaluate a variant's
+    symbolic expressions at the values a kernel or host program ran with."""
+    return {p.symbol: p.param.value for p in params}
+
+
+def predicates_with_values(preds, values: dict):
+    """BlockPredicates with runtime parameters replaced by values ({symbol: value}, param_values)."""
+    import dataclasses
+
+    import sympy
+
+    if not values:
+        return preds
+    subs = {k: sympy.sympify(v) for k, v in values.items()}
+
+    def sub(x):  # expressions, and tuples of them (per-part ranges)
+        if isinstance(x, sympy.Basic):
+            return x.xreplace(subs)
+        return tuple(sub(y) for y in x) if isinstance(x, tuple) else x
+
+    return dataclasses.replace(preds, **{f.name: sub(getattr(preds, f.name)) for f in dataclasses.fields(preds)
+                                         if f.name not in ("summaries", "notes")})

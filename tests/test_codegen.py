@@ -23,7 +23,7 @@ import torch
 
 from attngen.codegen import render_variant_inc
 from attngen.errors import BuildError
-from attngen.ir import BlockPredicates, CapturedTensor, TracedVariant, param_values
+from attngen.ir import BlockPredicates, CapturedTensor, TracedVariant
 from attngen.mods import ScoreMod, Variant
 from attngen.symbols import B, BK, BQ, H, I, J, KV, KVLEN, Q, QLEN, QOFF, SCORE, load
 
@@ -31,6 +31,7 @@ from codegen_cases import (COMMON_STUB, REPO, VARIANT_MATH, causal_preds, full_p
 from codegen_cases import check_rendering_across_hash_seeds, param_setup, run_host_program
 from codegen_cases import gradient_tensors, traced_gradient_variants
 from codegen_cases import MATH as _MATH
+from helpers import param_values, predicates_with_values
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import mask_zoo  # noqa: E402
@@ -457,7 +458,7 @@ void run() {{
         # the values the host program ran with (param_setup): Python evaluates the same expressions with them
         values = param_values(tv.params)
         tv = dataclasses.replace(tv, score=tv.score.xreplace(values), mask=tv.mask.xreplace(values))
-        preds = preds.with_values(values)
+        preds = predicates_with_values(preds, values)
         el = torch.tensor([[float(x) for x in ln.split()] for ln in lines[: QLEN_ * KVLEN_]], dtype=torch.float64)
         got_score = el[:, 0].reshape(QLEN_, KVLEN_)
         got_mask = el[:, 1].reshape(QLEN_, KVLEN_).bool()

@@ -29,9 +29,9 @@ from attngen.printer import torch_function
 from attngen.symbols import B, H, KV, Q, SCORE, load
 from attngen.trace import trace
 
-from attngen.ir import param_values
 from codegen_cases import COMMON_STUB, MATH, UNDEF, VARIANT_MATH, gradient_tensors, make_tensors
 from codegen_cases import check_rendering_across_hash_seeds, run_host_program, param_setup, traced_gradient_variants, variants
+from helpers import param_values
 
 GXX = shutil.which("g++")
 ARGS = (SCORE, B, H, Q, KV)

@@ -20,10 +20,9 @@ from attngen.analysis import analyze
 from attngen.blockmap import EMPTY, FULL, _compile_evaluators, _runtime_arrays
 from attngen.codegen import render_variant_inc
 from attngen.fingerprint import fingerprint
-from attngen.ir import param_values
 from attngen.params import ParamValueError, pinned_values
 from codegen_cases import COMMON_STUB, MATH, VARIANT_MATH, param_setup, run_host_program
-from helpers import tile_classes
+from helpers import param_values, predicates_with_values, tile_classes
 
 GXX = shutil.which("g++")
 
@@ -86,7 +85,7 @@ def test_one_derivation_is_exact_and_sound_for_every_value(name):
         for p, v in zip(traced.params, vals):
             p.param.set(v)
         assert analyze(mask)[1] is preds  # one derivation serves every value
-        valued = preds.with_values(param_values(traced.params))
+        valued = predicates_with_values(preds, param_values(traced.params))
         assert not (valued.tile_any.free_symbols & symbols)
         for q_len, kv_len, BQ, BK, q_offset in _shapes(rng, 6):
             got = attngen.block_map(mask, q_len, kv_len, (BQ, BK), q_offset=q_offset)

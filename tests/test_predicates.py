@@ -16,8 +16,7 @@ import attngen
 from attngen import blockmap, reference
 from attngen.blockmap import EMPTY, FULL, PARTIAL, _compile_evaluators, _runtime_arrays
 from attngen.analysis import analyze
-from attngen.ir import param_values
-from helpers import tile_classes
+from helpers import param_values, predicates_with_values, tile_classes
 
 torch.manual_seed(0)
 _DOCS = torch.randint(0, 7, (3000,)).sort().values
@@ -124,7 +123,7 @@ def _check(variant, q_len, kv_len, BQ, BK, q_offset, exact, b=0, h=0):
 def _check_q_ranges(variant, q_len, kv_len, BQ, BK, q_offset, want, b, h):
     """The transposed ranges (q blocks per kv block, for the backward pass) must be sound too."""
     traced, preds = analyze(variant)
-    preds = preds.with_values(param_values(traced.params))
+    preds = predicates_with_values(preds, param_values(traced.params))
     arrays = _runtime_arrays(traced, preds, BQ, BK, q_len, kv_len, q_offset, {})
     ev = _compile_evaluators(preds)
     nqb, nkb = want.shape
