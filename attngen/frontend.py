@@ -91,15 +91,20 @@ class CompiledAttention:
             self._warm_summaries()
 
     def _warm_summaries(self):
-        """Run each block summary once, on one position: torch loads a CUDA kernel's module on its first use in
-        a process, and the summaries' kernels (min / max, cummax, searchsorted, ...) would otherwise load on the
-        first call (docs/performance.md, first call of a prebuilt variant)."""
+        """Run each block summary on a few blocks of the captured tensors, once with a partial last block: torch
+        loads a CUDA kernel's module on its first use in a process, and the summaries' kernels (min / max, cummax,
+        flip, all, searchsorted, ...) would otherwise load on the first call (docs/performance.md, first call of a
+        prebuilt variant). A one-position warm-up is not enough: torch skips kernels on one-element and empty
+        tensors."""
         tensors = {c.name: c.tensor for c in self.facts.captured}
+        n = min([t.shape[-1] for t in tensors.values() if t.dim() >= 1] + [4096])  # the kernels do not depend on n
         for s in self.facts.summaries:
-            try:
-                s.compute(tensors, 1, 1, 1, 1, 0)
-            except Exception:  # noqa: BLE001  (only a warm-up: whatever fails here, the call reports it)
-                pass
+            for length in (n, n - 1):
+                blk = max(1, length // 8)
+                try:
+                    s.compute(tensors, blk, blk, length, length, 0)
+                except Exception:  # noqa: BLE001  (only a warm-up: whatever fails here, the call reports it)
+                    pass
 
     @property
     def traced(self):
@@ -166,6 +171,22 @@ class CompiledAttention:
         block_k size the block summaries of a backward call."""
         kernel = kernel or self.backward_kernels(head_dim, device_index)[0]
         return self._load(dtype, head_dim, device_index, kernel, load_bwd_library)
+
+    def decode_library(self, dtype: torch.dtype, head_dim: int, device_index: int):
+        """The KV-cache kernel (decode.decode, any sm80+ GPU) for one signature on one device: the forward library's
+        second entry point, so built (or found in the cache) with the forward on first use."""
+        from .decode import load_decode_library
+
+        key = (dtype, head_dim, device_index, "decode")
+        lib = self._libraries.get(key)
+        if lib is None:
+            forward = self.library(dtype, head_dim, device_index)
+            with _BUILD_LOCK:
+                lib = self._libraries.get(key)
+                if lib is None:
+                    lib = self._libraries[key] = load_decode_library(forward.path)
+                    lib.param_count = forward.param_count
+        return lib
 
     def _load(self, dtype: torch.dtype, head_dim: int, device_index: int, kernel: Optional[str], loader):
         """The library of one signature and kernel family: memoised, else built (or found in the cache) and loaded
@@ -254,8 +275,9 @@ class CompiledAttention:
         q (B, Hq, Lq, D); cache (B, Hkv, L_max, D), or paged (num_pages, Hkv, page_size, D) with an int32
         ``page_table`` (B, max_pages); ``cache_seqlens`` (int or int32 (B,)) the cached lengths s_b before the
         append. Query i of batch b sits at position s_b + i; keys are cache positions 0 .. s_b + L_new - 1.
-        Returns out (B, Hq, Lq, Dv) (and lse (B, Hq, Lq)). Reference only for now (attngen/kvcache.py): CUDA
-        tensors need ``backend='reference'`` until the decode kernels exist."""
+        Returns out (B, Hq, Lq, Dv) (and lse (B, Hq, Lq)). CUDA tensors run the decode kernel (split-KV, GQA heads
+        packed per CTA, any page size; ``num_splits`` 0 picks the split count); CPU tensors and
+        ``backend='reference'`` run the reference (attngen/kvcache.py)."""
         from .kvcache import with_kvcache
 
         return with_kvcache(self, q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos, rotary_sin,

@@ -1,7 +1,7 @@
 """``attn.with_kvcache``: attention against a KV cache, appending new keys in place (flash_attn_with_kvcache).
 
 This module fixes the semantics and is the reference implementation (CPU tensors, or ``backend='reference'``);
-the decode kernels of issue 12 will be tested against it. Layouts follow attngen's (B, H, L, D):
+CUDA tensors run the decode kernel (attngen/decode.py), tested against it. Layouts follow attngen's (B, H, L, D):
 
   q        (B, Hq, Lq, D)          k, v (new keys, optional)   (B, Hkv, L_new, D) / (B, Hkv, L_new, Dv)
   contiguous cache  k_cache (B_cache, Hkv, L_max, D), v_cache (B_cache, Hkv, L_max, Dv)
@@ -31,7 +31,7 @@ import torch
 from .errors import InputError
 from .reference import _check_scale
 from .rotary import apply_rotary, check_rotary
-from .sequences import (attend_sequence, check_bool, check_index_tensor, check_nonnegative_int, check_reference_path,
+from .sequences import (attend_sequence, check_bool, check_index_tensor, check_nonnegative_int,
                         check_sequence_extents)
 
 MAX_PAGE_SIZE = 256  # the decode kernels gather pages of 1 to 256 keys (cp.async, or TMA on whole kv tiles)
@@ -46,7 +46,9 @@ def with_kvcache(attn, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, 
     """See the module docstring and ``CompiledAttention.with_kvcache``."""
     if not isinstance(q, torch.Tensor):
         raise InputError(f"q must be a torch.Tensor (B, Hq, Lq, D), got {type(q).__name__}")
-    check_reference_path(attn, q.device, "with_kvcache")
+    if q.device.type == "cuda" and attn.backend != "reference":
+        return _with_kvcache_kernel(attn, q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos,
+                                    rotary_sin, rotary_interleaved, cache_batch_idx, num_splits, return_lse, scale)
     B, Hq, Lq, D, Hkv, Dv, L_new = _check_tensors(q, k_cache, v_cache, k, v)
     paged = page_table is not None
     if paged:
@@ -249,3 +251,111 @@ def _check_no_shared_writes(locate: Locate, starts: List[int], L_new: int, slots
             other = next(o for o, so in enumerate(starts) if o != b and torch.isin(slot, slots(o, 0, so + L_new)).any())
             raise InputError(f"sequence {b} appends position {pos} into a cache slot that sequence {other} also uses "
                              "in this call; give each sequence its own pages (or cache rows) for the keys it appends")
+
+
+def _with_kvcache_kernel(attn, q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos, rotary_sin,
+                         rotary_interleaved, cache_batch_idx, num_splits, return_lse, scale):
+    """The CUDA path: the same checks as the reference where they need no device sync, the value checks (lengths
+    against the capacity, page ids, shared slots, captured-tensor extents) too unless a CUDA graph is being
+    captured or torch.compile traces; then the append (and rotation) with torch ops, and the decode kernel."""
+    from .decode import decode
+
+    B, Hq, Lq, D, Hkv, Dv, L_new = _check_tensors(q, k_cache, v_cache, k, v)
+    if Dv != D:
+        raise InputError(f"the decode kernel needs v_cache's head dim ({Dv}) equal to k_cache's ({D}); compile with "
+                         "backend='reference' for other value head dims")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise InputError(f"the decode kernel takes torch.bfloat16 or torch.float16, got {q.dtype}; convert q and the "
+                         "caches, or compile with backend='reference'")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        st = t.stride()
+        if st[3] != 1 or t.data_ptr() % 16 or any(st[d] % 8 and t.shape[d] > 1 for d in range(3)):
+            raise InputError(f"{name} must have a contiguous last dim, 16-byte alignment and strides that are multiples "
+                             f"of 8 elements, got strides {tuple(st)}: pass {name}.contiguous() (a cache: allocate it "
+                             "with torch.empty / torch.zeros)")
+    paged = page_table is not None
+    if paged:
+        locate, capacity = _paged_layout(q, k_cache, page_table, cache_batch_idx)
+        if page_table.stride(1) != 1:
+            raise InputError(f"page_table must have a contiguous last dim, got strides {tuple(page_table.stride())}; "
+                             "pass page_table.contiguous()")
+    elif cache_batch_idx is not None:
+        check_index_tensor("cache_batch_idx", cache_batch_idx, 1, q.device, "the cache row of each sequence, (B,)")
+        if cache_batch_idx.shape[0] != B:
+            raise InputError(f"cache_batch_idx must have one entry per sequence, (B,) = ({B},), got "
+                             f"{tuple(cache_batch_idx.shape)}")
+        capacity = k_cache.shape[2]
+    else:
+        if k_cache.shape[0] != B:
+            raise InputError(f"k_cache has {k_cache.shape[0]} rows but q has batch {B}; pass cache_batch_idx (int32, "
+                             f"(B,)) to choose the cache row of each sequence, or a cache of batch {B}")
+        capacity = k_cache.shape[2]
+    seqlens = None
+    if isinstance(cache_seqlens, torch.Tensor):
+        seqlens = check_index_tensor("cache_seqlens", cache_seqlens, 1, q.device,
+                                     "the cached length of each sequence, (B,)").contiguous()
+        if seqlens.shape[0] != B:
+            raise InputError(f"cache_seqlens must have one entry per sequence, (B,) = ({B},), got "
+                             f"{tuple(seqlens.shape)}")
+    check_nonnegative_int("num_splits", num_splits, "0 picks the split count automatically")
+    check_bool("return_lse", return_lse)
+    if not isinstance(rotary_interleaved, bool):
+        raise InputError(f"rotary_interleaved must be a bool (True: GPT-J pairs 2j, 2j+1; False: GPT-NeoX halves), "
+                         f"got {rotary_interleaved!r}")
+    scale = _check_scale(scale, D)
+    rotary = rotary_cos is not None or rotary_sin is not None
+    captured = [c.tensor for c in attn.facts.captured]
+    for c, t in zip(attn.facts.captured, captured):
+        if t.device != q.device:
+            raise InputError(f"captured tensor {c.name} ({t.dtype}, shape {tuple(t.shape)}) is on {t.device} but q is "
+                             f"on {q.device}; move it before compiling (e.g. doc_ids.to('{q.device}'))")
+        problem = c.check_layout(t)
+        if problem is not None:
+            raise InputError(problem)
+    if not (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()):
+        # the checks that read values: one device sync, skipped under capture (the kernel clamps lengths, page ids
+        # and cache rows to the cache, so a bad value there reads wrong keys, never outside the cache)
+        if cache_batch_idx is not None and not paged:
+            _contiguous_layout(q, k_cache, cache_batch_idx)
+        starts = _cache_seqlens(cache_seqlens, B, q.device, capacity, L_new)
+        if paged:
+            _check_pages(page_table, k_cache.shape[0], k_cache.shape[2], starts, L_new)
+        if rotary:
+            rotated = max(Lq, L_new)
+            check_rotary(rotary_cos, rotary_sin, q, max(starts, default=0) + rotated - 1 if rotated else -1)
+        if L_new and (paged or cache_batch_idx is not None):
+            _check_no_shared_writes(locate if paged else _contiguous_layout(q, k_cache, cache_batch_idx)[0], starts,
+                                    L_new, k_cache.shape[2], q.device)
+        for s in starts:
+            check_sequence_extents(attn, B, Hq, Lq, s + L_new, s)
+    else:
+        if not isinstance(cache_seqlens, torch.Tensor):  # None or an int: checked without a sync
+            _cache_seqlens(cache_seqlens, B, q.device, capacity, L_new)
+        if rotary:
+            check_rotary(rotary_cos, rotary_sin, q, -1)
+    default = capacity if cache_seqlens is None else (0 if seqlens is not None else int(cache_seqlens))
+
+    with torch.no_grad():  # an inference entry point: the cache is written in place
+        base = (seqlens.long() if seqlens is not None else torch.full((B,), default, device=q.device)).view(B, 1)
+
+        def rotate(x, n):  # x (B, H, n, D) at positions s_b .. s_b + n - 1
+            if not rotary:
+                return x
+            pos = (base + torch.arange(n, device=q.device)).clamp_(max=rotary_cos.shape[0] - 1)
+            return apply_rotary(x, rotary_cos, rotary_sin, pos.unsqueeze(1), rotary_interleaved)
+
+        if L_new:
+            pos = base + torch.arange(L_new, device=q.device)  # (B, L_new)
+            if paged:
+                major = page_table.long().gather(1, torch.div(pos, k_cache.shape[2], rounding_mode="floor"))
+                minor = pos % k_cache.shape[2]
+            else:
+                rows = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(B, device=q.device)
+                major, minor = rows.view(B, 1).expand(B, L_new), pos
+            k_cache[major, :, minor] = rotate(k, L_new).permute(0, 2, 1, 3)
+            v_cache[major, :, minor] = v.permute(0, 2, 1, 3)
+        lib = attn.decode_library(q.dtype, D, q.get_device())
+        return decode(lib, rotate(q, Lq), k_cache, v_cache, seqlens=seqlens, seqlen_default=default, kv_extra=L_new,
+                      page_table=page_table, cache_batch_idx=cache_batch_idx if not paged else None,
+                      num_splits=num_splits, scale=scale, return_lse=return_lse, captured=captured,
+                      params=attn._param_fields())

@@ -483,10 +483,10 @@ def forward(
 _DEBUG_RECORD = 4 * MAX_CAPTURED  # where ag_chk's {flag, tensor, dim, index} start in the bounds record
 
 
-def _forward_debug(lib: KernelLibrary, q, k, v, captured, kwargs):
-    """A call on a debug build (ATTNGEN_DEBUG=1): pass the bounds record ag_chk reads (int32 sizes of each
-    captured tensor) and writes (the first out-of-range read) in captured slot lib.debug_slot, wait for the
-    kernel, and raise InputError naming the read if there was one (the kernel read element 0 instead)."""
+def debug_record(captured, device) -> torch.Tensor:
+    """The bounds record of a debug build's call (ATTNGEN_DEBUG=1), passed after the captured tensors (in the
+    library's debug slot): int32 sizes of each captured tensor, which ag_chk reads, then the first out-of-range
+    read, which it writes (``check_debug_record``)."""
     sizes = [0] * (_DEBUG_RECORD + 4)
     for n, t in enumerate(captured):
         if isinstance(t, torch.Tensor) and t.numel() == 0:
@@ -494,9 +494,22 @@ def _forward_debug(lib: KernelLibrary, q, k, v, captured, kwargs):
                              "give it at least one element per index the mod reads")
         for d, size in enumerate(getattr(t, "shape", ())[:4]):
             sizes[4 * n + d] = min(int(size), 2**31 - 1)
-    record = torch.tensor(sizes, dtype=torch.int32).to(q.device)
+    return torch.tensor(sizes, dtype=torch.int32).to(device)
+
+
+def _forward_debug(lib: KernelLibrary, q, k, v, captured, kwargs):
+    """A call on a debug build (ATTNGEN_DEBUG=1): pass the bounds record in captured slot lib.debug_slot, wait for
+    the kernel, and raise InputError naming the read if there was one (the kernel read element 0 instead)."""
+    record = debug_record(captured, q.device)
     result = forward(lib, q, k, v, captured=list(captured) + [record], **kwargs)
-    flag, n, d, index = record[_DEBUG_RECORD:].tolist()  # waits for the kernel
+    check_debug_record(record, captured)
+    return result
+
+
+def check_debug_record(record: torch.Tensor, captured) -> None:
+    """InputError naming the first out-of-range captured-tensor read a debug build's kernel recorded, if any (waits
+    for the kernel)."""
+    flag, n, d, index = record[_DEBUG_RECORD:].tolist()
     if flag:
         t = captured[n]
         raise InputError(
@@ -505,7 +518,6 @@ def _forward_debug(lib: KernelLibrary, q, k, v, captured, kwargs):
             "bounds). Fix: make the tensor cover every index the mod computes at these sizes, or clamp the index in "
             "the mod, e.g. table[torch.clamp(i, 0, n - 1)]"
         )
-    return result
 
 
 # --------------------------------------------------------------------------------------------------
@@ -528,19 +540,26 @@ class BwdKernelLibrary(_Library):
         self._bwd.restype = ctypes.c_int
 
 
-def load_bwd_library(path) -> BwdKernelLibrary:
-    """Load a compiled backward library and check that it speaks this ABI."""
+def load_family_library(path, cls, what: str, prefix: str, family_version: int, args_size: int):
+    """Load a library of a kernel family with its own entry point and argument block (``attngen_<prefix>``,
+    ``attngen_<prefix>_kernel_info``; ``what`` names the family in messages) as ``cls``, checking the common ABI version, the family's version (the kernel
+    info's abi_version) and the argument block's size."""
     path = str(path)
-    handle, version, info = _open_library(path, "attngen_bwd_kernel_info", "attngen_bwd", "backward library")
-    size = _PACK_BWD_HEAD.size + _PACK_TAIL.size
-    if version != ABI_VERSION or info.abi_version != BWD_ABI_VERSION or info.args_size != size \
+    handle, version, info = _open_library(path, f"attngen_{prefix}_kernel_info", f"attngen_{prefix}", f"{what} library")
+    if version != ABI_VERSION or info.abi_version != family_version or info.args_size != args_size \
             or info.dtype not in _DTYPE_CODES:
         raise BuildError(
-            f"{path} speaks another backward ABI (ABI {version}, backward ABI {info.abi_version}, argument block "
-            f"{info.args_size} bytes; this attngen expects {ABI_VERSION}, {BWD_ABI_VERSION}, {size}): delete it (or "
-            "clear the kernel cache) so that it is rebuilt"
+            f"{path} speaks another {what} ABI (ABI {version}, {what} ABI {info.abi_version}, argument block "
+            f"{info.args_size} bytes; this attngen expects {ABI_VERSION}, {family_version}, {args_size}): delete it "
+            "(or clear the kernel cache) so that it is rebuilt"
         )
-    return BwdKernelLibrary(path, handle, info)
+    return cls(path, handle, info)
+
+
+def load_bwd_library(path) -> BwdKernelLibrary:
+    """Load a compiled backward library and check that it speaks this ABI."""
+    return load_family_library(path, BwdKernelLibrary, "backward", "bwd", BWD_ABI_VERSION,
+                               _PACK_BWD_HEAD.size + _PACK_TAIL.size)
 
 
 def backward(

@@ -35,7 +35,7 @@ from typing import Iterable, List, Optional
 from .abi import __version__
 from .cache import MANIFEST_NAME, META_NAME, PREBUILT_MANIFEST, write_manifest
 from .errors import InputError
-from .jit.render import BWD_KERNEL_SOURCE, KERNEL_SOURCE, VARIANT_INCLUDE
+from .jit.render import BWD_KERNEL_SOURCE, DECODE_SOURCE, KERNEL_SOURCE, VARIANT_INCLUDE
 from .jit.toolchain import MEMO_NAME
 
 # The library variants a deployment reaches for: one build per variant, not per value, since library numbers are
@@ -62,7 +62,7 @@ PARAMETER_NOTE = ("library parameters are kernel arguments: each prebuilt varian
                   "another kernel, built on first use (nvcc needed)")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 INDEX_LIMIT_BYTES = 100 * 1000 * 1000  # PyPI's default file size limit
-KEEP_SOURCES = (VARIANT_INCLUDE, KERNEL_SOURCE, BWD_KERNEL_SOURCE)  # what a prebuilt entry keeps of its build
+KEEP_SOURCES = (VARIANT_INCLUDE, KERNEL_SOURCE, DECODE_SOURCE, BWD_KERNEL_SOURCE)  # what a prebuilt entry keeps of its build
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Task:
     dtype: str    # 'bf16' / 'fp16'
     head_dim: int
     arch: str
-    kernel: str   # 'auto' (the forward for the arch), 'sm80_bwd' or 'sm90_bwd'
+    kernel: str   # 'auto' (the forward for the arch, with the KV-cache kernel beside it), 'sm80_bwd' or 'sm90_bwd'
 
     def label(self) -> str:
         return f"{self.variant} {self.dtype} hd{self.head_dim} {self.arch} {'bwd' if self.kernel != 'auto' else 'fwd'}"

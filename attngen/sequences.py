@@ -5,7 +5,7 @@ Both entry points give every sequence of a batch its own lengths and its own que
 it once per sequence, on a batch of one, with the variant's ``b`` shifted back to the sequence number: a mod
 that reads ``doc_ids[b, q_idx]`` sees the same ``b`` it would in a batched kernel.
 
-Also here: the policy for CUDA tensors until the kernels of issue 12 exist, and the checks of the int32 index
+Also here: the policy for CUDA tensors on entry points without a kernel yet (varlen), and the checks of the int32 index
 tensors (lengths, page tables, offsets) both entry points take.
 """
 from __future__ import annotations
@@ -31,10 +31,11 @@ def check_reference_path(attn, device: torch.device, entry: str) -> None:
     is easy to miss in a serving log. Asking for the reference explicitly costs one argument."""
     if device.type == "cuda" and attn.backend != "reference":
         raise GpuPathNotAvailable(
-            f"attn.{entry} has no CUDA kernel yet (issue 12: decode and varlen kernels), so it does not run on "
+            f"attn.{entry} has no CUDA kernel yet (issue 12: the varlen kernel), so it does not run on "
             f"{device} tensors with backend={attn.backend!r}. Fix: compile the variant with backend='reference' "
             "to run the PyTorch reference on these tensors (slow, exact), or pass CPU tensors; for prefill of "
-            "one sequence at a time, attn(q, k, v, q_offset=...) runs the kernel"
+            "one sequence at a time, attn(q, k, v, q_offset=...) runs the kernel, and attn.with_kvcache runs the "
+            "decode kernel"
         )
 
 

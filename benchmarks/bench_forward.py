@@ -206,6 +206,20 @@ def _free():
     torch.cuda.empty_cache()
 
 
+def write_results(out_dir, prefix: str, args, rows, md: str) -> None:
+    """<prefix>-<stamp>.md (the run's meta line, then the table) and .json (meta and rows) in out_dir, and the
+    table on stdout: the result files of bench_training.py and bench_decode.py."""
+    import torch
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    meta = {"date": stamp, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args)}
+    (out / f"{prefix}-{stamp}.md").write_text(f"{meta}\n\n{md}")
+    (out / f"{prefix}-{stamp}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    print(md)
+
+
 # ---------------------------------------------------------------- implementations
 
 class Flex:

@@ -15,8 +15,6 @@ density as in bench_forward.py: masked-out pairs are not counted, for every impl
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import sys
 import time
 from pathlib import Path
@@ -137,17 +135,8 @@ def main(argv=None):
     p.add_argument("--bwd-kernel", choices=["sm80_bwd", "sm90_bwd"], default=None)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "latest"))
     args = p.parse_args(argv)
-    import torch
-
     rows = run(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    md = table(rows, args.bwd_kernel)
-    meta = {"date": stamp, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args)}
-    (out / f"training-{stamp}.md").write_text(f"{meta}\n\n{md}")
-    (out / f"training-{stamp}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
-    print(md)
+    bf.write_results(args.out, "training", args, rows, table(rows, args.bwd_kernel))
 
 
 if __name__ == "__main__":

@@ -45,13 +45,14 @@ for step in "${steps[@]}"; do
   case "$step" in
     tests1|tests2)
       # the suite in two device calls (cold, the whole of it takes longer than one): tests1 = the API, training,
-      # integration and small files; tests2 = the kernel suites, the mask zoo and the API suite on sm80
+      # integration and small files; tests2 = the kernel suites, the mask zoo, decode and the API suite on sm80
       if [ "$step" = tests1 ]; then
         files="tests/gpu/test_autograd_gpu.py tests/gpu/test_gpu_api.py tests/gpu/test_integrations_gpu.py
                tests/gpu/test_bwd_gpu.py tests/gpu/test_codegen_gpu.py tests/gpu/test_mod_checks_gpu.py
                tests/gpu/test_negative_index.py tests/gpu/test_reference_cuda.py tests/gpu/test_params_gpu.py"
       else
-        files="tests/gpu/test_kernel_gpu.py tests/gpu/test_kernel_sm90.py tests/gpu/test_mask_zoo_gpu.py"
+        files="tests/gpu/test_kernel_gpu.py tests/gpu/test_kernel_sm90.py tests/gpu/test_mask_zoo_gpu.py
+               tests/gpu/test_decode_gpu.py"
       fi
       # -v names each test as it starts, so a call cut short by TESTS_TIMEOUT still says where it was
       ATTNGEN_TEST_FAILURES="$RES/gpu_test_failures_$step.txt" timeout "${TESTS_TIMEOUT:-900}" \
@@ -95,10 +96,12 @@ for step in "${steps[@]}"; do
         echo "no matplotlib here: plot with benchmarks/plot_sweep.py on another machine"
       fi ;;
     sanitize)
-      # forward and backward kernels: memcheck and racecheck on a small case per head dim
+      # forward, backward and decode kernels: memcheck and racecheck on a small case per head dim
       python scripts/sanitize_case.py --build --backward
+      python scripts/sanitize_case.py --build --decode
       for tool in memcheck racecheck; do
         timeout 150 compute-sanitizer --tool $tool python scripts/sanitize_case.py --backward 2>&1 | tee "$RES/$tool.log" | tail -n 6
+        timeout 100 compute-sanitizer --tool $tool python scripts/sanitize_case.py --decode 2>&1 | tee "$RES/$tool-decode.log" | tail -n 6
       done ;;
     profile)
       # Nsight Compute on one warm launch per variant: stall reasons, pipe utilisation, hot SASS lines

@@ -1,7 +1,9 @@
 """Small cases for compute-sanitizer (memcheck / racecheck / synccheck): one per head dim through the
 public API, checked against the float64 reference; with `--backward` also the gradients of q, k, v (the backward
-kernels: sm90 at head dims 64 / 128 on H100/H200, the portable one at 256). `--build` only fills the kernel cache
-(run it outside the sanitizer so nvcc is not traced). Usage: sanitize_case.py [--build] [--backend sm90] [--backward]"""
+kernels: sm90 at head dims 64 / 128 on H100/H200, the portable one at 256); with `--decode` the KV-cache kernel
+instead (attn.with_kvcache: paged and contiguous caches, appends, splits and their combine). `--build` only fills the
+kernel cache (run it outside the sanitizer so nvcc is not traced).
+Usage: sanitize_case.py [--build] [--backend sm90] [--backward | --decode]"""
 import argparse
 import sys
 
@@ -13,7 +15,58 @@ p = argparse.ArgumentParser()
 p.add_argument("--build", action="store_true")
 p.add_argument("--backend", default="auto")
 p.add_argument("--backward", action="store_true")
+p.add_argument("--decode", action="store_true")
 args = p.parse_args()
+
+
+def decode_cases() -> int:
+    """with_kvcache on small caches, one case per head dim, against the float64 reference; returns failures."""
+    docs = torch.randint(0, 3, (400,), generator=torch.Generator().manual_seed(1)).sort().values.cuda()
+    cases = [  # (head dim, variant, page size or 0, num_splits)
+        (64, attngen.compile(causal=True), 16, 3),
+        (128, attngen.compile(mask_mod=attngen.document(docs)), 0, 1),
+        (256, attngen.compile(window=100, softcap=20.0), 0, 0),
+    ]
+    if args.build:
+        for d, attn, *_ in cases:
+            attn.spec(torch.bfloat16, d).build_cached()  # the forward library holds the decode kernel
+        return 0
+    bad = 0
+    for d, attn, page, splits in cases:
+        g = torch.Generator().manual_seed(d)
+        B, Hq, Hkv, L = 2, 8, 2, 384
+        lens = torch.tensor([300, 17], dtype=torch.int32)
+        q, k, v = (torch.randn(B, h, n, d, generator=g) for h, n in ((Hq, 1), (Hkv, 2), (Hkv, 2)))
+        kc, vc = (torch.randn(B, Hkv, L, d, generator=g) for _ in range(2))
+        kw = {}
+        if page:
+            per = L // page
+            table = torch.randperm(B * per, generator=g).view(B, per).to(torch.int32)
+            kc = kc.view(B, Hkv, per, page, d).permute(0, 2, 1, 3, 4).reshape(B * per, Hkv, page, d)
+            vc = vc.view(B, Hkv, per, page, d).permute(0, 2, 1, 3, 4).reshape(B * per, Hkv, page, d)
+            kc[table.view(-1).long()], vc[table.view(-1).long()] = kc.clone(), vc.clone()
+            kw["page_table"] = table.cuda()
+        ins = dict(q=q, k_cache=kc, v_cache=vc, k=k, v=v)
+        cuda = {n: t.cuda().to(torch.bfloat16) for n, t in ins.items()}
+        out = attn.with_kvcache(**cuda, cache_seqlens=lens.cuda(), num_splits=splits, **kw)
+        torch.cuda.synchronize()
+        ref_attn = attngen.compile(attn.variant.score_mod, attn.variant.mask_mod, backend="reference")
+        c64 = {n: t.double() for n, t in cuda.items()}
+        c64["k_cache"], c64["v_cache"] = c64["k_cache"].clone(), c64["v_cache"].clone()
+        c64 = {n: (t.cuda() if t.device.type != "cuda" else t) for n, t in c64.items()}
+        ref = ref_attn.with_kvcache(**c64, cache_seqlens=lens.cuda(), **kw)
+        err = (out.double() - ref).abs().max().item()
+        ok = err < 3e-2 and bool(torch.isfinite(out).all())
+        bad += not ok
+        print(f"decode hd{d} {attn.name}: max err {err:.2e} {'ok' if ok else 'FAIL'}", flush=True)
+    return bad
+
+
+if args.decode:
+    failed = decode_cases()
+    if not args.build:
+        print("SANITIZE CASES DONE", "ok" if failed == 0 else f"{failed} FAILED")
+    sys.exit(1 if failed else 0)
 
 docs = torch.randint(0, 3, (320,), generator=torch.Generator().manual_seed(0)).sort().values.cuda()
 cases = [

@@ -32,7 +32,7 @@ def sm90_sources(configs) -> dict:
     for name, dtype, hd, tiles in configs:
         src = render_sm90(fixture_inc(name), dtype, hd, tiles)
         sub = sm90_key(name, dtype, hd, tiles)
-        sources[f"{sub}/{render.KERNEL_SOURCE}"] = src.pop(render.KERNEL_SOURCE)
-        sources[f"{sub}/{render.VARIANT_INCLUDE}"] = src.pop(render.VARIANT_INCLUDE)
+        for f in (render.KERNEL_SOURCE, render.DECODE_SOURCE, render.VARIANT_INCLUDE):
+            sources[f"{sub}/{f}"] = src.pop(f)
         sources.update(src)
     return sources

@@ -63,7 +63,8 @@ def _stale_library(version: int, called: list):
 
     return SimpleNamespace(attngen_abi_version=fn(version), attngen_kernel_info=fn(0, "attngen_kernel_info"),
                            attngen_bwd_kernel_info=fn(0, "attngen_bwd_kernel_info"), attngen_fwd=fn(0),
-                           attngen_bwd=fn(0), attngen_error_string=fn(b""))
+                           attngen_bwd=fn(0), attngen_error_string=fn(b""),
+                           attngen_decode_kernel_info=fn(0, "attngen_decode_kernel_info"), attngen_decode=fn(0))
 
 
 def test_loaders_check_the_abi_version_before_the_kernel_info(monkeypatch):
@@ -78,4 +79,8 @@ def test_loaders_check_the_abi_version_before_the_kernel_info(monkeypatch):
         launch.load_library("stale.so")
     with pytest.raises(BuildError, match=f"another backward ABI \\(ABI {abi.ABI_VERSION + 1}, backward ABI 0"):
         launch.load_bwd_library("stale_bwd.so")
+    from attngen.decode import load_decode_library
+
+    with pytest.raises(BuildError, match=f"another KV-cache ABI \\(ABI {abi.ABI_VERSION + 1}, KV-cache ABI 0"):
+        load_decode_library("stale_decode.so")
     assert called == []

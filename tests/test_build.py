@@ -71,7 +71,7 @@ def test_tiles_fit_shared_memory(arch, limit):
 def test_render_sources(name, dtype, hd):
     inc = fixture_inc(name)
     src = render.render_sources(inc, dtype, hd, "sm_90a")
-    assert set(src) == {render.KERNEL_SOURCE, render.VARIANT_INCLUDE, *render.headers()}
+    assert set(src) == {render.KERNEL_SOURCE, render.DECODE_SOURCE, render.VARIANT_INCLUDE, *render.headers()}
     assert src[render.VARIANT_INCLUDE] == inc
     cu = src[render.KERNEL_SOURCE]
     cfg = tiles.tile_config(hd, "sm_90a")
@@ -213,8 +213,8 @@ def compiled(requires_nvcc, tmp_path_factory):  # requires_nvcc: every test usin
                 continue
             sub = _subdir(name, dtype, hd, arch).split("/", 1)[1]
             src = render.render_sources(fixture_inc(name), dtype, hd, arch)
-            sources[f"{sub}/{render.KERNEL_SOURCE}"] = src.pop(render.KERNEL_SOURCE)
-            sources[f"{sub}/{render.VARIANT_INCLUDE}"] = src.pop(render.VARIANT_INCLUDE)
+            for f in (render.KERNEL_SOURCE, render.DECODE_SOURCE, render.VARIANT_INCLUDE):
+                sources[f"{sub}/{f}"] = src.pop(f)
             sources.update(src)
         ninja.write_build_ninja(root / arch, sources, arch, ["-Xptxas", "-v"])
         outputs[arch] = ninja.run_ninja(root / arch, jobs=2)
@@ -229,9 +229,9 @@ def _ptxas_report(output: str) -> dict:
     (ninja prints each edge's status line, then that edge's output)."""
     report, cur, regs = {}, None, None
     for line in output.splitlines():
-        m = re.search(r"NVCC (\S+)/" + re.escape(render.KERNEL_SOURCE[:-3]) + r"\.o", line)
-        if m:
-            cur = m.group(1)
+        m = re.search(r"NVCC (\S+)/(\w+)\.o", line)
+        if m:  # the forward kernel's object; the KV-cache unit beside it (DECODE_SOURCE) is not reported here
+            cur = m.group(1) if m.group(2) == render.KERNEL_SOURCE[:-3] else None
         m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
         if m and cur:
             report.setdefault(cur, [None, 0, 0])[1:] = [int(m.group(1)), int(m.group(2))]

@@ -162,6 +162,7 @@ def test_a_damaged_root_manifest_is_refused(env, no_nvcc, monkeypatch):
 
 def test_plan_covers_the_default_set_and_refuses_bad_input():
     tasks = pb.plan(list(pb.DEFAULT_VARIANTS), ["bf16", "fp16"], [64, 128, 256], ["sm_90a", "sm_80"])
+    # per (variant, dtype, head dim, arch): the forward (with the KV-cache kernel inside) and the backward
     assert len(tasks) == len(pb.DEFAULT_VARIANTS) * 2 * 3 * 2 * 2 and len(set(tasks)) == len(tasks)
     with pytest.raises(attngen.errors.InputError, match="--dtypes"):
         pb.plan(["causal"], ["fp8"], [128], ["sm_80"])

@@ -92,8 +92,11 @@ def attention_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
         keep = _MASKING["padding"](attention_mask, kv_length, kv_offset)[:, kv_offset:kv_offset + kv_length]
         keep = keep.to(device=device, dtype=torch.bool)
         seg = torch.where(keep, 0 if seg is None else seg, -1).to(torch.int32)
-    if seg is not None and not torch.compiler.is_compiling() and not bool(seg.any()):
-        return None  # eager: nothing padded, one segment per row (under torch.compile this would be a graph break)
+    if seg is not None and not torch.compiler.is_compiling():
+        # eager: nothing padded, one segment per row needs no mask (compiled this would be a graph break; under
+        # CUDA-graph capture a sync, and the mask must stay for the padding of later replays)
+        if not (seg.is_cuda and torch.cuda.is_current_stream_capturing()) and not bool(seg.any()):
+            return None
     return seg
 
 

@@ -9,7 +9,7 @@ from typing import Tuple
 
 from ..abi import SUPPORTED_HEAD_DIMS
 from ..errors import BuildError
-from .tiles import SM90_BWD_TILES, SM90_TILES, bwd_tile_config, tile_config
+from .tiles import SM90_BWD_TILES, SM90_TILES, bwd_tile_config, decode_tile_config, tile_config
 from .toolchain import arch_number
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -19,6 +19,9 @@ VARIANT_INCLUDE = "variant.inc"
 BWD_KERNEL_SOURCE = "attngen_bwd.cu"
 BWD_KERNEL_TEMPLATE = "attngen_bwd.cu.j2"  # renders BWD_KERNEL_SOURCE: the configuration, then bwd_<family>.cuh
 KERNELS = ("sm80", "sm90", "sm80_bwd", "sm90_bwd")
+# The KV-cache kernel (fwd_decode.cuh): a second translation unit of every forward library, rendered from
+# KERNEL_TEMPLATE too, so that it shares the library (and its one static CUDA runtime) with the forward kernel.
+DECODE_SOURCE = "attngen_decode.cu"
 
 _DTYPES = {
     "bfloat16": ("__nv_bfloat16", 1, "bfloat16"),
@@ -71,6 +74,7 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
     default for the head dim). The kernel source (KERNEL_SOURCE) is the configuration rendered from
     KERNEL_TEMPLATE; it includes VARIANT_INCLUDE and the kernel's plain header ``fwd_<kernel>.cuh``,
     which is among the headers returned with them (every ``.cuh``, and the rendered ``.cuh.j2``).
+    A forward library also holds the KV-cache kernel, DECODE_SOURCE (``decode_source``).
     'sm80_bwd' / 'sm90_bwd' are backward libraries: BWD_KERNEL_SOURCE rendered from BWD_KERNEL_TEMPLATE
     (``tiles`` a BwdTileConfig / Sm90BwdTiles), including ``bwd_sm80.cuh`` / ``bwd_sm90.cuh``."""
     if kernel not in KERNELS:
@@ -108,7 +112,19 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
         params.update(block_q=t.block_q, block_k=t.block_k, num_warps=t.num_warps, min_blocks=t.min_blocks,
                       arch_number=arch_number(arch))
     text = _render(KERNEL_TEMPLATE, template_dir, **params)
-    return {KERNEL_SOURCE: text, VARIANT_INCLUDE: variant_inc, **headers(template_dir)}
+    return {KERNEL_SOURCE: text, DECODE_SOURCE: decode_source(dtype, head_dim, arch, template_dir=template_dir),
+            VARIANT_INCLUDE: variant_inc, **headers(template_dir)}
+
+
+def decode_source(dtype, head_dim: int, arch: str, tiles=None, template_dir: Path = TEMPLATE_DIR) -> str:
+    """DECODE_SOURCE of a forward library: the KV-cache kernel's configuration (``tiles`` a DecodeTileConfig,
+    default jit.tiles.decode_tile_config) and fwd_decode.cuh, compiled as a second unit beside the forward's."""
+    elem_type, dtype_code, dtype_name = dtype_info(dtype)
+    t = tiles or decode_tile_config(head_dim, arch)
+    return _render(KERNEL_TEMPLATE, template_dir, kernel="decode", elem_type=elem_type, dtype_code=dtype_code,
+                   dtype_name=dtype_name, head_dim=head_dim, variant_include=VARIANT_INCLUDE, block_q=t.block_q,
+                   block_k=t.block_k, num_warps=t.num_warps, stages=t.stages, min_blocks=t.min_blocks,
+                   arch_number=arch_number(arch))
 
 
 # The Python that turns a traced variant into a binary besides the templates: its derivation, printing and build

@@ -27,13 +27,18 @@ from ..errors import BuildError, InputError
 from ..ir import BlockPredicates, TracedVariant
 from .ninja import BWD_LIBRARY_NAME, LIBRARY_NAME, ptxas_spill_bytes, run_ninja, write_build_ninja
 from .render import dtype_info, generator_hash, render_sources, template_hash
-from .tiles import SM90_BWD_TILES, bwd_tile_config, sm90_bwd_ladder, sm90_ladder, tile_config
+from .tiles import SM90_BWD_TILES, bwd_tile_config, decode_tile_config, sm90_bwd_ladder, sm90_ladder, tile_config
 from .toolchain import NVCC_HELP, find_nvcc, nvcc_version
 
 KERNEL_CHOICES = ("auto", "sm80", "sm90")
 BWD_KERNEL = "sm80_bwd"  # the portable backward library's family (bwd_sm80.cuh): a kernel value, so it enters the key
 SM90_BWD_KERNEL = "sm90_bwd"  # the sm_90a backward (bwd_sm90.cuh)
 BWD_KERNELS = (BWD_KERNEL, SM90_BWD_KERNEL)
+
+
+def library_name(kernel: str) -> str:
+    """The file name of a kernel family's library inside its cache entry."""
+    return BWD_LIBRARY_NAME if kernel in BWD_KERNELS else LIBRARY_NAME
 
 
 def choose_bwd_kernel(arch: str, head_dim: int) -> str:
@@ -65,7 +70,7 @@ class KernelSpec:
     dtype: str      # 'bfloat16' or 'float16'
     head_dim: int
     arch: str       # 'sm_90a', 'sm_80', ...
-    kernel: str     # 'sm90' or 'sm80' (forward), 'sm80_bwd' or 'sm90_bwd' (backward)
+    kernel: str     # 'sm90' or 'sm80' (forward, with the KV-cache kernel beside it), 'sm80_bwd' or 'sm90_bwd'
     fast_math: bool = True
     debug: bool = False  # ATTNGEN_DEBUG=1 when the spec was made: captured-tensor reads are bounds-checked
     # () -> (traced variant, predicates): what a build generates code from (the full analysis)
@@ -122,6 +127,8 @@ class KernelSpec:
             "arch": self.arch,
             "kernel": self.kernel,
             "tiles": repr(self.tile_choices()),
+            # a forward library also holds the KV-cache kernel (jit.render.DECODE_SOURCE)
+            **({} if self.kernel in BWD_KERNELS else {"decode_tiles": repr(decode_tile_config(self.head_dim, self.arch))}),
             "fast_math": self.fast_math,
             "templates": template_hash(),
             "generator": generator_hash(),
@@ -190,7 +197,7 @@ class KernelSpec:
         Without nvcc here only prebuilt roots can serve (keyed by the toolchain they record): a miss there is a
         BuildError naming the roots searched and how to get nvcc."""
         cache = default_cache()
-        artifact = BWD_LIBRARY_NAME if self.kernel in BWD_KERNELS else LIBRARY_NAME
+        artifact = library_name(self.kernel)
         try:
             fields = self.fields()
         except BuildError as e:  # no nvcc (or none that runs): this machine's key is unknown
@@ -209,7 +216,8 @@ def ptxas_report(output: str) -> dict:
     """Registers per kernel (by mangled-name fragment) and spill bytes of a ``-Xptxas -v`` build output."""
     regs = {}
     for name, n in re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", output, re.S):
-        regs[next((k for k in ("bwd_pre", "bwd_post", "bwd_kernel", "fwd_kernel") if k in name), name)] = int(n)
+        regs[next((k for k in ("bwd_pre", "bwd_post", "bwd_kernel", "fwd_kernel", "decode_kernel", "decode_combine")
+                   if k in name), name)] = int(n)
     return {"registers": regs, "spill_bytes": ptxas_spill_bytes(output) or 0}
 
 
@@ -234,7 +242,7 @@ def build_first_without_spills(build_dir: Path, variant_inc: str, dtype, head_di
     def build_in(d: Path, tiles) -> int:
         sources = render_sources(variant_inc, dtype, head_dim, arch, tiles=tiles, kernel=kernel)
         write_build_ninja(d, sources, arch, ["-Xptxas", "-v"],
-                          **({"library": BWD_LIBRARY_NAME} if kernel in BWD_KERNELS else {}))
+                          library=library_name(kernel))
         return ptxas_spill_bytes(run_ninja(d)) or 0
 
     spill = build_in(build_dir, ladder[0])

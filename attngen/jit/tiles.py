@@ -55,6 +55,40 @@ def _first_fitting(table: dict, head_dim: int, arch: str, what: str):
     raise BuildError(f"no {what} for head dim {head_dim} fits the {limit} bytes of shared memory of {arch}")
 
 
+# ------------------------------------------------------------------------------------------ decode
+
+
+@dataclass(frozen=True)
+class DecodeTileConfig:
+    """Tiles of the decode kernel (fwd_decode.cuh): 16 packed query rows (block_q: query heads of one kv head
+    times query positions) per CTA, K/V tiles of ``block_k`` cache positions split over ``num_warps`` warps, in a
+    ring of ``stages`` (a memory-bound kernel: the ring keeps stages - 1 tiles in flight; two CTAs per SM where
+    the ring allows)."""
+
+    block_k: int
+    stages: int
+    num_warps: int = 4
+    min_blocks: int = 1
+    block_q: int = 16
+
+    def smem_bytes(self, head_dim: int) -> int:
+        """The packed Q rows, then the K/V ring, rows padded by 16 bytes."""
+        pitch = (head_dim + 8) * 2
+        return (self.block_q + 2 * self.stages * self.block_k) * pitch
+
+
+DECODE_TILES = {
+    64: (DecodeTileConfig(block_k=64, stages=4),),
+    128: (DecodeTileConfig(block_k=64, stages=3), DecodeTileConfig(block_k=64, stages=2)),
+    256: (DecodeTileConfig(block_k=32, stages=3, num_warps=2), DecodeTileConfig(block_k=32, stages=2, num_warps=2)),
+}
+
+
+def decode_tile_config(head_dim: int, arch: str = "sm_80") -> DecodeTileConfig:
+    """The decode kernel's tiles for a head dim on an arch: the first preference that fits its shared memory."""
+    return _first_fitting(DECODE_TILES, head_dim, arch, "decode tile configuration")
+
+
 # ----------------------------------------------------------------------------------- sm80 backward
 
 

@@ -296,6 +296,9 @@ AttngenKernelInfo bwd_kernel_info() {
 }
 
 int launch_bwd(const AttngenBwdArgs& a, cudaStream_t stream) {
+  int dev = 0, sms = 0;
+  const cudaError_t err = prepare_device(attngen_bwd_kernel, SMEM_BYTES, dev, sms);  // before the driver calls
+  if (err != cudaSuccess) return (int)err;
   if (tma_encode_fn() == nullptr) return ATTNGEN_ERROR_SM90_NO_TMA_ENCODER;
   // Q / dO boxes of BQ rows, K / V boxes of BK rows; each map re-encoded only when its tensor changed.
   static thread_local TmaMapMemo memo_q, memo_do, memo_k, memo_v;
@@ -306,9 +309,6 @@ int launch_bwd(const AttngenBwdArgs& a, cudaStream_t stream) {
       tma_encode_bhld_memo(memo_k, &tm_k, a.k, bf16, D, a.B, a.Hkv, a.Lk, a.k_stride, BK) != CUDA_SUCCESS ||
       tma_encode_bhld_memo(memo_v, &tm_v, a.v, bf16, D, a.B, a.Hkv, a.Lk, a.v_stride, BK) != CUDA_SUCCESS)
     return ATTNGEN_ERROR_SM90_TMA_LAYOUT;
-  int dev = 0, sms = 0;
-  const cudaError_t err = prepare_device(attngen_bwd_kernel, SMEM_BYTES, dev, sms);
-  if (err != cudaSuccess) return (int)err;
   launch_bwd_pre(a, BQ, stream);
   const int nkb = (a.Lk + BK - 1) / BK;
   if (nkb > 0) {

@@ -332,13 +332,13 @@ AttngenKernelInfo kernel_info() {
 bool accepts_scale(float scale) { return ATTNGEN_HAS_SCORE_MOD || scale > 0.f; }
 
 int launch(const AttngenFwdArgs& a, cudaStream_t stream) {
+  int dev = 0, sms = 0;
+  const cudaError_t err = prepare_device(attngen_fwd_kernel, SMEM_BYTES, dev, sms);  // before the driver calls
+  if (err != cudaSuccess) return (int)err;
   // Tensor maps (host only, no GPU work): Q boxes of BQ rows, K/V boxes of BK rows.
   CUtensorMap tm_q, tm_k, tm_v;
   const int rc = tma_encode_qkv(a, kDtypeCode == 1, D, BQ, BK, tm_q, tm_k, tm_v);
   if (rc != 0) return rc;
-  int dev = 0, sms = 0;
-  const cudaError_t err = prepare_device(attngen_fwd_kernel, SMEM_BYTES, dev, sms);
-  if (err != cudaSuccess) return (int)err;
 
   // One CTA per SM walking work tiles (PERSISTENT, up to PERSISTENT_MAX_KV kv rows when that is set), or
   // one CTA per work tile.

@@ -18,14 +18,18 @@ bool strides_ok(const long long (&st)[3], long long n0, long long n1, long long 
   return (n0 <= 1 || st[0] % 8 == 0) && (n1 <= 1 || st[1] % 8 == 0) && (n2 <= 1 || st[2] % 8 == 0);
 }
 
-// Per device, once: the kernel's opt-in shared-memory limit (per function and device context), and the
-// SM count. `dev` is the current device.
+// The current device's primary context made current in this thread (a thread that has made no runtime call yet,
+// such as autograd's backward thread, has none, and the driver calls of a launch, cuTensorMapEncodeTiled, need
+// it); then, per device once, the kernel's opt-in shared-memory limit (per function and device context) and the
+// SM count. `dev` is the current device. Call it before any driver API call of the launch.
 template <typename Kernel>
 cudaError_t prepare_device(Kernel* kernel, int smem_bytes, int& dev, int& sms) {
   constexpr int kDevices = 64;
   static bool ready[kDevices] = {};
   static int device_sms[kDevices] = {};
   cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  err = cudaSetDevice(dev);
   if (err != cudaSuccess) return err;
   const bool cached = dev >= 0 && dev < kDevices;
   if (cached && ready[dev]) {
@@ -45,6 +49,7 @@ cudaError_t prepare_device(Kernel* kernel, int smem_bytes, int& dev, int& sms) {
 
 }  // namespace
 
+#ifndef ATTNGEN_SECOND_UNIT  // a library's second translation unit (its KV-cache kernel) leaves these to the first
 extern "C" ATTNGEN_EXPORT int attngen_abi_version(void) { return ATTNGEN_ABI_VERSION; }
 
 extern "C" ATTNGEN_EXPORT const char* attngen_error_string(int code) {
@@ -66,4 +71,4 @@ extern "C" ATTNGEN_EXPORT const char* attngen_error_string(int code) {
 // (templates/variant_math.cuh); its presence tells launch.py the library is a debug build.
 extern "C" ATTNGEN_EXPORT int attngen_debug_slot(void) { return ATTNGEN_DEBUG_SLOT; }
 #endif
-
+#endif  // ATTNGEN_SECOND_UNIT

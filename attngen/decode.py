@@ -1,0 +1,158 @@
+"""Launch stage of the KV-cache kernel (templates/fwd_decode.cuh, the second unit of every forward library: see
+jit.render.DECODE_SOURCE): load its entry points, choose how many CTAs share a sequence's kv range
+(Flash-Decoding's split count), launch it on torch tensors.
+
+The forward library exports, besides attngen_fwd and its info, attngen_abi_version and attngen_error_string::
+
+    int attngen_decode_kernel_info(AttngenKernelInfo*);
+    int attngen_decode_heads_per_cta(int group);    // query heads of one kv head per CTA for this variant
+    int attngen_decode(const AttngenDecodeArgs*, void* stream);   // the attention, then the combine kernel
+
+``decode`` takes checked inputs (attngen/kvcache.py checks them and appends the new keys first) and launches
+on the current torch stream of q's device, with no device sync: a decode step can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+from typing import Optional, Sequence
+
+import torch
+
+from .errors import KernelLaunchError
+from .launch import (_PACK_TAIL, _ZERO_TAIL, AttngenKernelInfo, _capable_devices, _captured_fields, _check_capability,
+                     _Library, _NO_PARAMS, _raw_stream, check_debug_record, debug_record, load_family_library)
+
+DECODE_ABI_VERSION = 1  # ATTNGEN_DECODE_ABI_VERSION (templates/attngen_decode_abi.cuh)
+# AttngenDecodeArgs: 10 pointers, 4x3 int64 strides, the page-table row stride, 13 int32, scale, then CapturedArgs.
+_PACK_DECODE_HEAD = struct.Struct("<10Q12qq13if")
+assert _PACK_DECODE_HEAD.size == 240 and _PACK_DECODE_HEAD.size + _PACK_TAIL.size == 688
+
+MAX_SPLITS = 128  # FA3's cap on Flash-Decoding splits
+
+
+class DecodeLibrary(_Library):
+    """A loaded KV-cache library and what it was built for (block_q: packed query rows per CTA, heads x positions;
+    block_k: cache positions per tile)."""
+
+    def __init__(self, path: str, handle: ctypes.CDLL, info: AttngenKernelInfo):
+        super().__init__(path, handle, info)
+        self._decode = handle.attngen_decode
+        self._decode.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+        self._decode.restype = ctypes.c_int
+        self._heads_fn = handle.attngen_decode_heads_per_cta
+        self._heads_fn.argtypes = [ctypes.c_int]
+        self._heads_fn.restype = ctypes.c_int
+        self._heads = {}
+        # debug builds (ATTNGEN_DEBUG=1) export the captured slot of their bounds record; None otherwise
+        slot = getattr(handle, "attngen_debug_slot", None)
+        self.debug_slot = None
+        if slot is not None:
+            slot.argtypes, slot.restype = [], ctypes.c_int
+            self.debug_slot = int(slot())
+
+    def heads_per_cta(self, group: int) -> int:
+        """Query heads of one kv head a CTA walks together for a GQA group of ``group`` heads (1 when the variant's
+        kv walk depends on the head)."""
+        n = self._heads.get(group)
+        if n is None:
+            n = self._heads[group] = int(self._heads_fn(group))
+        return n
+
+
+def load_decode_library(path) -> DecodeLibrary:
+    """Load a compiled KV-cache library and check that it speaks this ABI."""
+    return load_family_library(path, DecodeLibrary, "KV-cache", "decode", DECODE_ABI_VERSION,
+                               _PACK_DECODE_HEAD.size + _PACK_TAIL.size)
+
+
+def num_splits_heuristic(ctas: int, slots: int, kv_tiles: int, max_splits: int = MAX_SPLITS,
+                         within: float = 0.95) -> int:
+    """FA3's rule: one split when the CTAs already fill 80% of the GPU's CTA slots or a sequence has at most 4 kv
+    tiles; else the smallest split count whose wave efficiency (CTAs / slots over its whole waves) reaches
+    ``within`` of the best count's. FA3 takes 85%; this memory-bound kernel gains from the fuller last wave
+    (docs/performance.md, decode). ``slots``: SMs times the CTAs of this kernel one SM holds."""
+    if ctas <= 0 or ctas >= 0.8 * slots or kv_tiles <= 4:
+        return 1
+    top = max(1, min(max_splits, slots, kv_tiles))
+    eff = []
+    for s in range(1, top + 1):
+        waves = ctas * s / slots
+        eff.append(waves / math.ceil(waves))
+    best = max(eff)
+    return next(s for s in range(1, top + 1) if eff[s - 1] >= within * best)
+
+
+_slots_cache: dict = {}
+
+
+def cta_slots(lib: DecodeLibrary, dev: int) -> int:
+    """SMs times the CTAs of ``lib`` one SM holds (by shared memory: the kernel's limit)."""
+    key = (lib.smem_bytes, dev)
+    n = _slots_cache.get(key)
+    if n is None:
+        props = torch.cuda.get_device_properties(dev)
+        per_sm = getattr(props, "shared_memory_per_multiprocessor", 0) or 233472
+        n = _slots_cache[key] = props.multi_processor_count * max(1, per_sm // (lib.smem_bytes + 1024))
+    return n
+
+
+def decode(lib: DecodeLibrary, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
+           seqlens: Optional[torch.Tensor], seqlen_default: int, kv_extra: int, page_table: Optional[torch.Tensor],
+           cache_batch_idx: Optional[torch.Tensor], num_splits: int, scale: float, return_lse: bool,
+           captured: Sequence[torch.Tensor] = (), params: Optional[tuple] = None):
+    """Attention of q (B, Hq, Lq, D) against the cache (layouts: attngen/kvcache.py) with checked inputs: sequence
+    b has ``seqlens[b]`` (or ``seqlen_default``) cached positions before its queries and ``kv_extra`` after.
+    ``num_splits`` 0 picks the count (``num_splits_heuristic``). Returns out (B, Hq, Lq, D) (and lse (B, Hq, Lq)
+    float32)."""
+    dev = q.get_device()
+    if dev not in _capable_devices:
+        _check_capability(dev)
+    B, Hq, Lq, D = q.shape
+    Hkv = k_cache.shape[1]
+    paged = page_table is not None
+    page_size = k_cache.shape[2] if paged else 0
+    capacity = page_table.shape[1] * page_size if paged else k_cache.shape[2]
+    heads = lib.heads_per_cta(Hq // Hkv)
+    if num_splits == 0:
+        longest = capacity if seqlens is not None else min(seqlen_default + kv_extra, capacity)
+        ctas = B * (Hq // heads) * -(-Lq // (lib.block_q // heads))  # a CTA: 16 rows of heads x positions
+        num_splits = num_splits_heuristic(ctas, cta_slots(lib, dev), -(-longest // lib.block_k))
+    num_splits = max(1, min(num_splits, 65535))
+    out = q.new_empty((B, Hq, Lq, D))
+    lse = torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device) if return_lse else None
+    if B * Hq * Lq == 0:
+        return (out, lse) if return_lse else out
+    o_part = lse_part = None
+    if num_splits > 1:
+        o_part = torch.empty((num_splits, B, Hq, Lq, D), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((num_splits, B, Hq, Lq), dtype=torch.float32, device=q.device)
+    qs, ks, vs, os_ = q.stride(), k_cache.stride(), v_cache.stride(), out.stride()
+    head = _PACK_DECODE_HEAD.pack(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), lse.data_ptr() if lse is not None else 0,
+        o_part.data_ptr() if o_part is not None else 0, lse_part.data_ptr() if lse_part is not None else 0,
+        seqlens.data_ptr() if seqlens is not None else 0,
+        cache_batch_idx.data_ptr() if cache_batch_idx is not None else 0,
+        page_table.data_ptr() if paged else 0,
+        *qs[:3], *ks[:3], *vs[:3], *os_[:3], page_table.stride(0) if paged else 0,
+        B, Hq, Hkv, Lq, D, seqlen_default, kv_extra, page_size, num_splits, heads,
+        capacity, k_cache.shape[0] if paged else 0, 0 if paged else k_cache.shape[0], float(scale),
+    )
+    record = None
+    if lib.debug_slot is not None and captured and len(captured) == lib.debug_slot:
+        record = debug_record(captured, q.device)  # a debug build checks every captured-tensor read
+    tail = (_PACK_TAIL.pack(*_captured_fields(q.device, list(captured) + ([record] if record is not None else []),
+                                              (), params or _NO_PARAMS))
+            if captured or params else _ZERO_TAIL)
+    with torch.cuda.device(dev):
+        rc = lib._decode(head + tail, _raw_stream(dev))
+    if rc != 0:
+        raise KernelLaunchError(
+            f"launching the KV-cache attention kernel ({lib.path}) failed: CUDA error {rc} ({lib.error_string(rc)}); "
+            f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, {q.dtype}, on {q.device}, {num_splits} splits",
+            code=rc,
+        )
+    if record is not None:
+        check_debug_record(record, captured)
+    return (out, lse) if return_lse else out
