@@ -21,13 +21,39 @@ from typing import Optional, Sequence
 import torch
 
 from .errors import KernelLaunchError
-from .launch import (_PACK_TAIL, _ZERO_TAIL, AttngenKernelInfo, _capable_devices, _captured_fields, _check_capability,
+from .launch import (_PACK_TAIL, _ZERO_TAIL, AttngenKernelInfo, CapturedArgs, _capable_devices, _captured_fields,
+                     _check_capability,
                      _Library, _NO_PARAMS, _raw_stream, check_debug_record, debug_record, load_family_library)
 
 DECODE_ABI_VERSION = 1  # ATTNGEN_DECODE_ABI_VERSION (templates/attngen_decode_abi.cuh)
-# AttngenDecodeArgs: 10 pointers, 4x3 int64 strides, the page-table row stride, 13 int32, scale, then CapturedArgs.
+
+
+class AttngenDecodeArgs(ctypes.Structure):
+    """ctypes mirror of the C struct (tests check its offsets against the header's); the launch packs the same
+    fields, in this order, with one struct.pack."""
+
+    _fields_ = ([(n, ctypes.c_void_p) for n in ("q", "k_cache", "v_cache", "o", "lse", "o_partial", "lse_partial",
+                                                "seqlens", "cache_batch_idx", "page_table")]
+                + [(n, ctypes.c_longlong * 3) for n in ("q_stride", "k_stride", "v_stride", "o_stride")]
+                + [("page_table_stride", ctypes.c_longlong)]
+                + [(n, ctypes.c_int) for n in ("B", "Hq", "Hkv", "Lq", "D", "seqlen_default", "kv_extra", "page_size",
+                                               "num_splits", "heads_per_cta", "capacity", "num_pages", "cache_rows")]
+                + [("scale", ctypes.c_float), ("captured", CapturedArgs)])
+
+
+# Everything before `captured`: 10 pointers, 4x3 int64 strides, the page-table row stride, 13 int32, scale.
 _PACK_DECODE_HEAD = struct.Struct("<10Q12qq13if")
-assert _PACK_DECODE_HEAD.size == 240 and _PACK_DECODE_HEAD.size + _PACK_TAIL.size == 688
+assert _PACK_DECODE_HEAD.size == AttngenDecodeArgs.captured.offset == 240
+assert _PACK_DECODE_HEAD.size + _PACK_TAIL.size == ctypes.sizeof(AttngenDecodeArgs) == 688
+_HEAD_FIELDS = [(name, getattr(t, "_length_", 0)) for name, t in AttngenDecodeArgs._fields_[:-1]]  # (name, array length)
+
+
+def pack_head(fields: dict) -> bytes:
+    """The bytes of AttngenDecodeArgs before `captured`, from {field name: value} (strides as 3-sequences)."""
+    flat = []
+    for name, n in _HEAD_FIELDS:
+        flat.extend(fields[name][:n] if n else (fields[name],))
+    return _PACK_DECODE_HEAD.pack(*flat)
 
 MAX_SPLITS = 128  # FA3's cap on Flash-Decoding splits
 
@@ -128,19 +154,20 @@ def decode(lib: DecodeLibrary, q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     if num_splits > 1:
         o_part = torch.empty((num_splits, B, Hq, Lq, D), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((num_splits, B, Hq, Lq), dtype=torch.float32, device=q.device)
-    qs, ks, vs, os_ = q.stride(), k_cache.stride(), v_cache.stride(), out.stride()
-    head = _PACK_DECODE_HEAD.pack(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), lse.data_ptr() if lse is not None else 0,
-        o_part.data_ptr() if o_part is not None else 0, lse_part.data_ptr() if lse_part is not None else 0,
-        seqlens.data_ptr() if seqlens is not None else 0,
-        cache_batch_idx.data_ptr() if cache_batch_idx is not None else 0,
-        page_table.data_ptr() if paged else 0,
-        *qs[:3], *ks[:3], *vs[:3], *os_[:3], page_table.stride(0) if paged else 0,
-        B, Hq, Hkv, Lq, D, seqlen_default, kv_extra, page_size, num_splits, heads,
-        capacity, k_cache.shape[0] if paged else 0, 0 if paged else k_cache.shape[0], float(scale),
-    )
+    def ptr(t):
+        return t.data_ptr() if t is not None else 0
+
+    head = pack_head(dict(
+        q=q.data_ptr(), k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), o=out.data_ptr(), lse=ptr(lse),
+        o_partial=ptr(o_part), lse_partial=ptr(lse_part), seqlens=ptr(seqlens), cache_batch_idx=ptr(cache_batch_idx),
+        page_table=ptr(page_table), q_stride=q.stride(), k_stride=k_cache.stride(), v_stride=v_cache.stride(),
+        o_stride=out.stride(), page_table_stride=page_table.stride(0) if paged else 0, B=B, Hq=Hq, Hkv=Hkv, Lq=Lq,
+        D=D, seqlen_default=seqlen_default, kv_extra=kv_extra, page_size=page_size, num_splits=num_splits,
+        heads_per_cta=heads, capacity=capacity, num_pages=k_cache.shape[0] if paged else 0,
+        cache_rows=0 if paged else k_cache.shape[0], scale=float(scale)))
     record = None
-    if lib.debug_slot is not None and captured and len(captured) == lib.debug_slot:
+    if lib.debug_slot is not None and captured and len(captured) == lib.debug_slot \
+            and not torch.cuda.is_current_stream_capturing():  # the record is a host copy and a sync
         record = debug_record(captured, q.device)  # a debug build checks every captured-tensor read
     tail = (_PACK_TAIL.pack(*_captured_fields(q.device, list(captured) + ([record] if record is not None else []),
                                               (), params or _NO_PARAMS))

@@ -313,8 +313,8 @@ def _with_kvcache_kernel(attn, q, k_cache, v_cache, k, v, cache_seqlens, page_ta
         if problem is not None:
             raise InputError(problem)
     if not (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()):
-        # the checks that read values: one device sync, skipped under capture (the kernel clamps lengths, page ids
-        # and cache rows to the cache, so a bad value there reads wrong keys, never outside the cache)
+        # the checks that read values: one device sync, skipped under capture (the append and the kernel clamp
+        # lengths, page ids and cache rows to the cache, so a bad value there touches wrong slots, never outside it)
         if cache_batch_idx is not None and not paged:
             _contiguous_layout(q, k_cache, cache_batch_idx)
         starts = _cache_seqlens(cache_seqlens, B, q.device, capacity, L_new)
@@ -336,7 +336,8 @@ def _with_kvcache_kernel(attn, q, k_cache, v_cache, k, v, cache_seqlens, page_ta
     default = capacity if cache_seqlens is None else (0 if seqlens is not None else int(cache_seqlens))
 
     with torch.no_grad():  # an inference entry point: the cache is written in place
-        base = (seqlens.long() if seqlens is not None else torch.full((B,), default, device=q.device)).view(B, 1)
+        base = (seqlens.long().clamp(min=0) if seqlens is not None
+                else torch.full((B,), default, device=q.device)).view(B, 1)
 
         def rotate(x, n):  # x (B, H, n, D) at positions s_b .. s_b + n - 1
             if not rotary:
@@ -345,17 +346,21 @@ def _with_kvcache_kernel(attn, q, k_cache, v_cache, k, v, cache_seqlens, page_ta
             return apply_rotary(x, rotary_cos, rotary_sin, pos.unsqueeze(1), rotary_interleaved)
 
         if L_new:
-            pos = base + torch.arange(L_new, device=q.device)  # (B, L_new)
+            # clamped to the cache as the kernel clamps its reads: no-ops after the eager checks, and under capture a
+            # bad value writes the wrong slot of this cache, never outside it (or a device assert)
+            pos = (base + torch.arange(L_new, device=q.device)).clamp_(0, capacity - 1)  # (B, L_new)
             if paged:
-                major = page_table.long().gather(1, torch.div(pos, k_cache.shape[2], rounding_mode="floor"))
+                pages = torch.div(pos, k_cache.shape[2], rounding_mode="floor")
+                major = page_table.long().gather(1, pages).clamp_(0, k_cache.shape[0] - 1)
                 minor = pos % k_cache.shape[2]
             else:
                 rows = cache_batch_idx.long() if cache_batch_idx is not None else torch.arange(B, device=q.device)
-                major, minor = rows.view(B, 1).expand(B, L_new), pos
+                major, minor = rows.clamp(0, k_cache.shape[0] - 1).view(B, 1).expand(B, L_new), pos
             k_cache[major, :, minor] = rotate(k, L_new).permute(0, 2, 1, 3)
             v_cache[major, :, minor] = v.permute(0, 2, 1, 3)
         lib = attn.decode_library(q.dtype, D, q.get_device())
         return decode(lib, rotate(q, Lq), k_cache, v_cache, seqlens=seqlens, seqlen_default=default, kv_extra=L_new,
-                      page_table=page_table, cache_batch_idx=cache_batch_idx if not paged else None,
+                      page_table=page_table.contiguous() if paged else None,
+                      cache_batch_idx=cache_batch_idx.contiguous() if cache_batch_idx is not None and not paged else None,
                       num_splits=num_splits, scale=scale, return_lse=return_lse, captured=captured,
                       params=attn._param_fields())

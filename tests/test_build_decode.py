@@ -4,6 +4,7 @@ sm_90a whose decode kernel compiles without spills and whose host side (the C AB
 walks) is loaded and called here without a GPU."""
 from __future__ import annotations
 
+import ctypes
 import subprocess
 
 import pytest
@@ -86,6 +87,41 @@ def test_num_splits_heuristic_follows_fa3():
     assert num_splits_heuristic(8, 264, 2048) == 32  # two CTAs per SM: 256 of 264
     assert num_splits_heuristic(8, slots, 2048, within=0.85) == 15  # FA3 threshold: 120 of 132
     assert num_splits_heuristic(3, slots, 10) <= 10  # never more splits than kv tiles
+
+
+def test_packed_arguments_land_in_their_ctypes_fields():
+    from attngen.decode import _HEAD_FIELDS, AttngenDecodeArgs, pack_head
+
+    values, nxt = {}, 1
+    for name, n in _HEAD_FIELDS:
+        values[name] = tuple(range(nxt, nxt + n)) if n else nxt
+        nxt += max(n, 1)
+    values["scale"] = 0.5
+    args = AttngenDecodeArgs.from_buffer_copy(pack_head(values) + bytes(ctypes.sizeof(AttngenDecodeArgs) - 240))
+    for name, n in _HEAD_FIELDS:
+        got = tuple(getattr(args, name)) if n else getattr(args, name)
+        assert got == values[name], name
+
+
+@pytest.mark.requires_nvcc
+def test_ctypes_mirror_matches_the_c_struct(tmp_path):
+    """Every field's offset in AttngenDecodeArgs as the host compiler lays it out (offsetof, through nvcc) equals the
+    ctypes mirror's, whose order the launch packs."""
+    from attngen.decode import AttngenDecodeArgs
+    from attngen.jit.toolchain import find_nvcc
+
+    names = [name for name, _ in AttngenDecodeArgs._fields_]
+    prog = ['#include <cstdio>', '#include <cstddef>', '#include "attngen_decode_abi.cuh"', "int main() {"]
+    prog += [f'  std::printf("{n} %zu\\n", offsetof(AttngenDecodeArgs, {n}));' for n in names]
+    prog += ['  std::printf("size %zu\\n", sizeof(AttngenDecodeArgs));', "  return 0;", "}"]
+    (tmp_path / "offsets.cu").write_text("\n".join(prog) + "\n")
+    exe = tmp_path / "offsets"
+    subprocess.run([find_nvcc(), "-std=c++17", "-I", str(render.TEMPLATE_DIR), str(tmp_path / "offsets.cu"), "-o",
+                    str(exe)], check=True, capture_output=True)
+    got = dict(line.split() for line in subprocess.run([str(exe)], capture_output=True, text=True,
+                                                        check=True).stdout.splitlines())
+    want = {n: getattr(AttngenDecodeArgs, n).offset for n in names}
+    assert {n: int(got[n]) for n in names} == want and int(got["size"]) == ctypes.sizeof(AttngenDecodeArgs)
 
 
 def _spills_by_object(output: str) -> dict:

@@ -2,8 +2,8 @@
 the reference of attngen/kvcache.py run in float64 on the same cache contents: every library variant (and a mask
 whose kv walk depends on the head), head dims 64 / 128 / 256, per-sequence lengths, appends with and without RoPE,
 GQA / MQA / MHA, splits; paged caches of page sizes 1 to 256 equal to the contiguous cache bit for bit; a decode
-step captured in a CUDA graph. Outputs start as NaN (the caching allocator is poisoned), so a row the kernel fails
-to write shows up.
+step captured in a CUDA graph. Outputs start as NaN (the caching allocator's small pool is poisoned), so a row the
+kernel fails to write shows up.
 """
 import functools
 
@@ -45,8 +45,11 @@ def variants():
 
 
 def _poison():
-    torch.cuda.empty_cache()
-    torch.empty(256 << 20, dtype=torch.uint8, device=DEV).fill_(0xFF)  # NaN in every float dtype
+    """NaN (0xFF bytes, in every float dtype) in the blocks the caching allocator hands out next: outputs and
+    workspaces here are small, served from its small pool (blocks up to 1 MB), so that pool is filled and freed."""
+    blocks = [torch.full((n,), 0xFF, dtype=torch.uint8, device=DEV) for n in (512, 4096, 32768, 262144, 1 << 20)
+              for _ in range(16)]
+    del blocks
 
 
 def _case(B, Hq, Hkv, Lq, L_new, D, dtype, seed, paged_size=0):
@@ -100,8 +103,8 @@ def test_every_variant_matches_the_reference(name, hd):
 @pytest.mark.parametrize("Hq,Hkv,Lq", [(8, 8, 1), (8, 1, 1), (12, 4, 3), (16, 2, 16), (4, 2, 33)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_heads_rows_and_dtypes(Hq, Hkv, Lq, dtype):
-    attn, ref = variants()["causal"]
-    case = _case(B=2, Hq=Hq, Hkv=Hkv, Lq=Lq, L_new=0, D=128, dtype=dtype, seed=Hq * 100 + Lq)
+    attn, ref = variants()["causal"]  # Lq new keys: query i of a sequence sees keys up to its own position
+    case = _case(B=2, Hq=Hq, Hkv=Hkv, Lq=Lq, L_new=Lq, D=128, dtype=dtype, seed=Hq * 100 + Lq)
     want, want_lse, _, _ = _reference(ref, case)
     _poison()
     out, lse = attn.with_kvcache(**case, return_lse=True)
@@ -122,7 +125,7 @@ def test_splits_agree_within_fp32_rounding():
 def test_paged_equals_contiguous_bit_for_bit(page_size):
     attn, _ = variants()["causal"]
     B, Hkv, D = 3, 2, 128
-    case = _case(B=B, Hq=8, Hkv=Hkv, Lq=1, L_new=2, D=D, dtype=torch.bfloat16, seed=page_size)
+    case = _case(B=B, Hq=8, Hkv=Hkv, Lq=2, L_new=2, D=D, dtype=torch.bfloat16, seed=page_size)
     pages_per_seq = -(-L_MAX // page_size)
     perm = torch.randperm(B * pages_per_seq, generator=torch.Generator().manual_seed(1))
     table = perm.view(B, pages_per_seq).to(torch.int32).to(DEV)
@@ -139,6 +142,11 @@ def test_paged_equals_contiguous_bit_for_bit(page_size):
         paged = dict(case, k_cache=kp.clone(), v_cache=vp.clone(), page_table=table)
         got, got_lse = attn.with_kvcache(**paged, num_splits=splits, return_lse=True)
         assert torch.equal(got, want) and torch.equal(got_lse, want_lse), f"page size {page_size}, {splits} splits"
+        for b in range(B):  # the appended keys and values landed in the same positions of both layouts
+            for j in range(pages_per_seq):
+                n = min(page_size, L_MAX - j * page_size)
+                for pc, cc in ((paged["k_cache"], contiguous["k_cache"]), (paged["v_cache"], contiguous["v_cache"])):
+                    assert torch.equal(pc[table[b, j].item(), :, :n], cc[b, :, j * page_size:j * page_size + n])
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
