@@ -114,13 +114,8 @@ def run(args):
             if "flex" in outs and "attngen" in outs:
                 row["max_abs_diff_vs_flex"] = (outs["attngen"].float() - outs["flex"].float()).abs().max().item()
                 print(f"  attngen vs flex: {row['max_abs_diff_vs_flex']:.3e}", flush=True)
-            times = {n: [] for n in replays}
-            for _ in range(bf.ROUNDS):
-                for n in ("attngen", "flex", "sdpa"):
-                    if n in replays:
-                        times[n].append(bf.bench_ms(replays[n]))
-            for n, ts in times.items():
-                row[f"{n}_us"] = sorted(ts)[len(ts) // 2] * 1e3
+            for n, (ms, _) in bf.interleaved_ms(replays, row).items():
+                row[f"{n}_us"] = ms * 1e3
                 row[f"{n}_tbps"] = row["bytes"] / (row[f"{n}_us"] * 1e-6) / 1e12
             for other in ("flex", "sdpa"):
                 if row.get("attngen_us") and row.get(f"{other}_us"):

@@ -170,6 +170,22 @@ def bench_ms(fn) -> float:
     return float(r)
 
 
+def interleaved_ms(fns: dict, row: dict) -> dict:
+    """{name: (median ms, per-round ms)} of fns (attngen, flex, sdpa) timed in ROUNDS interleaved rounds (bench_ms
+    each); an implementation that fails is dropped, its error in row[name + '_error']."""
+    times = {n: [] for n in fns}
+    live = dict(fns)
+    for _ in range(ROUNDS):
+        for n in ("attngen", "flex", "sdpa"):
+            if n in live:
+                try:
+                    times[n].append(bench_ms(live[n]))
+                except Exception as e:  # noqa: BLE001
+                    row[f"{n}_error"] = err_line(n, e)
+                    del live[n]
+    return {n: (sorted(ts)[len(ts) // 2], ts) for n, ts in times.items() if ts and n in live}
+
+
 def tflops(B, H, S, D, density, ms) -> float:
     if ms is None or not ms or ms <= 0:
         return float("nan")
@@ -375,19 +391,9 @@ def run_anchors(args, dtype, device):
                 fns["sdpa"] = lambda sd=sd: sd(q, k, v)
                 row["sdpa_backend"] = backend + (" dense" if key in ISSUE15 else "")
         heat_gpu(device, 1.0)
-        times = {n: [] for n in fns}
-        for _ in range(ROUNDS):
-            for n in ("attngen", "flex", "sdpa"):
-                if n in fns:
-                    try:
-                        times[n].append(bench_ms(fns[n]))
-                    except Exception as e:  # noqa: BLE001
-                        row[f"{n}_error"] = err_line(n, e)
-                        del fns[n]
-        for n, ts in times.items():
-            if ts and n in fns:
-                row[f"{n}_ms"] = sorted(ts)[len(ts) // 2]
-                row[f"{n}_ms_rounds"] = ts
+        for n, (ms, ts) in interleaved_ms(fns, row).items():
+            row[f"{n}_ms"] = ms
+            row[f"{n}_ms_rounds"] = ts
         _fill_rates(row)
         print("  " + ", ".join(f"{n}={fmt(row.get(n + '_tflops'))} TFLOP/s" for n in ("attngen", "flex", "sdpa")),
               flush=True)

@@ -90,13 +90,8 @@ def run(args):
                 fns["sdpa"] = step_fn(sd, q, k, v, dout)
                 row["sdpa_backend"] = backend
         bf.heat_gpu(device, 1.0)
-        times = {n: [] for n in fns}
-        for _ in range(bf.ROUNDS):
-            for n in ("attngen", "flex", "sdpa"):
-                if n in fns:
-                    times[n].append(bf.bench_ms(fns[n]))
-        for n, ts in times.items():
-            row[f"{n}_ms"] = sorted(ts)[len(ts) // 2]
+        for n, (ms, ts) in bf.interleaved_ms(fns, row).items():
+            row[f"{n}_ms"] = ms
             row[f"{n}_ms_rounds"] = ts
             row[f"{n}_tflops"] = bf.tflops(B, H, S, D, row["density"], row[f"{n}_ms"]) * FLOP_FACTOR
         for other in ("flex", "sdpa"):

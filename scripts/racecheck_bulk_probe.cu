@@ -33,14 +33,17 @@ __global__ void probe(const float* src, float* dst) {
 }
 
 // The ring's reuse: the slot is read (generic loads), released on an "empty" mbarrier, and only then refilled by
-// the next bulk copy (write after read across proxies, ordered by the barrier's arrive / wait as in the backward).
+// the next bulk copy (write after read across proxies, ordered by the barrier's arrive / wait). BY_WARP releases it
+// as the backward does: the readers meet at a named barrier, then lane 0 of each warp arrives (the empty barrier
+// counts warps, not threads).
+template <bool BY_WARP>
 __global__ void probe_reuse(const float* src, float* dst) {
   __shared__ __align__(128) float buf[64];
   __shared__ __align__(8) uint64_t full, empty;
   const uint32_t f = smem_addr(&full), e = smem_addr(&empty);
   if (threadIdx.x == 0) {
     mbar_init(f, 1);
-    mbar_init(e, blockDim.x);
+    mbar_init(e, BY_WARP ? blockDim.x / 32 : blockDim.x);
     mbar_fence_init();
   }
   __syncthreads();
@@ -52,32 +55,8 @@ __global__ void probe_reuse(const float* src, float* dst) {
     }
     mbar_wait(f, it & 1);
     dst[it * 64 + threadIdx.x] = buf[threadIdx.x];
-    mbar_arrive(e);
-  }
-}
-
-// probe_reuse released as the backward releases a slot: the readers meet at a named barrier, then lane 0 of each
-// warp arrives (the empty barrier counts warps, not threads).
-__global__ void probe_reuse_by_warp(const float* src, float* dst) {
-  __shared__ __align__(128) float buf[64];
-  __shared__ __align__(8) uint64_t full, empty;
-  const uint32_t f = smem_addr(&full), e = smem_addr(&empty);
-  if (threadIdx.x == 0) {
-    mbar_init(f, 1);
-    mbar_init(e, blockDim.x / 32);
-    mbar_fence_init();
-  }
-  __syncthreads();
-  for (int it = 0; it < 2; ++it) {
-    if (threadIdx.x == 0) {
-      if (it > 0) mbar_wait(e, (it - 1) & 1);
-      mbar_arrive_expect_tx(f, sizeof(buf));
-      bulk_load_1d(smem_addr(buf), src + it * 64, sizeof(buf), f);
-    }
-    mbar_wait(f, it & 1);
-    dst[it * 64 + threadIdx.x] = buf[threadIdx.x];
-    named_bar_sync(1, blockDim.x);
-    if ((threadIdx.x & 31) == 0) mbar_arrive(e);
+    if (BY_WARP) named_bar_sync(1, blockDim.x);
+    if (!BY_WARP || (threadIdx.x & 31) == 0) mbar_arrive(e);
   }
 }
 
@@ -93,15 +72,14 @@ int main() {
   cudaMemcpy(host, dst, 64 * sizeof(float), cudaMemcpyDeviceToHost);
   for (int i = 0; i < 64; ++i) bad += host[i] != (float)i;
   std::printf("racecheck_bulk_probe (one copy): %s\n", bad ? "WRONG VALUES" : "values ok");
-  std::fflush(stdout);
-  probe_reuse<<<1, 64>>>(src, dst);
-  cudaMemcpy(host, dst, sizeof(host), cudaMemcpyDeviceToHost);
-  for (int i = 0; i < 128; ++i) bad += host[i] != (float)i;
-  std::printf("racecheck_bulk_probe (slot reused): %s\n", bad ? "WRONG VALUES" : "values ok");
-  std::fflush(stdout);
-  probe_reuse_by_warp<<<1, 64>>>(src, dst);
-  cudaMemcpy(host, dst, sizeof(host), cudaMemcpyDeviceToHost);
-  for (int i = 0; i < 128; ++i) bad += host[i] != (float)i;
-  std::printf("racecheck_bulk_probe (slot reused, released by warp): %s\n", bad ? "WRONG VALUES" : "values ok");
+  for (int by_warp = 0; by_warp < 2; ++by_warp) {
+    std::fflush(stdout);
+    if (by_warp) probe_reuse<true><<<1, 64>>>(src, dst);
+    else probe_reuse<false><<<1, 64>>>(src, dst);
+    cudaMemcpy(host, dst, sizeof(host), cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 128; ++i) bad += host[i] != (float)i;
+    std::printf("racecheck_bulk_probe (slot reused%s): %s\n", by_warp ? ", released by warp" : "",
+                bad ? "WRONG VALUES" : "values ok");
+  }
   return bad != 0;
 }

@@ -264,7 +264,8 @@ def test_library_links_cudart_statically_and_exports_only_the_abi(compiled):
     syms = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True,
                           check=True).stdout.split()
     exported = {s for s in syms if s.startswith("attngen_")}
-    assert exported == {"attngen_fwd", "attngen_abi_version", "attngen_kernel_info", "attngen_error_string"}
+    assert exported == {"attngen_fwd", "attngen_abi_version", "attngen_kernel_info", "attngen_error_string",
+                        "attngen_decode", "attngen_decode_kernel_info", "attngen_decode_heads_per_cta"}  # + KV cache
     assert not any(s.startswith("cuda") for s in syms), "cudart symbols leak from the library"
 
 

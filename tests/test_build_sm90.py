@@ -134,10 +134,11 @@ def _ptxas_report(output: str) -> dict:
     """{object directory: [registers, spill store bytes, spill load bytes, stack bytes]} from ninja output."""
     report, cur = {}, None
     for line in output.splitlines():
-        m = re.search(r"NVCC (\S+)/" + re.escape(render.KERNEL_SOURCE[:-3]) + r"\.o", line)
-        if m:
-            cur = m.group(1)
-            report.setdefault(cur, [None, 0, 0, 0])
+        m = re.search(r"NVCC (\S+)/(\w+)\.o", line)
+        if m:  # the forward kernel's object; the KV-cache unit beside it (DECODE_SOURCE) is not reported here
+            cur = m.group(1) if m.group(2) == render.KERNEL_SOURCE[:-3] else None
+            if cur is not None:
+                report.setdefault(cur, [None, 0, 0, 0])
             continue
         if cur is None:
             continue
@@ -229,8 +230,9 @@ def test_attngen_fwd_argument_checks_without_gpu(compiled):
     assert lib.launch(_packed_args(q=24), 0) == 716                      # cudaErrorMisalignedAddress
     assert lib.launch(_packed_args(strides=[2 * 8 * 128, 8 * 128, 132] + [2 * 8 * 128, 8 * 128, 128] * 3), 0) == 716
     if ctypes.util.find_library("cuda") is None and not torch.cuda.is_available():
-        # no driver: the tensor-map encoder cannot be had, so the call asks for the sm80 fallback
-        assert lib.launch(_packed_args(), 0) == ERR_NO_TMA_ENCODER
+        # no driver: the launch stops at making the device current (before any driver call), with CUDA's own
+        # error (insufficient driver, or no device), which nothing can fall back from
+        assert lib.launch(_packed_args(), 0) in (35, 100)
 
 
 def test_library_exports_only_the_abi(compiled):
@@ -241,7 +243,9 @@ def test_library_exports_only_the_abi(compiled):
     syms = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True,
                           check=True).stdout.split()
     assert {s for s in syms if s.startswith("attngen")} == {"attngen_fwd", "attngen_abi_version",
-                                                           "attngen_kernel_info", "attngen_error_string"}
+                                                           "attngen_kernel_info", "attngen_error_string",
+                                                           "attngen_decode", "attngen_decode_kernel_info",
+                                                           "attngen_decode_heads_per_cta"}  # + the KV-cache unit
     assert not any("tma_encode" in s or s.startswith("cuda") for s in syms)
     dyn = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True, check=True).stdout
     needed = re.findall(r"\(NEEDED\).*\[(.+?)\]", dyn)
