@@ -1,6 +1,6 @@
 // attngen_decode_abi.cuh: the argument block of `attngen_decode` (the decode libraries' C ABI, fwd_decode.cuh).
-// attngen/decode.py packs it byte for byte: field order, types and sizes change only together with
-// ATTNGEN_DECODE_ABI_VERSION and decode.py.
+// attngen/launch.py packs it byte for byte: field order, types and sizes change only together with
+// ATTNGEN_DECODE_ABI_VERSION and launch.py.
 #pragma once
 
 #include "attngen_common.cuh"
@@ -48,7 +48,7 @@ struct AttngenDecodeArgs {
   int kv_extra;               // keys past s_b (the appended ones): a sequence has s_b + kv_extra keys
   int page_size;              // 1 .. 256 with a page table
   int num_splits;             // >= 1: CTAs sharing one kv range
-  int heads_per_cta;          // query heads of one kv head packed per CTA: a power of two up to 16 dividing Hq / Hkv
+  int heads_per_cta;          // query heads of one kv head walked together (1 .. NWARPS, divides Hq / Hkv)
   // What the cache holds. Values launch.py cannot check without a device sync (under CUDA-graph capture) are
   // clamped to these, so a bad length, page id or cache row reads the wrong keys, never outside the cache.
   int capacity;               // positions per sequence: L_max, or max_pages * page_size
