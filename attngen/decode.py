@@ -21,9 +21,9 @@ from typing import Optional, Sequence
 import torch
 
 from .errors import KernelLaunchError
-from .launch import (_PACK_TAIL, _ZERO_TAIL, AttngenKernelInfo, CapturedArgs, _capable_devices, _captured_fields,
-                     _check_capability,
-                     _Library, _NO_PARAMS, _raw_stream, check_debug_record, debug_record, load_family_library)
+from .launch import (_NO_PARAMS, _PACK_TAIL, _ZERO_TAIL, AttngenKernelInfo, CapturedArgs, _Library, _capable_devices,
+                     _captured_fields, _check_capability, _raw_stream, check_debug_record, debug_record,
+                     load_family_library)
 
 DECODE_ABI_VERSION = 1  # ATTNGEN_DECODE_ABI_VERSION (templates/attngen_decode_abi.cuh)
 
@@ -54,6 +54,7 @@ def pack_head(fields: dict) -> bytes:
     for name, n in _HEAD_FIELDS:
         flat.extend(fields[name][:n] if n else (fields[name],))
     return _PACK_DECODE_HEAD.pack(*flat)
+
 
 MAX_SPLITS = 128  # FA3's cap on Flash-Decoding splits
 
@@ -154,6 +155,7 @@ def decode(lib: DecodeLibrary, q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     if num_splits > 1:
         o_part = torch.empty((num_splits, B, Hq, Lq, D), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((num_splits, B, Hq, Lq), dtype=torch.float32, device=q.device)
+
     def ptr(t):
         return t.data_ptr() if t is not None else 0
 

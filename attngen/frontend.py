@@ -79,7 +79,7 @@ class CompiledAttention:
         # facts: what calls and cache keys need (captured tensors, summaries, canonical text); the analysis
         # (traced variant, predicates) when it ran here, else None until something asks for it
         self.facts, self._analysis = variant_facts(variant)
-        self._libraries = {}  # (dtype, head dim, device index, kernel) -> loaded library
+        self._libraries = {}  # (dtype, head dim, device index, kernel, loader) -> loaded library
         self._ready = {}      # (dtype, head dim, device index) -> the library a call launches: the hot path
         self._summaries = _SummaryCache()
         self._bwd_summaries = _SummaryCache()  # the backward kernel's tiles differ from the forward's
@@ -177,21 +177,13 @@ class CompiledAttention:
         second entry point, so built (or found in the cache) with the forward on first use."""
         from .decode import load_decode_library
 
-        key = (dtype, head_dim, device_index, "decode")
-        lib = self._libraries.get(key)
-        if lib is None:
-            forward = self.library(dtype, head_dim, device_index)
-            with _BUILD_LOCK:
-                lib = self._libraries.get(key)
-                if lib is None:
-                    lib = self._libraries[key] = load_decode_library(forward.path)
-                    lib.param_count = forward.param_count
-        return lib
+        return self._load(dtype, head_dim, device_index, None, load_decode_library)
 
     def _load(self, dtype: torch.dtype, head_dim: int, device_index: int, kernel: Optional[str], loader):
-        """The library of one signature and kernel family: memoised, else built (or found in the cache) and loaded
-        by `loader` under the build lock (checked again inside it)."""
-        key = (dtype, head_dim, device_index, kernel)
+        """The library of one signature and kernel family, seen through `loader` (the forward library is loaded
+        twice: as the forward and as the KV-cache kernel): memoised, else built (or found in the cache) and loaded
+        under the build lock (checked again inside it)."""
+        key = (dtype, head_dim, device_index, kernel, loader)
         lib = self._libraries.get(key)
         if lib is None:
             with _BUILD_LOCK:
@@ -252,20 +244,26 @@ class CompiledAttention:
         if not self.facts.captured:
             return forward(lib, q, k, v, scale=scale, q_offset=q_offset, return_lse=return_lse,
                            params=self._param_fields())
-        captured = [c.tensor for c in self.facts.captured]
-        for c, t in zip(self.facts.captured, captured):
-            if t.device != q.device:
-                raise InputError(
-                    f"captured tensor {c.name} ({t.dtype}, shape {tuple(t.shape)}) is on {t.device} but q is on "
-                    f"{q.device}; move it before compiling (e.g. doc_ids.to('{q.device}'))"
-                )
-            problem = c.check_layout(t)
-            if problem is not None:
-                raise InputError(problem)
+        captured = self.captured_on(q.device)
         check_extents(self.facts.captured, captured, q.shape[0], q.shape[1], q.shape[2], k.shape[2], int(q_offset))
         summaries = self._summaries.get(self, captured, lib, q.shape[2], k.shape[2], int(q_offset))
         return forward(lib, q, k, v, scale=scale, q_offset=int(q_offset), return_lse=return_lse,
                        captured=captured, summaries=summaries, params=self._param_fields())
+
+    def captured_on(self, device: torch.device) -> list:
+        """The captured tensors a kernel call on ``device`` passes, each checked to be there and in the layout its
+        generated code reads (InputError naming the fix otherwise)."""
+        captured = [c.tensor for c in self.facts.captured]
+        for c, t in zip(self.facts.captured, captured):
+            if t.device != device:
+                raise InputError(
+                    f"captured tensor {c.name} ({t.dtype}, shape {tuple(t.shape)}) is on {t.device} but q is on "
+                    f"{device}; move it before compiling (e.g. doc_ids.to('{device}'))"
+                )
+            problem = c.check_layout(t)
+            if problem is not None:
+                raise InputError(problem)
+        return captured
 
     def with_kvcache(self, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, page_table=None,
                      rotary_cos=None, rotary_sin=None, rotary_interleaved=False, cache_batch_idx=None, num_splits=0,

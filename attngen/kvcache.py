@@ -52,9 +52,9 @@ def with_kvcache(attn, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, 
     B, Hq, Lq, D, Hkv, Dv, L_new = _check_tensors(q, k_cache, v_cache, k, v)
     paged = page_table is not None
     if paged:
-        locate, capacity = _paged_layout(q, k_cache, page_table, cache_batch_idx)
+        locate, capacity = _paged_layout(B, q.device, k_cache, page_table, cache_batch_idx)
     else:
-        locate, capacity = _contiguous_layout(q, k_cache, cache_batch_idx)
+        locate, capacity = _contiguous_layout(B, q.device, k_cache, cache_batch_idx)
     starts = _cache_seqlens(cache_seqlens, B, q.device, capacity, L_new)
     if paged:
         _check_pages(page_table, k_cache.shape[0], k_cache.shape[2], starts, L_new)
@@ -139,18 +139,21 @@ def _check_tensors(q, k_cache, v_cache, k, v):
     return B, Hq, Lq, D, Hkv, Dv, L_new
 
 
-def _contiguous_layout(q, k_cache, cache_batch_idx) -> Tuple[Locate, int]:
-    B = q.shape[0]
+def _contiguous_layout(B: int, device, k_cache, cache_batch_idx, values: bool = True):
+    """(locate, capacity) of a contiguous cache; the index tensors must be on ``device``. ``values=False`` checks
+    the shapes only (no device sync) and returns no locate function."""
     rows: List[int] = list(range(B))
     if cache_batch_idx is None:
         if k_cache.shape[0] != B:
             raise InputError(f"k_cache has {k_cache.shape[0]} rows but q has batch {B}; pass cache_batch_idx (int32, "
                              f"(B,)) to choose the cache row of each sequence, or a cache of batch {B}")
     else:
-        check_index_tensor("cache_batch_idx", cache_batch_idx, 1, q.device, "the cache row of each sequence, (B,)")
+        check_index_tensor("cache_batch_idx", cache_batch_idx, 1, device, "the cache row of each sequence, (B,)")
         if cache_batch_idx.shape[0] != B:
             raise InputError(f"cache_batch_idx must have one entry per sequence, (B,) = ({B},), got "
                              f"{tuple(cache_batch_idx.shape)}")
+        if not values:
+            return None, k_cache.shape[2]
         rows = cache_batch_idx.tolist()
         bad = [(b, r) for b, r in enumerate(rows) if not 0 <= r < k_cache.shape[0]]
         if bad:
@@ -164,12 +167,12 @@ def _contiguous_layout(q, k_cache, cache_batch_idx) -> Tuple[Locate, int]:
     return locate, k_cache.shape[2]
 
 
-def _paged_layout(q, k_cache, page_table, cache_batch_idx) -> Tuple[Locate, int]:
-    B = q.shape[0]
+def _paged_layout(B: int, device, k_cache, page_table, cache_batch_idx) -> Tuple[Locate, int]:
+    """(locate, capacity) of a paged cache (shapes only: no device sync); the page table must be on ``device``."""
     if cache_batch_idx is not None:
         raise InputError("cache_batch_idx does not apply to a paged cache (as in flash_attn_with_kvcache); select "
                          "the sequences' pages with the rows of page_table instead (page_table[cache_batch_idx])")
-    check_index_tensor("page_table", page_table, 2, q.device, "(B, max_pages): the pages of each sequence")
+    check_index_tensor("page_table", page_table, 2, device, "(B, max_pages): the pages of each sequence")
     if page_table.shape[0] != B:
         raise InputError(f"page_table must have one row per sequence, (B, max_pages) with B = {B}, got "
                          f"{tuple(page_table.shape)}")
@@ -185,8 +188,9 @@ def _paged_layout(q, k_cache, page_table, cache_batch_idx) -> Tuple[Locate, int]
     return locate, page_table.shape[1] * page_size
 
 
-def _cache_seqlens(cache_seqlens, B: int, device, capacity: int, L_new: int) -> List[int]:
-    """The cached lengths before the append, one per sequence, each checked against the capacity."""
+def _cache_seqlens(cache_seqlens, B: int, device, capacity: int, L_new: int, values: bool = True) -> List[int]:
+    """The cached lengths before the append, one per sequence, each checked against the capacity. ``values=False``
+    checks a tensor's shape only (no device sync) and returns None for it."""
     if cache_seqlens is None:
         if L_new:
             raise InputError("appending k/v needs cache_seqlens (the cached length of each sequence, where the new "
@@ -197,6 +201,8 @@ def _cache_seqlens(cache_seqlens, B: int, device, capacity: int, L_new: int) -> 
         if cache_seqlens.shape[0] != B:
             raise InputError(f"cache_seqlens must have one entry per sequence, (B,) = ({B},), got "
                              f"{tuple(cache_seqlens.shape)}")
+        if not values:
+            return None
         starts = cache_seqlens.tolist()
     else:
         starts = [check_nonnegative_int("cache_seqlens", cache_seqlens, "an int or an int32 tensor (B,)")] * B
@@ -255,10 +261,11 @@ def _check_no_shared_writes(locate: Locate, starts: List[int], L_new: int, slots
 
 def _with_kvcache_kernel(attn, q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos, rotary_sin,
                          rotary_interleaved, cache_batch_idx, num_splits, return_lse, scale):
-    """The CUDA path: the same checks as the reference where they need no device sync, the value checks (lengths
-    against the capacity, page ids, shared slots, captured-tensor extents) too unless a CUDA graph is being
-    captured or torch.compile traces; then the append (and rotation) with torch ops, and the decode kernel."""
+    """The CUDA path: the reference's checks, those that read values (lengths against the capacity, page ids,
+    shared slots, captured-tensor extents) on host copies and not while a CUDA graph is being captured or
+    torch.compile traces; then the append (and rotation) with torch ops, and the decode kernel."""
     from .decode import decode
+    from .launch import _layout_ok
 
     B, Hq, Lq, D, Hkv, Dv, L_new = _check_tensors(q, k_cache, v_cache, k, v)
     if Dv != D:
@@ -269,34 +276,17 @@ def _with_kvcache_kernel(attn, q, k_cache, v_cache, k, v, cache_seqlens, page_ta
                          "caches, or compile with backend='reference'")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         st = t.stride()
-        if st[3] != 1 or t.data_ptr() % 16 or any(st[d] % 8 and t.shape[d] > 1 for d in range(3)):
+        if not _layout_ok(t, t.shape):
             raise InputError(f"{name} must have a contiguous last dim, 16-byte alignment and strides that are multiples "
                              f"of 8 elements, got strides {tuple(st)}: pass {name}.contiguous() (a cache: allocate it "
                              "with torch.empty / torch.zeros)")
     paged = page_table is not None
     if paged:
-        locate, capacity = _paged_layout(q, k_cache, page_table, cache_batch_idx)
-        if page_table.stride(1) != 1:
-            raise InputError(f"page_table must have a contiguous last dim, got strides {tuple(page_table.stride())}; "
-                             "pass page_table.contiguous()")
-    elif cache_batch_idx is not None:
-        check_index_tensor("cache_batch_idx", cache_batch_idx, 1, q.device, "the cache row of each sequence, (B,)")
-        if cache_batch_idx.shape[0] != B:
-            raise InputError(f"cache_batch_idx must have one entry per sequence, (B,) = ({B},), got "
-                             f"{tuple(cache_batch_idx.shape)}")
-        capacity = k_cache.shape[2]
+        _, capacity = _paged_layout(B, q.device, k_cache, page_table, cache_batch_idx)
     else:
-        if k_cache.shape[0] != B:
-            raise InputError(f"k_cache has {k_cache.shape[0]} rows but q has batch {B}; pass cache_batch_idx (int32, "
-                             f"(B,)) to choose the cache row of each sequence, or a cache of batch {B}")
-        capacity = k_cache.shape[2]
-    seqlens = None
-    if isinstance(cache_seqlens, torch.Tensor):
-        seqlens = check_index_tensor("cache_seqlens", cache_seqlens, 1, q.device,
-                                     "the cached length of each sequence, (B,)").contiguous()
-        if seqlens.shape[0] != B:
-            raise InputError(f"cache_seqlens must have one entry per sequence, (B,) = ({B},), got "
-                             f"{tuple(seqlens.shape)}")
+        _, capacity = _contiguous_layout(B, q.device, k_cache, cache_batch_idx, values=False)
+    _cache_seqlens(cache_seqlens, B, q.device, capacity, L_new, values=False)  # a tensor's shape, an int's value
+    seqlens = cache_seqlens.contiguous() if isinstance(cache_seqlens, torch.Tensor) else None
     check_nonnegative_int("num_splits", num_splits, "0 picks the split count automatically")
     check_bool("return_lse", return_lse)
     if not isinstance(rotary_interleaved, bool):
@@ -304,35 +294,28 @@ def _with_kvcache_kernel(attn, q, k_cache, v_cache, k, v, cache_seqlens, page_ta
                          f"got {rotary_interleaved!r}")
     scale = _check_scale(scale, D)
     rotary = rotary_cos is not None or rotary_sin is not None
-    captured = [c.tensor for c in attn.facts.captured]
-    for c, t in zip(attn.facts.captured, captured):
-        if t.device != q.device:
-            raise InputError(f"captured tensor {c.name} ({t.dtype}, shape {tuple(t.shape)}) is on {t.device} but q is "
-                             f"on {q.device}; move it before compiling (e.g. doc_ids.to('{q.device}'))")
-        problem = c.check_layout(t)
-        if problem is not None:
-            raise InputError(problem)
+    captured = attn.captured_on(q.device)
     if not (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()):
-        # the checks that read values: one device sync, skipped under capture (the append and the kernel clamp
-        # lengths, page ids and cache rows to the cache, so a bad value there touches wrong slots, never outside it)
-        if cache_batch_idx is not None and not paged:
-            _contiguous_layout(q, k_cache, cache_batch_idx)
-        starts = _cache_seqlens(cache_seqlens, B, q.device, capacity, L_new)
+        # the checks that read values, on host copies of the index tensors (one wait for them), skipped under capture:
+        # the append and the kernel clamp lengths, page ids and cache rows to the cache, so a bad value there touches
+        # wrong slots, never outside it
+        cpu = torch.device("cpu")
+        table, rows, lengths = (t.cpu() if isinstance(t, torch.Tensor) else t
+                                for t in (page_table, cache_batch_idx, cache_seqlens))
+        locate, _ = (_paged_layout(B, cpu, k_cache, table, None) if paged
+                     else _contiguous_layout(B, cpu, k_cache, rows))
+        starts = _cache_seqlens(lengths, B, cpu, capacity, L_new)
         if paged:
-            _check_pages(page_table, k_cache.shape[0], k_cache.shape[2], starts, L_new)
+            _check_pages(table, k_cache.shape[0], k_cache.shape[2], starts, L_new)
         if rotary:
             rotated = max(Lq, L_new)
             check_rotary(rotary_cos, rotary_sin, q, max(starts, default=0) + rotated - 1 if rotated else -1)
-        if L_new and (paged or cache_batch_idx is not None):
-            _check_no_shared_writes(locate if paged else _contiguous_layout(q, k_cache, cache_batch_idx)[0], starts,
-                                    L_new, k_cache.shape[2], q.device)
+        if L_new and (paged or rows is not None):
+            _check_no_shared_writes(locate, starts, L_new, k_cache.shape[2], cpu)
         for s in starts:
             check_sequence_extents(attn, B, Hq, Lq, s + L_new, s)
-    else:
-        if not isinstance(cache_seqlens, torch.Tensor):  # None or an int: checked without a sync
-            _cache_seqlens(cache_seqlens, B, q.device, capacity, L_new)
-        if rotary:
-            check_rotary(rotary_cos, rotary_sin, q, -1)
+    elif rotary:
+        check_rotary(rotary_cos, rotary_sin, q, -1)
     default = capacity if cache_seqlens is None else (0 if seqlens is not None else int(cache_seqlens))
 
     with torch.no_grad():  # an inference entry point: the cache is written in place

@@ -114,12 +114,12 @@ def run(args):
             if "flex" in outs and "attngen" in outs:
                 row["max_abs_diff_vs_flex"] = (outs["attngen"].float() - outs["flex"].float()).abs().max().item()
                 print(f"  attngen vs flex: {row['max_abs_diff_vs_flex']:.3e}", flush=True)
-            for n, (ms, _) in bf.interleaved_ms(replays, row).items():
-                row[f"{n}_us"] = ms * 1e3
-                row[f"{n}_tbps"] = row["bytes"] / (row[f"{n}_us"] * 1e-6) / 1e12
-            for other in ("flex", "sdpa"):
-                if row.get("attngen_us") and row.get(f"{other}_us"):
-                    row[f"attngen_over_{other}"] = row[f"{other}_us"] / row["attngen_us"]
+            bf.interleaved_ms(replays, row)
+            for n in replays:
+                if f"{n}_ms" in row:
+                    row[f"{n}_us"] = row[f"{n}_ms"] * 1e3
+                    row[f"{n}_tbps"] = row["bytes"] / (row[f"{n}_us"] * 1e-6) / 1e12
+            bf.speed_ratios(row)
             print("  " + ", ".join(f"{n}={bf.fmt(row.get(n + '_tbps'), 2)} TB/s" for n in ("attngen", "flex", "sdpa")),
                   flush=True)
             rows.append(row)

@@ -170,9 +170,9 @@ def bench_ms(fn) -> float:
     return float(r)
 
 
-def interleaved_ms(fns: dict, row: dict) -> dict:
-    """{name: (median ms, per-round ms)} of fns (attngen, flex, sdpa) timed in ROUNDS interleaved rounds (bench_ms
-    each); an implementation that fails is dropped, its error in row[name + '_error']."""
+def interleaved_ms(fns: dict, row: dict) -> None:
+    """fns (attngen, flex, sdpa) timed in ROUNDS interleaved rounds (bench_ms each): row[name + '_ms'] the median,
+    row[name + '_ms_rounds'] the rounds; an implementation that fails is dropped, its error in row[name + '_error']."""
     times = {n: [] for n in fns}
     live = dict(fns)
     for _ in range(ROUNDS):
@@ -183,7 +183,17 @@ def interleaved_ms(fns: dict, row: dict) -> dict:
                 except Exception as e:  # noqa: BLE001
                     row[f"{n}_error"] = err_line(n, e)
                     del live[n]
-    return {n: (sorted(ts)[len(ts) // 2], ts) for n, ts in times.items() if ts and n in live}
+    for n, ts in times.items():
+        if ts and n in live:
+            row[f"{n}_ms"] = sorted(ts)[len(ts) // 2]
+            row[f"{n}_ms_rounds"] = ts
+
+
+def speed_ratios(row: dict, skip=()) -> None:
+    """row['attngen_over_' + other] = other's time / attngen's (> 1: attngen is faster), for flex and sdpa."""
+    for other in ("flex", "sdpa"):
+        if other not in skip and row.get("attngen_ms") and row.get(f"{other}_ms"):
+            row[f"attngen_over_{other}"] = row[f"{other}_ms"] / row["attngen_ms"]
 
 
 def tflops(B, H, S, D, density, ms) -> float:
@@ -391,9 +401,7 @@ def run_anchors(args, dtype, device):
                 fns["sdpa"] = lambda sd=sd: sd(q, k, v)
                 row["sdpa_backend"] = backend + (" dense" if key in ISSUE15 else "")
         heat_gpu(device, 1.0)
-        for n, (ms, ts) in interleaved_ms(fns, row).items():
-            row[f"{n}_ms"] = ms
-            row[f"{n}_ms_rounds"] = ts
+        interleaved_ms(fns, row)
         _fill_rates(row)
         print("  " + ", ".join(f"{n}={fmt(row.get(n + '_tflops'))} TFLOP/s" for n in ("attngen", "flex", "sdpa")),
               flush=True)
@@ -411,13 +419,8 @@ def _fill_rates(row):
         if ms is not None:
             row[f"{impl}_tflops"] = tflops(row["B"], row["H"], row["S"], row["D"],
                                            1.0 if impl == "sdpa" and dense_sdpa else d, ms)
-    a = row.get("attngen_ms")
-    for other in ("flex", "sdpa"):
-        o = row.get(f"{other}_ms")
-        if other == "sdpa" and dense_sdpa and d != 1.0:
-            continue  # a time ratio against dense work would mislead
-        if a and o:
-            row[f"attngen_over_{other}"] = o / a  # > 1: attngen is faster
+    # a time ratio against SDPA's dense work would mislead
+    speed_ratios(row, skip=("sdpa",) if dense_sdpa and d != 1.0 else ())
 
 
 def anchors_table(rows) -> str:

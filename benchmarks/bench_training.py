@@ -90,13 +90,11 @@ def run(args):
                 fns["sdpa"] = step_fn(sd, q, k, v, dout)
                 row["sdpa_backend"] = backend
         bf.heat_gpu(device, 1.0)
-        for n, (ms, ts) in bf.interleaved_ms(fns, row).items():
-            row[f"{n}_ms"] = ms
-            row[f"{n}_ms_rounds"] = ts
-            row[f"{n}_tflops"] = bf.tflops(B, H, S, D, row["density"], row[f"{n}_ms"]) * FLOP_FACTOR
-        for other in ("flex", "sdpa"):
-            if row.get("attngen_ms") and row.get(f"{other}_ms"):
-                row[f"attngen_over_{other}"] = row[f"{other}_ms"] / row["attngen_ms"]
+        bf.interleaved_ms(fns, row)
+        for n in fns:
+            if f"{n}_ms" in row:
+                row[f"{n}_tflops"] = bf.tflops(B, H, S, D, row["density"], row[f"{n}_ms"]) * FLOP_FACTOR
+        bf.speed_ratios(row)
         print("  " + ", ".join(f"{n}={bf.fmt(row.get(n + '_tflops'))} TFLOP/s" for n in ("attngen", "flex", "sdpa")),
               flush=True)
         rows.append(row)

@@ -460,3 +460,95 @@ def test_outputs_are_not_differentiable_and_the_cache_may_require_grad():
     kc, vc = (t.clone().requires_grad_() for t in case.clone_caches())
     out = attngen.compile().with_kvcache(case.q.requires_grad_(), kc, vc, case.k, case.v, cache_seqlens=2)
     assert not out.requires_grad and same_bits(kc.detach()[0, :, 2:3], case.k[0])
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the CUDA path (kvcache._with_kvcache_kernel) up to the launch, on CPU tensors: the decode launch replaced by a
+# recorder, the graph-capture query by a switch
+
+
+@pytest.fixture
+def kernel_path(monkeypatch):
+    """(run, launches): run(attn, **kwargs) calls the kernel path with the launch recorded in ``launches``; the
+    ``capturing`` kwarg says what torch.cuda.is_current_stream_capturing answers."""
+    import attngen.decode
+    import attngen.kvcache as kv
+
+    launches = []
+
+    def fake_decode(lib, q, k_cache, v_cache, **kw):
+        launches.append(dict(q=q.clone(), k_cache=k_cache.clone(), v_cache=v_cache.clone(), **kw))
+        return torch.zeros_like(q)
+
+    monkeypatch.setattr(attngen.decode, "decode", fake_decode)
+
+    def run(attn, capturing=False, **kwargs):
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing)
+        monkeypatch.setattr(type(attn), "decode_library", lambda self, *a: None)
+        args = dict(k=None, v=None, cache_seqlens=None, page_table=None, rotary_cos=None, rotary_sin=None,
+                    rotary_interleaved=False, cache_batch_idx=None, num_splits=0, return_lse=False, scale=None)
+        args.update(kwargs)
+        return kv._with_kvcache_kernel(attn, args.pop("q"), args.pop("k_cache"), args.pop("v_cache"), args.pop("k"),
+                                       args.pop("v"), args.pop("cache_seqlens"), args.pop("page_table"),
+                                       args.pop("rotary_cos"), args.pop("rotary_sin"), args.pop("rotary_interleaved"),
+                                       args.pop("cache_batch_idx"), args.pop("num_splits"), args.pop("return_lse"),
+                                       args.pop("scale"))
+
+    return run, launches
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "rows", "paged"])
+def test_kernel_path_appends_and_rotates_as_the_reference(kernel_path, layout):
+    run, launches = kernel_path
+    gen = torch.Generator().manual_seed(5)
+    B, Hq, Hkv, D, L, Ln, ps = 3, 4, 2, 64, 48, 3, 16
+    bf = torch.bfloat16
+    q, k, v = (randn(gen, B, h, n, D, dtype=bf) for h, n in ((Hq, 2), (Hkv, Ln), (Hkv, Ln)))
+    lens = torch.tensor([0, 17, L - Ln], dtype=I32)
+    cos, sin = rope_tables(L + 4, 32, dtype=bf)
+    kw = dict(cache_seqlens=lens, rotary_cos=cos, rotary_sin=sin)
+    if layout == "paged":
+        kc = randn(gen, B * L // ps, Hkv, ps, D, dtype=bf)
+        kw["page_table"] = torch.randperm(B * L // ps, generator=gen).view(B, L // ps).to(I32)
+    else:
+        kc = randn(gen, B + 2 if layout == "rows" else B, Hkv, L, D, dtype=bf)
+        if layout == "rows":
+            kw["cache_batch_idx"] = torch.tensor([4, 0, 2], dtype=I32)
+    vc = randn(gen, *kc.shape, dtype=bf)
+    want_k, want_v = kc.clone(), vc.clone()
+    attngen.compile(causal=True, backend="reference").with_kvcache(q, want_k, want_v, k, v, **kw)
+    attn = attngen.compile(causal=True)
+    run(attn, q=q, k_cache=kc, v_cache=vc, k=k, v=v, **kw)
+    (launch,) = launches
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)  # the same slots written with the same bits
+    positions = lens.long()[:, None] + torch.arange(2)  # the queries rotated at s_b + i
+    from attngen.rotary import apply_rotary
+
+    assert torch.equal(launch["q"], apply_rotary(q, cos, sin, positions.unsqueeze(1), False))
+    assert torch.equal(launch["seqlens"], lens) and launch["kv_extra"] == Ln
+    assert launch["cache_batch_idx"] is None if layout != "rows" else torch.equal(launch["cache_batch_idx"],
+                                                                                 kw["cache_batch_idx"])
+
+
+def test_kernel_path_checks_values_eagerly_and_clamps_under_capture(kernel_path):
+    run, launches = kernel_path
+    gen = torch.Generator().manual_seed(6)
+    bf = torch.bfloat16
+    q, k, v = (randn(gen, 2, h, 1, 64, dtype=bf) for h in (4, 2, 2))
+    kc = randn(gen, 4, 2, 16, 64, dtype=bf)
+    vc = randn(gen, *kc.shape, dtype=bf)
+    table = torch.tensor([[0, 9], [1, 2]], dtype=I32)  # page 9 is not in the cache
+    lens = torch.tensor([20, 3], dtype=I32)
+    before = kc.clone()
+    with pytest.raises(InputError, match="not a page"):
+        run(attngen.compile(causal=True), q=q, k_cache=kc, v_cache=vc, k=k, v=v, cache_seqlens=lens, page_table=table)
+    assert torch.equal(kc, before) and not launches  # nothing written, nothing launched
+    with pytest.raises(InputError, match="capacity"):  # 31 + 1 keys in a 32-slot row
+        run(attngen.compile(causal=True), q=q, k_cache=kc, v_cache=vc, k=k, v=v, page_table=table[:, :1] * 0 + 3,
+            cache_seqlens=torch.tensor([16, 3], dtype=I32))
+    # under capture no value is read: the bad page is clamped into the cache (page 3), the launch still happens
+    run(attngen.compile(causal=True), capturing=True, q=q, k_cache=kc, v_cache=vc, k=k, v=v, cache_seqlens=lens,
+        page_table=table)
+    assert len(launches) == 1
+    changed = (kc != before).flatten(1).any(1)
+    assert changed.tolist() == [False, True, False, True]  # sequence 1's slot in page 1, sequence 0's clamped page 3
