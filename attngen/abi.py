@@ -15,5 +15,6 @@ DTYPE_CODES = {0: "float16", 1: "bfloat16"}  # AttngenKernelInfo.dtype
 ERROR_SM90_TMA_LAYOUT = 9001  # q/k/v cannot be described by a TMA tensor map
 ERROR_SM90_NO_TMA_ENCODER = 9002  # the driver does not provide cuTensorMapEncodeTiled
 ERROR_SCALE_NOT_POSITIVE = 9003  # no score_mod and scale <= 0: the caller rewrites the call exactly
+ERROR_BWD_OPTION = 9004  # a backward asked for captured-tensor gradients or determinism it lacks (sm80)
 # Codes meaning "this call cannot run on the sm90 kernel; run the portable sm80 kernel instead".
 SM90_FALLBACK_CODES = (ERROR_SM90_TMA_LAYOUT, ERROR_SM90_NO_TMA_ENCODER)

@@ -26,10 +26,12 @@ milliseconds that ``import attngen`` need not pay.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import math
 import threading
+import warnings
 import weakref
 from typing import List, Optional, Sequence, Tuple
 
@@ -128,24 +130,31 @@ def backward_kernel(attn, dout: torch.Tensor, dlse: Optional[torch.Tensor], q: t
     like ``captured[i]`` where ``needs_grad[3 + i]`` and ``captured[i]`` is floating point, else anything
     (replaced by an empty tensor). The backward kernels (launch.backward: templates/bwd_sm90.cuh on sm_90a at
     head dims 64 / 128, else the portable bwd_sm80.cuh, which also takes a call whose layout TMA cannot
-    describe) take 16-bit CUDA inputs of one head dim; they decline (None) an LSE gradient, gradients of
-    captured tensors and variants whose backward library does not build (a score_mod without derivatives).
+    describe) take 16-bit CUDA inputs of one head dim; they decline (None) an LSE gradient and variants whose
+    backward library does not build (a score_mod without derivatives). Gradients of captured tensors are summed
+    by the sm90 kernel only (templates/bwd_grad_sites.cuh), and so is dQ in a fixed order (``deterministic``:
+    the CompiledAttention's flag, or torch.use_deterministic_algorithms): such a call declines elsewhere.
     """
-    if dlse is not None or not q.is_cuda or getattr(attn, "backend", None) == "reference" or any(needs_grad[3:]):
+    if dlse is not None or not q.is_cuda or getattr(attn, "backend", None) == "reference":
         return None
     if q.dtype not in (torch.bfloat16, torch.float16) or v.shape[-1] != q.shape[-1]:
         return None
     from .abi import SM90_FALLBACK_CODES, SUPPORTED_HEAD_DIMS
     from .errors import BuildError, KernelLaunchError
+    from .jit.spec import SM90_BWD_KERNEL
     from .launch import backward
 
     D, dev = q.shape[-1], q.get_device()
     if D not in SUPPORTED_HEAD_DIMS:
         return None
     # the sm90 backward where there is one, else (or when this call's layout has no TMA map) the portable kernel
+    wanted = [bool(n) and c.dtype.is_floating_point for n, c in zip(needs_grad[3:], captured)]
+    deterministic = bool(getattr(attn, "deterministic", False)) or torch.are_deterministic_algorithms_enabled()
+    if deterministic and any(wanted):
+        _warn_captured_atomics()
     for kernel in attn.backward_kernels(D, dev):
         key = (attn.op_id, q.dtype, D, dev, kernel)
-        if key in _NO_KERNEL:
+        if key in _NO_KERNEL or ((any(wanted) or deterministic) and kernel != SM90_BWD_KERNEL):
             continue
         try:
             lib = attn.backward_library(q.dtype, D, dev, kernel)
@@ -155,18 +164,26 @@ def backward_kernel(attn, dout: torch.Tensor, dlse: Optional[torch.Tensor], q: t
         summaries = attn._bwd_summaries.get(attn, list(captured), lib, q.shape[2], k.shape[2], q_offset)
         try:
             # the values _backward pinned (the forward's), not whatever set() left since
-            dq, dk, dv = backward(lib, q, k, v, out, dout, lse, scale=scale, q_offset=q_offset,
-                                  captured=list(captured), summaries=summaries, params=attn._param_fields())
+            dq, dk, dv, dcap = backward(lib, q, k, v, out, dout, lse, scale=scale, q_offset=q_offset,
+                                        captured=list(captured), summaries=summaries, params=attn._param_fields(),
+                                        captured_grads=wanted, deterministic=deterministic)
         except KernelLaunchError as e:
             if e.code in SM90_FALLBACK_CODES:
                 continue
             raise
-        return dq, dk, dv, [None] * len(captured)
+        return dq, dk, dv, [None if g is None else g.to(c.dtype) for g, c in zip(dcap, captured)]
     return None
 
 
 # (op id, dtype, head dim, device, kernel family) whose backward library failed to build
 _NO_KERNEL: set = set()
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_captured_atomics() -> None:
+    warnings.warn("attngen deterministic backward: dq, dk and dv are bit-identical across runs, but the gradients "
+                  "of captured tensors are summed with atomic additions and may differ in their last bits",
+                  stacklevel=3)
 
 
 def _backward(attn, dout, dlse, q, k, v, out, lse, captured, scale, q_offset, params, needs_grad):

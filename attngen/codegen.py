@@ -519,7 +519,7 @@ def _hoist_gradients(traced: TracedVariant, prepare, check, hoist: "_Hoister"):
     BuildError for what cannot be printed) before any is hoisted with the same hoister, so that a failure
     leaves the context structs as they were; hoisted, their per-head / -row / -column parts join the context
     structs (new fields after score_mod's, shared where equal). Returns (dscore, ((slot, load, derivative,
-    offset), ...)); no work for a variant without score_mod, so its contexts keep exactly their fields."""
+    offset, kind), ...)) with ``grad_site_kinds``' kind; no work for a variant without score_mod, so its contexts keep exactly their fields."""
     if traced.score == SCORE:
         return sympy.Integer(1), ()
     grads = derive_gradients(traced)
@@ -530,13 +530,39 @@ def _hoist_gradients(traced: TracedVariant, prepare, check, hoist: "_Hoister"):
              for site in grads.sites]
     for e in [dscore] + [x for _, _, d, off in sites for x in (d, off)]:
         check(e)
-    return hoist.top(dscore), tuple((sl, load, hoist.top(d), hoist.top(off)) for sl, load, d, off in sites)
+    kinds = grad_site_kinds([off for _, _, _, off in sites])
+    return hoist.top(dscore), tuple((sl, load, hoist.top(d), hoist.top(off), kind)
+                                    for (sl, load, d, off), kind in zip(sites, kinds))
+
+
+# How the sm90 backward sums a gradient site over a tile before it reaches global memory (bwd_grad_sites.cuh):
+# one value per tile when the element's offset reads neither q_idx nor kv_idx, one per diagonal when it reads
+# q_idx - kv_idx only (shared-memory bins, at most GRAD_DIAG_SITES of them), else one atomic add per element.
+GRAD_SITE_ELEM, GRAD_SITE_TILE, GRAD_SITE_DIAG = 0, 1, 2
+GRAD_DIAG_SITES = 4
+
+
+def grad_site_kinds(offsets) -> Tuple[int, ...]:
+    """The kind of each site from its element offset (before hoisting). Structural, like ``_relative_terms``:
+    ``q_idx`` is replaced by ``d + kv_idx`` and sympy's automatic evaluation must cancel ``kv_idx``."""
+    kinds, diag = [], 0
+    for off in offsets:
+        off = sympy.sympify(off)
+        free = off.free_symbols
+        if Q not in free and KV not in free:
+            kinds.append(GRAD_SITE_TILE)
+        elif diag < GRAD_DIAG_SITES and KV not in off.xreplace({Q: REL_D + KV}).free_symbols:
+            kinds.append(GRAD_SITE_DIAG)
+            diag += 1
+        else:
+            kinds.append(GRAD_SITE_ELEM)
+    return tuple(kinds)
 
 
 def _gradient_functions(em: "_Emitter", ctx_names, elem_params: str, dscore, sites) -> List[str]:
     """score_mod_grad, grad_site and grad_site_slot (docs/kernel-interface.md): CSE over all of them, each
     function (and each case of grad_site) declaring the temporaries it needs."""
-    outputs = [dscore] + [x for _, _, d, off in sites for x in (d, off)]
+    outputs = [dscore] + [x for _, _, d, off, _ in sites for x in (d, off)]
     temps, reduced = sympy.cse(outputs, symbols=sympy.numbered_symbols("x"), order="canonical")
     p = em.printer(ctx_names)
     lines = _elem_body(p, temps, reduced[0])
@@ -546,7 +572,7 @@ def _gradient_functions(em: "_Emitter", ctx_names, elem_params: str, dscore, sit
         + "".join(x + "\n" for x in lines) + f"  return {p.doprint(reduced[0], as_type=FLOAT)};\n}}"
     ]
     notes, cases = [], []
-    for k, (slot, load, _, _) in enumerate(sites):
+    for k, (slot, load, _, _, _) in enumerate(sites):
         d_r, off_r = reduced[1 + 2 * k], reduced[2 + 2 * k]
         pk = em.printer(ctx_names)
         lines = _elem_body(pk, temps, sympy.Tuple(d_r, off_r), indent="    ")
@@ -561,12 +587,22 @@ def _gradient_functions(em: "_Emitter", ctx_names, elem_params: str, dscore, sit
         + f"__device__ __forceinline__ float grad_site(int k, float score, {elem_params}, long long& offset) {{\n"
         + "  switch (k) {\n" + "".join(cases) + "  default:\n    offset = 0;\n    return 0.0f;\n  }\n}"
     )
-    slots = "".join(f"k == {k} ? {slot} : " for k, (slot, _, _, _) in enumerate(sites))
+    slots = "".join(f"k == {k} ? {slot} : " for k, (slot, _, _, _, _) in enumerate(sites))
     funcs.append("// the captured-tensor slot of site k (-1 past the last site)\n"
                  f"__device__ __forceinline__ constexpr int grad_site_slot(int k) {{\n  return {slots}-1;\n}}"
                  if sites else
                  "// the captured-tensor slot of site k (-1: this variant has no sites)\n"
                  "__device__ __forceinline__ constexpr int grad_site_slot(int /*k*/) {\n  return -1;\n}")
+    kinds = [kind for *_, kind in sites]
+    bins = [sum(1 for x in kinds[:k] if x == GRAD_SITE_DIAG) for k in range(len(kinds))]
+    kind_of = "".join(f"k == {k} ? {kind} : " for k, kind in enumerate(kinds) if kind != GRAD_SITE_ELEM)
+    bin_of = "".join(f"k == {k} ? {b} : " for k, (kind, b) in enumerate(zip(kinds, bins)) if kind == GRAD_SITE_DIAG)
+    funcs.append(
+        "// How the sm90 backward sums site k over a tile (bwd_grad_sites.cuh): 0 per element, 1 once per tile (the\n"
+        "// offset reads neither q_idx nor kv_idx), 2 once per diagonal (it reads q_idx - kv_idx only), in bin set\n"
+        "// grad_site_bin(k) of ATTNGEN_GRAD_DIAG_SITES.\n"
+        f"__device__ __forceinline__ constexpr int grad_site_kind(int k) {{\n  return {kind_of}0;\n}}\n\n"
+        f"__device__ __forceinline__ constexpr int grad_site_bin(int k) {{\n  return {bin_of}-1;\n}}")
     return funcs
 
 
@@ -820,8 +856,9 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         f"#define ATTNGEN_Q_PARTS {len(preds.q_parts) if has_mask else 0}",
         f"#define ATTNGEN_NUM_SUMMARIES {len(preds.summaries)}",
         f"#define ATTNGEN_TILES_READ_HEAD {int(has_mask and _tiles_read_head(preds))}",
-        (f"#define ATTNGEN_NUM_GRAD_SITES {len(grad_sites)}" if grad_error is None
-         else f"// no score_mod gradients (backward kernels unavailable): {_comment(grad_error)}"),
+        *([f"#define ATTNGEN_NUM_GRAD_SITES {len(grad_sites)}",
+           f"#define ATTNGEN_GRAD_DIAG_SITES {sum(1 for *_, kind in grad_sites if kind == GRAD_SITE_DIAG)}"]
+          if grad_error is None else [f"// no score_mod gradients (backward kernels unavailable): {_comment(grad_error)}"]),
         "",
     ]
     if debug and traced.captured:

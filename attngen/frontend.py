@@ -24,6 +24,7 @@ from .ir import check_extents
 from .launch import forward, load_bwd_library, load_library, param_fields
 from .mods import Variant, as_mask_mod, compose
 from .reference import _check_offset
+from .sequences import check_bool
 
 _BUILD_LOCK = threading.Lock()
 # bound once: the hot path calls them on every launch (torch.compile recognises the functions themselves)
@@ -70,12 +71,13 @@ class CompiledAttention:
     disk); CPU tensors run ``attngen.reference.attention``.
     """
 
-    def __init__(self, variant: Variant, backend: str = "auto", fast_math: bool = True):
+    def __init__(self, variant: Variant, backend: str = "auto", fast_math: bool = True, deterministic: bool = False):
         if backend not in ("auto", "sm90", "sm80", "reference"):
             raise InputError(f"backend must be one of 'auto', 'sm90', 'sm80', 'reference', got {backend!r}")
         self.variant = variant
         self.backend = backend
         self.fast_math = fast_math
+        self.deterministic = check_bool("deterministic", deterministic)
         # facts: what calls and cache keys need (captured tensors, summaries, canonical text); the analysis
         # (traced variant, predicates) when it ran here, else None until something asks for it
         self.facts, self._analysis = variant_facts(variant)
@@ -333,7 +335,8 @@ class _SummaryCache:
 
 
 def compile(score_mod=None, mask_mod=None, *, causal: bool = False, window: Union[None, int, Tuple] = None,
-            softcap: Optional[float] = None, backend: str = "auto", fast_math: bool = True) -> CompiledAttention:
+            softcap: Optional[float] = None, backend: str = "auto", fast_math: bool = True,
+            deterministic: bool = False) -> CompiledAttention:
     """Compile an attention variant.
 
     Args:
@@ -348,10 +351,13 @@ def compile(score_mod=None, mask_mod=None, *, causal: bool = False, window: Unio
         backend: 'auto' (SM90 kernel on Hopper when available, else the portable SM80 kernel),
             'sm80', 'sm90', or 'reference' (the chunked PyTorch implementation).
         fast_math: use the approximate tanh/exp2 instructions in score mods.
+        deterministic: a backward whose dq, dk, dv are bit-identical across runs (the sm90 kernel adds dQ in a
+            fixed order; elsewhere the float32 recompute runs). ``torch.use_deterministic_algorithms(True)``
+            asks for the same.
 
     Example:
         >>> attn = attngen.compile(score_mod=attngen.softcap(30), window=4096)
         >>> out = attn(q, k, v)
     """
     return CompiledAttention(make_variant(score_mod, mask_mod, causal=causal, window=window, softcap=softcap),
-                             backend=backend, fast_math=fast_math)
+                             backend=backend, fast_math=fast_math, deterministic=deterministic)

@@ -315,7 +315,15 @@ def _with_kvcache_kernel(attn, q, k_cache, v_cache, k, v, cache_seqlens, page_ta
         for s in starts:
             check_sequence_extents(attn, B, Hq, Lq, s + L_new, s)
     elif rotary:
+        # the positions are on the device: the tables must cover every one this cache can hold, or a rotation
+        # past their end would be clamped to their last row, silently
         check_rotary(rotary_cos, rotary_sin, q, -1)
+        last = capacity - 1 + max(Lq - L_new, 0)
+        if rotary_cos.shape[0] <= last:
+            raise InputError(f"rotary_cos has {rotary_cos.shape[0]} rows, but under CUDA-graph capture or torch.compile "
+                             f"the tables must cover every position the cache can hold ({last + 1}: its capacity "
+                             f"{capacity}{f' plus {Lq - L_new} queries past the new keys' if Lq > L_new else ''}), "
+                             f"since the lengths are not read then; build them for {last + 1} positions")
     default = capacity if cache_seqlens is None else (0 if seqlens is not None else int(cache_seqlens))
 
     with torch.no_grad():  # an inference entry point: the cache is written in place

@@ -523,10 +523,13 @@ def check_debug_record(record: torch.Tensor, captured) -> None:
 # --------------------------------------------------------------------------------------------------
 # backward (templates/bwd_sm80.cuh; the ABI of templates/attngen_bwd_abi.cuh and host_abi_bwd.cuh)
 
-BWD_ABI_VERSION = 2  # ATTNGEN_BWD_ABI_VERSION
-# AttngenBwdArgs: 12 pointers, 8x3 int64 strides, 6 int32, float, int32, then CapturedArgs (_PACK_TAIL).
+BWD_ABI_VERSION = 3  # ATTNGEN_BWD_ABI_VERSION
+# AttngenBwdArgs: 12 pointers, 8x3 int64 strides, 6 int32, float, int32, then CapturedArgs (_PACK_TAIL), then
+# the captured tensors' gradient buffers and the deterministic mode's semaphores (_PACK_BWD_OPTIONS).
 _PACK_BWD_HEAD = struct.Struct("<12Q24q6ifi")
-assert _PACK_BWD_HEAD.size == 320 and _PACK_BWD_HEAD.size + _PACK_TAIL.size == 768
+_PACK_BWD_OPTIONS = struct.Struct(f"<{MAX_CAPTURED}QQ")
+_BWD_ARGS_SIZE = _PACK_BWD_HEAD.size + _PACK_TAIL.size + _PACK_BWD_OPTIONS.size
+assert _PACK_BWD_HEAD.size == 320 and _BWD_ARGS_SIZE == 840
 
 
 class BwdKernelLibrary(_Library):
@@ -558,8 +561,7 @@ def load_family_library(path, cls, what: str, prefix: str, family_version: int, 
 
 def load_bwd_library(path) -> BwdKernelLibrary:
     """Load a compiled backward library and check that it speaks this ABI."""
-    return load_family_library(path, BwdKernelLibrary, "backward", "bwd", BWD_ABI_VERSION,
-                               _PACK_BWD_HEAD.size + _PACK_TAIL.size)
+    return load_family_library(path, BwdKernelLibrary, "backward", "bwd", BWD_ABI_VERSION, _BWD_ARGS_SIZE)
 
 
 def backward(
@@ -576,13 +578,20 @@ def backward(
     captured: Sequence[torch.Tensor] = (),
     summaries: Sequence[torch.Tensor] = (),
     params: Optional[tuple] = None,
+    captured_grads: Optional[Sequence[bool]] = None,
+    deterministic: bool = False,
 ):
     """Attention backward with a compiled variant's backward library. q (B, Hq, Lq, D), k/v (B, Hkv, Lk, D),
     ``out`` the forward's output and ``lse`` its (B, Hq, Lq) float32 natural-log LSE (``forward(...,
     return_lse=True)``), ``dout`` the gradient of ``out`` (any layout: copied when the kernel cannot read it).
     ``scale`` / ``q_offset`` / ``captured`` as in the forward call; ``summaries``: BlockPredicates.summaries
     computed for lib.block_q / lib.block_k; ``params`` as in the forward. Returns (dq, dk, dv), contiguous, in q's dtype; rows with nothing
-    kept get zero gradients. Allocates the fp32 workspaces (dQ accumulator, delta, lse in log2) per call."""
+    kept get zero gradients. Allocates the fp32 workspaces (dQ accumulator, delta, lse in log2) per call.
+    ``captured_grads``: one bool per captured tensor (missing ones False), whether to sum its gradient in the
+    kernel (the sm90 family; the portable one answers ERROR_NO_CAPTURED_GRADS); given, the call returns (dq, dk,
+    dv, dcaptured) with dcaptured[i] a float32 tensor shaped like captured[i] where asked for, else None.
+    ``deterministic``: dQ's additions in a fixed order, so that dq is bit-identical across runs (the sm90 family;
+    dk and dv are written once per element by every family)."""
     if params is None and lib.param_count:
         raise _missing_params(lib)
     _check_qkv(lib, q, k, v)
@@ -601,11 +610,12 @@ def backward(
     if Hkv > _MAX_GRID_YZ:
         raise InputError(f"key/value heads ({Hkv}) must be at most {_MAX_GRID_YZ}; split the call")
 
+    captured, dcaptured = _captured_grad_buffers(captured, captured_grads or ())
     dq = q.new_empty(shape)
     dk = k.new_empty(k.shape)
     dv = v.new_empty(v.shape)
     if B * Hq == 0:
-        return dq, dk.zero_(), dv.zero_()
+        return (dq, dk.zero_(), dv.zero_()) + ((dcaptured,) if captured_grads is not None else ())
     lq_pad = -(-Lq // lib.block_q) * lib.block_q
     stats = torch.empty((2, B, Hq, lq_pad), dtype=torch.float32, device=q.device)  # lse_log2, delta
     dq_acc = torch.empty(shape, dtype=torch.float32, device=q.device)
@@ -619,12 +629,50 @@ def backward(
     )
     tail = (_PACK_TAIL.pack(*_captured_fields(q.device, captured, summaries, params or _NO_PARAMS))
             if captured or summaries or params else _ZERO_TAIL)
+    # one turn counter per (b, h, q-block), zeroed: bwd_sm90.cuh's dq_turn
+    sem = torch.zeros((B, Hq, lq_pad // lib.block_q), dtype=torch.int32, device=q.device) if deterministic else None
+    options = _PACK_BWD_OPTIONS.pack(*[0 if g is None else g.data_ptr() for g in dcaptured],
+                                     *[0] * (MAX_CAPTURED - len(dcaptured)), 0 if sem is None else sem.data_ptr())
     with torch.cuda.device(dev):
-        rc = lib._bwd(head + tail, _raw_stream(dev))
+        rc = lib._bwd(head + tail + options, _raw_stream(dev))
     if rc != 0:
         raise KernelLaunchError(
             f"launching the attention backward kernel ({lib.path}) failed: CUDA error {rc} ({lib.error_string(rc)}); "
             f"q {tuple(q.shape)}, k {tuple(k.shape)}, {q.dtype}, on {q.device}",
             code=rc,
         )
+    if captured_grads is not None:
+        return dq, dk, dv, dcaptured
     return dq, dk, dv
+
+
+def _captured_grad_buffers(captured: Sequence[torch.Tensor], wanted: Sequence[bool]):
+    """(captured as the kernel reads it, zeroed float32 gradient buffers or None): a buffer shares its tensor's
+    strides, since the kernel adds at the element offsets it reads with; a tensor whose elements overlap (an
+    expanded view) is read from a contiguous copy instead, so that each of its elements has a slot of its own."""
+    if len(wanted) > len(captured):
+        raise InputError(f"captured_grads has {len(wanted)} entries for {len(captured)} captured tensors")
+    captured = list(captured)
+    buffers = []
+    for n, want in enumerate(wanted):
+        t = captured[n]
+        if not want:
+            buffers.append(None)
+            continue
+        if not isinstance(t, torch.Tensor) or not t.dtype.is_floating_point:
+            raise InputError(f"captured tensor #{n} has no gradient (dtype {getattr(t, 'dtype', type(t).__name__)}); "
+                             "ask for gradients of floating-point captured tensors only")
+        if not _dense(t):
+            captured[n] = t = t.contiguous()
+        buffers.append(torch.empty_strided(t.shape, t.stride(), dtype=torch.float32, device=t.device).zero_())
+    return captured, buffers
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill their span once each (a permutation of a contiguous layout)."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz > 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True

@@ -274,9 +274,11 @@ class Flex:
         except TypeError:
             return create_block_mask(fn, None, None, S, S, device=device)
 
-    def make(self, score_mod, mask_mod, S, device):
+    def make(self, score_mod, mask_mod, S, device, kernel_options=None):
         bm = self.block_mask(mask_mod, S, device)
         sm = getattr(score_mod, "fn", score_mod)
+        if kernel_options:
+            return lambda q, k, v: self.fn(q, k, v, score_mod=sm, block_mask=bm, kernel_options=kernel_options)
         return lambda q, k, v: self.fn(q, k, v, score_mod=sm, block_mask=bm)
 
 

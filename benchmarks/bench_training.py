@@ -9,6 +9,9 @@ matmuls); the figure is the median of the rounds.
 TFLOP/s = 4 * B * H * S^2 * D * density * 3.5 / time (the forward's work plus 2.5 times it for the backward),
 density as in bench_forward.py: masked-out pairs are not counted, for every implementation alike.
 ``--bwd-kernel sm80_bwd`` times attngen with the portable backward instead of the sm90 one (the "before").
+The learnable variants (LEARNABLE) capture a tensor that requires grad, and their step differentiates it too:
+``relpos_learnable`` is issue 11's ``s + table[h, q - kv + S - 1]``, ``alibi_learnable`` ALiBi + causal with
+learnable slopes, ``relpos_frozen`` the relative-position step with the table not requiring grad (the control).
 
     python benchmarks/bench_training.py --out DIR [--variants causal full ...] [--bwd-kernel sm80_bwd]
 """
@@ -26,15 +29,48 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_forward as bf  # noqa: E402  (the variants, flex / SDPA wrappers and timing helpers)
 
 VARIANTS = ["causal", "full", "sliding_window", "softcap_causal", "alibi_causal", "document", "prefix_lm"]
+LEARNABLE = ["relpos_learnable", "alibi_learnable", "relpos_frozen"]
+# flex's default tiles can exceed the GPU's shared memory (the learnable table's backward at S = 8192): it is
+# retried with these, smallest last, and the row says which ran
+FLEX_RETRY_OPTIONS = [{"num_stages": 1},
+                      {"num_stages": 1, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64,
+                       "BLOCK_N2": 32}]
 FLOP_FACTOR = 3.5  # forward + backward work over the forward's
+GRAD_NAMES = ("dq", "dk", "dv", "dcaptured")
 
 
-def step_fn(fn, q, k, v, dout):
+def make_learnable(key: str, S: int, H: int, device, seed: int = 0):
+    """(score_mod, mask_mod, leaves) of a learnable variant: plain functions over captured leaves, as a flex user
+    writes them."""
+    import torch
+
+    from attngen import variants as V
+    from attngen.mods import ScoreMod
+
+    gen = torch.Generator().manual_seed(seed)
+    if key in ("relpos_learnable", "relpos_frozen"):  # frozen: the same step without the table's gradient
+        table = (torch.randn(H, 2 * S - 1, generator=gen) * 0.1).to(device).requires_grad_(key == "relpos_learnable")
+
+        def relpos(score, b, h, q_idx, kv_idx):
+            return score + table[h, q_idx - kv_idx + S - 1]
+
+        return ScoreMod(relpos, key), None, [table] if table.requires_grad else []
+    if key == "alibi_learnable":
+        slopes = torch.exp2(-8.0 * torch.arange(1, H + 1) / H).to(device).requires_grad_()
+
+        def alibi(score, b, h, q_idx, kv_idx):
+            return score + slopes[h] * (kv_idx - q_idx)
+
+        return ScoreMod(alibi, "alibi_learnable"), V.causal(), [slopes]
+    raise KeyError(key)
+
+
+def step_fn(fn, q, k, v, dout, leaves=()):
     import torch
 
     def step():
         out = bf._out(fn(q, k, v))
-        return torch.autograd.grad(out, (q, k, v), dout)
+        return torch.autograd.grad(out, (q, k, v, *leaves), dout)
 
     return step
 
@@ -59,26 +95,39 @@ def run(args):
     for key in args.variants:
         print(f"[{key}]", flush=True)
         row = {"key": key, "B": B, "H": H, "S": S, "D": D, "dtype": args.dtype}
-        score_mod, mask_mod = bf.make_variant(key, S, H, device, seed=args.seed)
+        if key in LEARNABLE:
+            score_mod, mask_mod, leaves = make_learnable(key, S, H, device, seed=args.seed)
+        else:
+            (score_mod, mask_mod), leaves = bf.make_variant(key, S, H, device, seed=args.seed), []
         row["variant"] = bf.LABELS.get(key) or bf.variant_name(score_mod, mask_mod)
         row["density"] = bf.density_of(score_mod, mask_mod, B, H, S, device)
         fns, ref = {}, None
-        try:
-            f = step_fn(flex.make(score_mod, mask_mod, S, device), q, k, v, dout)
-            ref = [g.float() for g in f()]
-            fns["flex"] = f
-        except Exception as e:  # noqa: BLE001
-            row["flex_error"] = bf.err_line("flex", e)
+        for options in [None] + FLEX_RETRY_OPTIONS:
+            try:
+                f = step_fn(flex.make(score_mod, mask_mod, S, device, options), q, k, v, dout, leaves)
+                ref = [g.float() for g in f()]
+                fns["flex"] = f
+                if options:
+                    row["flex_kernel_options"] = options
+                    print(f"  flex ran with kernel_options={options}", flush=True)
+                break
+            except Exception as e:  # noqa: BLE001
+                row["flex_error"] = bf.err_line("flex", e)
+                if "out of resource" not in str(e):
+                    break
+        if "flex" in fns:
+            row.pop("flex_error", None)
         try:
             t0 = time.perf_counter()
-            a = step_fn(bf.make_attngen(score_mod, mask_mod), q, k, v, dout)
+            a = step_fn(bf.make_attngen(score_mod, mask_mod), q, k, v, dout, leaves)
             grads = a()
             torch.cuda.synchronize()
             row["attngen_first_step_s"] = time.perf_counter() - t0
             if ref is not None:
                 errs = [(g.float() - r).abs().max().item() for g, r in zip(grads, ref)]
-                row["max_abs_diff_vs_flex"] = dict(zip(("dq", "dk", "dv"), errs))
-                print("  attngen vs flex: " + ", ".join(f"{n} {e:.3e}" for n, e in zip(("dq", "dk", "dv"), errs)),
+                row["max_abs_diff_vs_flex"] = dict(zip(GRAD_NAMES, errs))
+                row["max_abs_grad_flex"] = dict(zip(GRAD_NAMES, [r.abs().max().item() for r in ref]))
+                print("  attngen vs flex: " + ", ".join(f"{n} {e:.3e}" for n, e in zip(GRAD_NAMES, errs)),
                       flush=True)
             del grads
             fns["attngen"] = a
@@ -104,21 +153,24 @@ def run(args):
 
 def table(rows, bwd_kernel) -> str:
     head = ("| variant | attngen ms | attngen TFLOP/s | flex TFLOP/s | cuDNN TFLOP/s | ÷ flex | ÷ cuDNN | density |"
-            " max abs diff vs flex (dq, dk, dv) |\n|---|---|---|---|---|---|---|---|---|\n")
-    lines = []
+            " max abs diff vs flex (dq, dk, dv[, dcaptured]) |\n|---|---|---|---|---|---|---|---|---|\n")
+    lines, notes = [], []
     for r in rows:
         d = r.get("max_abs_diff_vs_flex") or {}
+        if r.get("flex_kernel_options"):
+            notes.append(f"{r['variant']}: flex with kernel_options={r['flex_kernel_options']} (its defaults exceed "
+                         "shared memory)")
         lines.append(f"| {r['variant']} | {bf.fmt(r.get('attngen_ms'), 3)} | {bf.fmt(r.get('attngen_tflops'))} | "
                      f"{bf.fmt(r.get('flex_tflops'))} | {bf.fmt(r.get('sdpa_tflops'))} | "
                      f"{bf.fmt(r.get('attngen_over_flex'), 2)}x | {bf.fmt(r.get('attngen_over_sdpa'), 2)}x | "
                      f"{r['density']:.3f} | {', '.join(f'{x:.2e}' for x in d.values()) or 'n/a'} |")
     return (f"attngen backward: {bwd_kernel or 'default (sm90_bwd on sm_90a at D 64 / 128)'}\n\n" + head
-            + "\n".join(lines) + "\n")
+            + "\n".join(lines) + "\n" + "".join(f"\n{n}\n" for n in notes))
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--variants", nargs="+", default=VARIANTS, choices=bf.ANCHORS, metavar="NAME")
+    p.add_argument("--variants", nargs="+", default=VARIANTS, choices=bf.ANCHORS + LEARNABLE, metavar="NAME")
     p.add_argument("--seq", type=int, default=8192)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--heads", type=int, default=16)

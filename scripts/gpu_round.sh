@@ -49,10 +49,11 @@ for step in "${steps[@]}"; do
       if [ "$step" = tests1 ]; then
         files="tests/gpu/test_autograd_gpu.py tests/gpu/test_gpu_api.py tests/gpu/test_integrations_gpu.py
                tests/gpu/test_bwd_gpu.py tests/gpu/test_codegen_gpu.py tests/gpu/test_mod_checks_gpu.py
-               tests/gpu/test_negative_index.py tests/gpu/test_reference_cuda.py tests/gpu/test_params_gpu.py"
+               tests/gpu/test_negative_index.py tests/gpu/test_reference_cuda.py tests/gpu/test_params_gpu.py
+               tests/gpu/test_captured_grads_gpu.py tests/gpu/test_deterministic_gpu.py"
       else
         files="tests/gpu/test_kernel_gpu.py tests/gpu/test_kernel_sm90.py tests/gpu/test_mask_zoo_gpu.py
-               tests/gpu/test_decode_gpu.py"
+               tests/gpu/test_decode_gpu.py tests/gpu/test_llama_decode_gpu.py"
       fi
       # -v names each test as it starts, so a call cut short by TESTS_TIMEOUT still says where it was
       ATTNGEN_TEST_FAILURES="$RES/gpu_test_failures_$step.txt" timeout "${TESTS_TIMEOUT:-900}" \

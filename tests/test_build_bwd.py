@@ -121,6 +121,55 @@ def test_sm90_backward_builds_on_wgmma_without_spills(tmp_path):
 
 
 @pytest.mark.requires_nvcc
+def test_sm90_backward_sums_captured_gradients_without_spills(tmp_path):
+    """A score_mod reading a per-head slope (summed once per tile), a relative-position table (per diagonal, in
+    shared-memory bins) and a pair bias (per element): the sm90 backward builds without spills at both head dims,
+    its PTX adds the sums with red.shared / red.global, and the portable backward refuses gradient buffers."""
+    slopes, table, pair = torch.rand(4), torch.randn(4, 2 * NPOS - 1), torch.randn(NPOS, NPOS)
+
+    def learnable(s, b, h, q, kv):
+        return s + slopes[h] * (kv - q) + table[h, q - kv + NPOS - 1] + pair[q, kv]
+
+    inc = attngen.compile(score_mod=learnable, causal=True).spec(torch.bfloat16, 128, "sm_90a",
+                                                                 kernel=SM90_BWD_KERNEL).variant_inc()
+    assert "#define ATTNGEN_GRAD_DIAG_SITES 1" in inc
+    sources = dict(render.headers())
+    for hd, dt in ((64, torch.float16), (128, torch.bfloat16)):
+        src = render.render_sources(inc, dt, hd, "sm_90a", kernel=SM90_BWD_KERNEL)
+        sources[f"l_{hd}/{render.BWD_KERNEL_SOURCE}"] = src[render.BWD_KERNEL_SOURCE]
+        sources[f"l_{hd}/{render.VARIANT_INCLUDE}"] = inc
+    write_build_ninja(tmp_path, sources, "sm_90a", ["-Xptxas", "-v"], library=BWD_LIBRARY_NAME)
+    out = run_ninja(tmp_path)
+    assert ptxas_report(out)["spill_bytes"] == 0, out[-4000:]
+    from attngen.jit.toolchain import find_nvcc
+
+    d = tmp_path / "l_128"
+    ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d), "-I", str(tmp_path),
+                          str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True, check=True).stdout
+    assert "red.shared.add.f32" in ptx, "the table's diagonal bins"
+    assert ptx.count("red.global.add.f32") >= 3, "slope per tile, table per bin, pair bias per element"
+    assert "return ATTNGEN_ERROR_BWD_OPTION;" in render.headers()["bwd_sm80.cuh"]
+
+
+def test_captured_gradient_buffers_share_the_tensors_strides():
+    """The kernel adds at the element offsets it reads with, so a gradient buffer has its tensor's strides; an
+    overlapping view is read from a contiguous copy instead (each element its own slot); int tensors have none."""
+    from attngen.errors import InputError
+    from attngen.launch import _captured_grad_buffers
+
+    t = torch.randn(6, 5).t()                       # transposed: strides (1, 5)
+    e = torch.tensor(0.5).expand(4)                 # stride 0
+    i = torch.arange(4, dtype=torch.int32)
+    caps, bufs = _captured_grad_buffers([t, e, i], [True, True])
+    assert caps[0] is t and bufs[0].stride() == t.stride() and bufs[0].dtype == torch.float32
+    assert bufs[0].abs().sum() == 0
+    assert caps[1].stride() == (1,) and caps[1].data_ptr() != e.data_ptr() and bufs[1].shape == (4,)
+    assert caps[2] is i and len(bufs) == 2
+    with pytest.raises(InputError, match="no gradient"):
+        _captured_grad_buffers([t, e, i], [False, False, True])
+
+
+@pytest.mark.requires_nvcc
 def test_bwd_libraries_build_without_spills(tmp_path):
     """Every (variant, head dim) for sm_80 and sm_90a: one build.ninja per arch, the libraries in subdirectories."""
     V = _variants()

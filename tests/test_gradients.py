@@ -209,7 +209,7 @@ def _bodies(text):
     out = {}
     for m in re.finditer(r"^(?:struct (\w+) \{|.*?\b(\w+)\([^;{]*\) \{)\n(.*?)^\}", text, re.S | re.M):
         name = m.group(1) or m.group(2)
-        if name not in ("score_mod_grad", "grad_site", "grad_site_slot"):
+        if name not in ("score_mod_grad", "grad_site", "grad_site_slot", "grad_site_kind", "grad_site_bin"):
             out[name] = m.group(3)
     return out
 
@@ -234,7 +234,7 @@ def test_forward_code_is_unchanged(monkeypatch):
             else:
                 assert a[name] == b[name], (k, name)
         if not tv.has_score_mod:
-            stripped = re.sub(r"// d score_mod / d score.*?grad_site_slot\(int /\*k\*/\) \{\n  return -1;\n\}\n\n", "",
+            stripped = re.sub(r"// d score_mod / d score.*?grad_site_bin\(int k\) \{\n  return -1;\n\}\n\n", "",
                               new[k], flags=re.S)
             assert stripped == old[k], k
 
@@ -430,3 +430,34 @@ def test_a_score_mod_without_derivatives_keeps_its_forward():
         assert "__device__ __forceinline__ float score_mod(" in inc
     bwd = (Path(attngen.__file__).parent / "templates" / "bwd_probs.cuh").read_text()
     assert "#if ATTNGEN_HAS_SCORE_MOD && !defined(ATTNGEN_NUM_GRAD_SITES)" in bwd
+
+
+def test_grad_site_kinds_follow_what_the_offset_reads():
+    """How the sm90 backward sums a site (bwd_grad_sites.cuh) follows from its element offset: once per tile when
+    it reads neither q_idx nor kv_idx, once per diagonal when it reads q_idx - kv_idx only (wrapped or clamped
+    as a function of the difference too, at most GRAD_DIAG_SITES of them), else per element."""
+    from attngen.codegen import GRAD_DIAG_SITES, GRAD_SITE_DIAG, GRAD_SITE_ELEM, GRAD_SITE_TILE, grad_site_kinds
+
+    t, s1 = sympy.symbols("t s1", integer=True)
+    cases = {
+        H * s1 + B: GRAD_SITE_TILE,                                        # slopes[b, h]
+        H * s1 + Q - KV + 255: GRAD_SITE_DIAG,                             # table[h, q - kv + 255]
+        H * s1 + sympy.Max(0, sympy.Min(Q - KV, 31)): GRAD_SITE_DIAG,      # table[h, clamp(q - kv, 0, 31)]
+        H * s1 + sympy.Mod(Q - KV, 2 * t): GRAD_SITE_DIAG,                 # a wrapped negative index
+        Q * s1 + KV: GRAD_SITE_ELEM,                                       # bias[q, kv]
+        H * s1 + Q: GRAD_SITE_ELEM,                                        # bias[h, q]
+        H * s1 + sympy.Min(Q, 100) - KV: GRAD_SITE_ELEM,                   # clamps q alone: not a difference
+    }
+    assert grad_site_kinds(list(cases)) == tuple(cases.values())
+    many = [H * s1 + Q - KV + n for n in range(GRAD_DIAG_SITES + 2)]
+    assert grad_site_kinds(many) == (GRAD_SITE_DIAG,) * GRAD_DIAG_SITES + (GRAD_SITE_ELEM,) * 2
+
+
+def test_grad_site_kind_and_bin_are_printed(grad_variants):
+    text = render_variant_inc(*grad_variants["g_relpos"])
+    assert "#define ATTNGEN_GRAD_DIAG_SITES 1\n" in text
+    assert "grad_site_kind(int k) {\n  return k == 0 ? 2 : 0;\n}" in text
+    assert "grad_site_bin(int k) {\n  return k == 0 ? 0 : -1;\n}" in text
+    text = render_variant_inc(*grad_variants["g_alibi_slopes"])
+    assert "#define ATTNGEN_GRAD_DIAG_SITES 0\n" in text
+    assert "grad_site_kind(int k) {\n  return k == 0 ? 1 : 0;\n}" in text

@@ -552,3 +552,25 @@ def test_kernel_path_checks_values_eagerly_and_clamps_under_capture(kernel_path)
     assert len(launches) == 1
     changed = (kc != before).flatten(1).any(1)
     assert changed.tolist() == [False, True, False, True]  # sequence 1's slot in page 1, sequence 0's clamped page 3
+
+
+def test_kernel_path_under_capture_needs_tables_for_the_whole_cache(kernel_path):
+    """Under capture the lengths are on the device: rotary tables shorter than the cache's positions would be
+    clamped to their last row, so the call refuses them; tables covering the capacity run."""
+    run, launches = kernel_path
+    gen = torch.Generator().manual_seed(7)
+    bf = torch.bfloat16
+    q, k, v = (randn(gen, 2, h, 1, 64, dtype=bf) for h in (4, 2, 2))
+    kc, vc = randn(gen, 2, 2, 40, 64, dtype=bf), randn(gen, 2, 2, 40, 64, dtype=bf)
+    lens = torch.tensor([5, 7], dtype=I32)
+    short = rope_tables(16, 32, dtype=bf)  # enough for these lengths: eager calls run
+    run(attngen.compile(causal=True), q=q, k_cache=kc, v_cache=vc, k=k, v=v, cache_seqlens=lens,
+        rotary_cos=short[0], rotary_sin=short[1])
+    with pytest.raises(InputError, match="cover every position the cache can hold \\(40"):
+        run(attngen.compile(causal=True), capturing=True, q=q, k_cache=kc, v_cache=vc, k=k, v=v, cache_seqlens=lens,
+            rotary_cos=short[0], rotary_sin=short[1])
+    assert len(launches) == 1
+    full = rope_tables(40, 32, dtype=bf)
+    run(attngen.compile(causal=True), capturing=True, q=q, k_cache=kc, v_cache=vc, k=k, v=v, cache_seqlens=lens,
+        rotary_cos=full[0], rotary_sin=full[1])
+    assert len(launches) == 2

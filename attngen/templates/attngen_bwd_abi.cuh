@@ -5,7 +5,7 @@
 
 #include "attngen_common.cuh"
 
-#define ATTNGEN_BWD_ABI_VERSION 2
+#define ATTNGEN_BWD_ABI_VERSION 3
 
 // Layout (x86-64 / aarch64, natural alignment, no padding):
 //   offset   0  q, k, v, o, dout, lse         6 pointers
@@ -15,10 +15,15 @@
 //   offset 288  B, Hq, Hkv, Lq, Lk, D         6 int32
 //   offset 312  scale (float32), q_offset (int32)
 //   offset 320  captured                      CapturedArgs (448 bytes)
-//   size   768
+//   offset 768  dcaptured[ATTNGEN_MAX_CAPTURED] pointers           fp32 gradients of the captured tensors
+//   offset 832  dq_semaphore                  pointer              deterministic mode's turn counters
+//   size   840
 // Workspaces: dq_accum (B, Hq, Lq, D) contiguous; delta and lse_log2 (B, Hq, Lq_pad) contiguous with
 // Lq_pad = ceil(Lq / block_q) * block_q (AttngenKernelInfo.block_q), so that every q-block's slice is whole
-// and 16-byte aligned. Each call overwrites all three before reading them.
+// and 16-byte aligned. Each call overwrites all three before reading them. dcaptured[i]: null, or a zeroed
+// fp32 buffer laid out with captured.stride[i] that the sm90 kernel adds tensor i's gradient to
+// (bwd_grad_sites.cuh); dq_semaphore: null, or zeroed int32 (B, Hq, ceil(Lq / block_q)) that makes the sm90
+// kernel add dQ in kv-block order (deterministic mode). The sm80 kernel takes only nulls in both.
 struct AttngenBwdArgs {
   const void* q;         // (B, Hq, Lq, D), last dim contiguous
   const void* k;         // (B, Hkv, Lk, D)
@@ -44,12 +49,16 @@ struct AttngenBwdArgs {
   float scale;
   int q_offset;
   CapturedArgs captured;
+  float* dcaptured[ATTNGEN_MAX_CAPTURED];
+  int* dq_semaphore;
 };
 
 #if defined(__cplusplus) && !defined(__CUDACC_RTC__)
-static_assert(sizeof(AttngenBwdArgs) == 768, "AttngenBwdArgs layout is part of the C ABI");
+static_assert(sizeof(AttngenBwdArgs) == 840, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, dq_accum) == 72, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, B) == 288, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, scale) == 312, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, captured) == 320, "AttngenBwdArgs layout is part of the C ABI");
+static_assert(__builtin_offsetof(AttngenBwdArgs, dcaptured) == 768, "AttngenBwdArgs layout is part of the C ABI");
+static_assert(__builtin_offsetof(AttngenBwdArgs, dq_semaphore) == 832, "AttngenBwdArgs layout is part of the C ABI");
 #endif

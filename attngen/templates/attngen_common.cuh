@@ -24,6 +24,7 @@
 #define ATTNGEN_ERROR_SM90_TMA_LAYOUT 9001      // q/k/v cannot be described by a TMA tensor map
 #define ATTNGEN_ERROR_SM90_NO_TMA_ENCODER 9002  // the driver does not provide cuTensorMapEncodeTiled
 #define ATTNGEN_ERROR_SCALE_NOT_POSITIVE 9003   // no score_mod and scale <= 0 (or NaN): see score_mask.cuh
+#define ATTNGEN_ERROR_BWD_OPTION 9004           // a backward asked for what only the sm90 one does (see host_abi_common)
 
 // The libraries are ELF shared objects loaded by attngen/launch.py; only the C ABI is exported.
 #define ATTNGEN_EXPORT __attribute__((visibility("default")))

@@ -74,6 +74,21 @@ ATTNGEN_DEV_INLINE QStep next_q_tile(const CapturedArgs& C, TileArgs t, int j, Q
   return s;
 }
 
+// Whether kv-block j's walk visits q-block i of head t.h: next_q_tile's test for one tile (the deterministic
+// backward orders the dQ additions of the kv blocks that do).
+template <int BQ, int BK>
+ATTNGEN_DEV_INLINE bool q_tile_visited(const CapturedArgs& C, const TileArgs& t, int i, int j) {
+  const QStep s = q_range<BQ, BK>(C, t, j);
+  if (i < s.i || i >= s.i_end) return false;
+#if ATTNGEN_HAS_MASK && ATTNGEN_Q_PARTS
+  if (first_in_parts(s.lo, s.hi, i, s.i_end) != i) return false;
+#endif
+#if ATTNGEN_HAS_MASK && ATTNGEN_NEEDS_CLASSIFIER
+  if (!(i >= s.f_lo && i < s.f_hi) && !tile_any<BQ, BK>(C, t, i, j)) return false;
+#endif
+  return true;
+}
+
 // Whether visited tile (i, j) needs mask_mod: outside the FULL range and not proven FULL by tile_all.
 template <int BQ, int BK>
 ATTNGEN_DEV_INLINE bool q_tile_masked(const CapturedArgs& C, const TileArgs& t, const QStep& s, int j) {

@@ -9,6 +9,7 @@
 
 #include "attngen_common.cuh"
 #include "softmax.cuh"  // fast_exp2
+#include "bwd_grad_sites.cuh"
 
 // d score_mod / d score comes from variant.inc's score_mod_grad (announced by ATTNGEN_NUM_GRAD_SITES).
 #if ATTNGEN_HAS_SCORE_MOD && !defined(ATTNGEN_NUM_GRAD_SITES)
@@ -26,11 +27,14 @@ namespace attngen {
 // GRADS (the sm90 kernel, which holds dP^T when it takes the probabilities): g holds dP^T on entry and receives
 // dS^T = P (dP - delta) (times d score_mod / d score), delta per q column at `delta`, in the same pass, so that
 // no array of derivatives is kept; without GRADS, g receives d score_mod / d score (grad_scores_t below does
-// the rest).
+// the rest). With GRADS and `sites`, every kept element also adds to the captured tensors' gradients
+// (bwd_grad_sites.cuh).
 template <bool MASK, bool BOUNDS, bool GRADS = false, int MT, int NT>
 ATTNGEN_DEV_INLINE void probs_t(float (&s)[MT][NT][4], float (&g)[MT][NT][4], float scale, const CapturedArgs& C,
                                 const HeadCtx& hc, const ColCtx (&cc)[MT][2], int kv0, int q0, const TileArgs& t,
-                                const float* lse2, int tig, const float* delta = nullptr) {
+                                const float* lse2, int tig, const float* delta = nullptr,
+                                GradSites* sites = nullptr) {
+  static_assert(!GRADS || MT == 1, "GradSites' bins address one 16-row slice per warp");
 #if !ATTNGEN_HAS_SCORE_MOD
   const float scale_log2 = scale * LOG2E;
 #endif
@@ -71,7 +75,14 @@ ATTNGEN_DEV_INLINE void probs_t(float (&s)[MT][NT][4], float (&g)[MT][NT][4], fl
 #endif
           x = keep ? fast_exp2(y) : 0.f;
           // P = 0 (masked, or a row with nothing kept) gives dS = 0 exactly, whatever the derivative there
-          if (GRADS) gx = x > 0.f ? x * (gx - (e ? d2.y : d2.x)) * grad : 0.f;
+          if (GRADS) {
+            const float dy = x * (gx - (e ? d2.y : d2.x));
+            gx = x > 0.f ? dy * grad : 0.f;
+#if ATTNGEN_HAS_SCORE_MOD
+            if (kGradSites > 0 && sites != nullptr && x > 0.f)
+              grad_sites_add(*sites, dy, sc, C, hc, rc, cc[mt][rh], q_idx, kv, nt, rh, e);
+#endif
+          }
         }
       }
     }

@@ -358,6 +358,10 @@ AttngenKernelInfo bwd_kernel_info() {
 }
 
 int launch_bwd(const AttngenBwdArgs& a, cudaStream_t stream) {
+  // captured-tensor gradients and the deterministic dQ order are the sm90 kernel's
+  if (a.dq_semaphore != nullptr) return ATTNGEN_ERROR_BWD_OPTION;
+  for (int i = 0; i < ATTNGEN_MAX_CAPTURED; ++i)
+    if (a.dcaptured[i] != nullptr) return ATTNGEN_ERROR_BWD_OPTION;
   int dev = 0, sms = 0;
   cudaError_t err = prepare_device(attngen_bwd_kernel, SMEM_BYTES, dev, sms);
   if (err != cudaSuccess) return (int)err;

@@ -10,7 +10,8 @@
 //   dS^T = P^T (dP^T - delta) [* d score_mod / d score] (bwd_probs.cuh, one pass);
 //   dV += P^T dO and dK += dS^T Q (A from registers, B = dO / Q read MN-major);
 //   dS^T to shared memory, then dQ = dS K (both operands MN-major from shared memory), added to the fp32
-//   dQ_acc with vector reductions (red.global.add.v2.f32); sm90_bwd_layout.cuh says how dQ is split.
+//   dQ_acc with vector reductions (red.global.add.v2.f32); sm90_bwd_layout.cuh says how dQ is split;
+//   the gradients of captured tensors the call asks for summed per tile (bwd_grad_sites.cuh) under dQ's product.
 // dK is scaled once at the end, dQ in the postprocess. Configuration (Elem, D, BQ, BK, STAGES, kDtypeCode,
 // kArch) and variant.inc come from the including attngen_bwd.cu (templates/attngen_bwd.cu.j2).
 #pragma once
@@ -139,6 +140,33 @@ __device__ __forceinline__ void add_dq(float* dq_head, int q0, int QLEN, int col
   }
 }
 
+// Deterministic mode: the dQ additions to q-block i of head h happen in kv-block order, consumer 0 before
+// consumer 1, so every element of dQ_acc sums its terms in one order. sem (one int per (b, h, i), zeroed)
+// counts turns: kv block j's consumer cw adds when it reads 2 (p + 1) + cw, p being the last kv block before j
+// that visits the tile (0 when none), and leaves 2 (p + 1) + 1 (consumer 0) or 2 (j + 1) (consumer 1) behind.
+// Waiting only on lower kv blocks, which the grid starts first, cannot deadlock.
+__device__ __forceinline__ int dq_turn(const CapturedArgs& C, const TileArgs& t, int i, int j) {
+  int p = j - 1;
+  while (p >= 0 && !q_tile_visited<BQ, BK>(C, t, i, p)) --p;
+  return 2 * (p + 1);
+}
+
+__device__ __forceinline__ void dq_turn_wait(const int* sem, int value, int cw, int tid) {
+  if (tid == 0) {
+    int x;
+    do {
+      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(x) : "l"(sem) : "memory");
+    } while (x != value);
+  }
+  named_bar_sync(BAR_TURN + cw, 128);
+}
+
+__device__ __forceinline__ void dq_turn_pass(int* sem, int value, int cw, int tid) {
+  __threadfence();  // this thread's additions before the release below
+  named_bar_sync(BAR_TURN + cw, 128);
+  if (tid == 0) asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(sem), "r"(value) : "memory");
+}
+
 // A finished dK or dV fragment (times f) to global memory, rows past KVLEN skipped.
 __device__ __forceinline__ void store_kv_grad(void* out, const long long (&st)[3], int b, int kvh, int row0,
                                               int KVLEN, const float (&x)[NKV], float f, int tig) {
@@ -185,6 +213,21 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
   HeadCtx hc = head_ctx(C, c.b, t.h);
   ColCtx cc[1][2];
   int ctx_h = -1;
+  // the captured tensors' gradients this call asks for (bwd_grad_sites.cuh)
+  const int kv_row0 = c.j * BK + cw * 64;  // this consumer's first kv row
+  GradSites gs;
+#pragma unroll
+  for (int k = 0; k < kGradSites; ++k) {
+    gs.dcap[k] = a.dcaptured[grad_site_slot(k)];
+    gs.tile[k] = 0.f;
+  }
+  if (kGradDiagSites > 0) {
+#pragma unroll
+    for (int k = 0; k < kGradDiagSites; ++k)
+      for (int buf = 0; buf < 2; ++buf)
+        for (int i = tid; i < GRAD_SITE_FLOATS; i += 128) st_shared_b32(sm.bins(cw, buf) + 4u * (uint32_t)(k * GRAD_SITE_FLOATS + i), 0u);
+    named_bar_sync(BAR_BINS + cw, 128);
+  }
 
   mbar_wait(sm.bar_kv(), 0);
   int stage = 0;
@@ -199,6 +242,9 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
     }
     t.h = s.h;
     const int q0 = s.i * BQ;
+    // deterministic mode: thread 0 finds this tile's turn before the products hold registers, and keeps it in
+    // shared memory (one register more across the tile spills)
+    if (a.dq_semaphore != nullptr && tid == 0) sm.turn(cw)[0] = dq_turn(C, t, s.i, c.j);
     const float* lse2 = sm.stats_ptr(stage);
     const float* delta = lse2 + BQ;
 
@@ -218,12 +264,14 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
     // P^T into st, dS^T into dp: mask_mod only where the tile is not known FULL, bounds on tiles past either end
     const bool masked = q_tile_masked<BQ, BK>(C, t, s, c.j);
     const bool bounds = q0 + BQ > t.QLEN || (c.j + 1) * BK > t.KVLEN;
+    gs.bins = grad_sites_lane_bins(sm.bins(cw, n & 1), lane, wq);
+    GradSites* const sites = kGradSites > 0 ? &gs : nullptr;
     if (masked) {
-      if (bounds) probs_t<true, true, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta);
-      else probs_t<true, false, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta);
+      if (bounds) probs_t<true, true, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
+      else probs_t<true, false, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
     } else {
-      if (bounds) probs_t<false, true, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta);
-      else probs_t<false, false, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta);
+      if (bounds) probs_t<false, true, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
+      else probs_t<false, false, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
     }
     uint32_t pa[KSTEPS_Q][4], da[KSTEPS_Q][4];
     pack_a_frags<Elem, BQ>(st, pa);
@@ -245,6 +293,11 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
     wgmma_fence();
     wgmma_ss_mnmajor<Elem, DQ_N, DQ_KSTEPS>(dq, make_smem_desc_sw128(ds + dq_ds_off, 1024, 1024), desc_kt);
     wgmma_commit();
+    // the tile's gradient sums out under the products (every thread of the consumer has added its elements)
+    if (kGradSites > 0) {
+      grad_sites_flush_tile(gs, C, hc, t.QOFF + q0, min(kv0, t.KVLEN - 1), lane);
+      if (kGradDiagSites > 0) grad_sites_flush_bins(gs, sm.bins(cw, n & 1), C, hc, t.QOFF + q0, kv_row0, tid);
+    }
     wgmma_wait<0>();
     fence_regs(dv);
     fence_regs(dk);
@@ -252,7 +305,12 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
     fence_regs(pa);
     fence_regs(da);
     if (lane == 0) mbar_arrive(sm.empty(stage));  // Q, dO and the statistics of this slot are read
+    int* const sem = a.dq_semaphore == nullptr ? nullptr
+                   : a.dq_semaphore + ((long long)c.b * a.Hq + s.h) * ((t.QLEN + BQ - 1) / BQ) + s.i;
+    const int turn = sem != nullptr && tid == 0 ? sm.turn(cw)[0] : 0;
+    if (sem != nullptr) dq_turn_wait(sem, turn + cw, cw, tid);
     add_dq(a.dq_accum + ((long long)c.b * a.Hq + s.h) * t.QLEN * D, q0, t.QLEN, dq_col0, dq, r0, tig);
+    if (sem != nullptr) dq_turn_pass(sem, cw == 0 ? turn + 1 : 2 * (c.j + 1), cw, tid);
     advance(stage, phase);
   }
 

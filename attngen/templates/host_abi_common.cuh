@@ -60,6 +60,10 @@ extern "C" ATTNGEN_EXPORT const char* attngen_error_string(int code) {
   if (code == ATTNGEN_ERROR_SM90_NO_TMA_ENCODER)
     return "attngen sm90 kernel: the CUDA driver does not provide cuTensorMapEncodeTiled (driver older than CUDA "
            "12.0); run the sm80 kernel, or update the NVIDIA driver";
+  if (code == ATTNGEN_ERROR_BWD_OPTION)
+    return "attngen backward kernel: this kernel family neither sums the gradients of captured tensors nor orders "
+           "dQ's additions deterministically (the sm90 backward does both); attngen's autograd runs the float32 "
+           "recompute for such calls instead";
   if (code == ATTNGEN_ERROR_SCALE_NOT_POSITIVE)
     return "attngen sm90 kernel: a variant without score_mod needs scale > 0 here (attngen's Python entry points "
            "pass -q and -scale for a negative scale)";

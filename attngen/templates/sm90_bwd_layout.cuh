@@ -5,6 +5,7 @@
 #pragma once
 
 #include "attngen_common.cuh"
+#include "bwd_grad_sites.cuh"  // kGradDiagSites, GRAD_BINS
 
 namespace {
 
@@ -38,20 +39,26 @@ constexpr int NDQ = DQ_N / 2;
 
 // Shared memory (offsets from a 1024-byte aligned base; tiles are multiples of 1024 bytes, so every 8-row
 // swizzle atom is 1024-aligned as the descriptors' base offset 0 requires):
-//   K | V | Q [STAGES] | dO [STAGES] | dS^T [2] | row statistics [STAGES] | mbarriers
+//   K | V | Q [STAGES] | dO [STAGES] | dS^T [2] | row statistics [STAGES] | gradient bins | turns | mbarriers
 // dS^T is double-buffered so that one consumer may write the next q-block's while the other still reads
-// this one's in dQ = dS K.
+// this one's in dQ = dS K. The gradient bins (bwd_grad_sites.cuh; none without diagonal sites) are too, per
+// consumer: a tile's bins are emptied after the barrier that follows it, the next tile fills the other ones.
 constexpr int SMEM_LIMIT = 232448;  // 227 KB opt-in maximum per block on sm90
 constexpr int OFF_V = KV_BYTES;
 constexpr int OFF_Q = 2 * KV_BYTES;
 constexpr int OFF_DO = OFF_Q + STAGES * Q_BYTES;
 constexpr int OFF_DS = OFF_DO + STAGES * Q_BYTES;
 constexpr int OFF_STATS = OFF_DS + 2 * DS_BYTES;
-constexpr int OFF_BAR = OFF_STATS + STAGES * STATS_BYTES;
+constexpr int OFF_BINS = OFF_STATS + STAGES * STATS_BYTES;
+constexpr int BINS_BYTES = kGradDiagSites * GRAD_SITE_FLOATS * 4;  // one consumer's bins of one tile
+constexpr int OFF_TURN = OFF_BINS + NUM_CONSUMERS * 2 * BINS_BYTES;  // deterministic mode: each consumer's turn
+constexpr int OFF_BAR = OFF_TURN + 8 * NUM_CONSUMERS;
 constexpr int NUM_MBARS = 1 + 2 * STAGES;  // K and V loaded; per stage: Q, dO, statistics loaded / released
 constexpr int SMEM_BYTES = 1024 /* alignment slack */ + OFF_BAR + NUM_MBARS * 8;
 
 constexpr uint32_t BAR_DS = 1;  // named barrier (0 is __syncthreads): dS^T written (+ consumer index at D = 64)
+constexpr uint32_t BAR_BINS = 3;  // + consumer index: the gradient bins zeroed before the first tile
+constexpr uint32_t BAR_TURN = 5;  // + consumer index: deterministic mode's turn to add dQ taken / passed
 
 static_assert(sizeof(Elem) == 2, "16-bit inputs only");
 static_assert(attngen_head_dim_supported(D), "head dim: one of ATTNGEN_HEAD_DIMS");
@@ -62,6 +69,7 @@ static_assert(STAGES >= 2, "Q / dO of the next q-block load under this one");
 static_assert(DQ_SPLIT_D || D == 64, "dQ split by columns, or by kv rows at D = 64");
 static_assert(STATS_BYTES % 16 == 0 && (BQ * 4) % 16 == 0, "bulk copies move multiples of 16 bytes");
 static_assert(OFF_STATS % 16 == 0 && OFF_BAR % 8 == 0, "alignment of the statistics and the mbarriers");
+static_assert(GRAD_ROWS == 64 && GRAD_ROWS + BQ - 1 <= GRAD_BINS, "a diagonal bin per diagonal of a consumer's tile");
 static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0 && DS_BYTES % 1024 == 0, "1024-aligned swizzle atoms");
 static_assert(SMEM_BYTES <= SMEM_LIMIT, "tiles do not fit in shared memory: lower STAGES");
 static_assert(2 * KV_BYTES < (1 << 20) && 2 * Q_BYTES + STATS_BYTES < (1 << 20), "mbarrier tx counts are 20-bit");
@@ -82,6 +90,10 @@ struct BwdSmem {
   __device__ const float* stats_ptr(int st) const {
     return reinterpret_cast<const float*>(ptr + OFF_STATS + st * STATS_BYTES);
   }
+  __device__ uint32_t bins(int consumer, int buf) const {
+    return base + OFF_BINS + (uint32_t)((consumer * 2 + buf) * BINS_BYTES);
+  }
+  __device__ int* turn(int consumer) const { return reinterpret_cast<int*>(ptr + OFF_TURN) + 2 * consumer; }
   __device__ uint32_t bar(int n) const { return base + OFF_BAR + 8u * (uint32_t)n; }
   __device__ uint32_t bar_kv() const { return bar(0); }
   __device__ uint32_t full(int st) const { return bar(1 + st); }
