@@ -150,8 +150,6 @@ def backward_kernel(attn, dout: torch.Tensor, dlse: Optional[torch.Tensor], q: t
     # the sm90 backward where there is one, else (or when this call's layout has no TMA map) the portable kernel
     wanted = [bool(n) and c.dtype.is_floating_point for n, c in zip(needs_grad[3:], captured)]
     deterministic = bool(getattr(attn, "deterministic", False)) or torch.are_deterministic_algorithms_enabled()
-    if deterministic and any(wanted):
-        _warn_captured_atomics()
     for kernel in attn.backward_kernels(D, dev):
         key = (attn.op_id, q.dtype, D, dev, kernel)
         if key in _NO_KERNEL or ((any(wanted) or deterministic) and kernel != SM90_BWD_KERNEL):
@@ -162,6 +160,8 @@ def backward_kernel(attn, dout: torch.Tensor, dlse: Optional[torch.Tensor], q: t
             _NO_KERNEL.add(key)  # built once, failed: the next family (or the reference) from now on, no rebuild
             continue
         summaries = attn._bwd_summaries.get(attn, list(captured), lib, q.shape[2], k.shape[2], q_offset)
+        if deterministic and any(wanted):
+            _alert_captured_atomics()
         try:
             # the values _backward pinned (the forward's), not whatever set() left since
             dq, dk, dv, dcap = backward(lib, q, k, v, out, dout, lse, scale=scale, q_offset=q_offset,
@@ -179,11 +179,25 @@ def backward_kernel(attn, dout: torch.Tensor, dlse: Optional[torch.Tensor], q: t
 _NO_KERNEL: set = set()
 
 
+_CAPTURED_ATOMICS = ("attngen backward: the gradients of captured tensors are summed with atomic additions and may "
+                     "differ in their last bits between runs (dq, dk and dv are bit-identical in deterministic mode)")
+
+
+def _alert_captured_atomics() -> None:
+    """Under torch.use_deterministic_algorithms, what torch does for its own nondeterministic ops (an error, or a
+    warning with warn_only=True); under attngen's deterministic=True alone, one warning per process."""
+    if torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled():
+        raise RuntimeError(_CAPTURED_ATOMICS + ", but torch.use_deterministic_algorithms(True) is on. Fix: freeze the "
+                           "captured tensors (requires_grad=False), or pass warn_only=True to accept this")
+    if torch.are_deterministic_algorithms_enabled():
+        warnings.warn(_CAPTURED_ATOMICS, stacklevel=3)
+    else:
+        _warn_captured_atomics()
+
+
 @functools.lru_cache(maxsize=None)
 def _warn_captured_atomics() -> None:
-    warnings.warn("attngen deterministic backward: dq, dk and dv are bit-identical across runs, but the gradients "
-                  "of captured tensors are summed with atomic additions and may differ in their last bits",
-                  stacklevel=3)
+    warnings.warn(_CAPTURED_ATOMICS, stacklevel=4)
 
 
 def _backward(attn, dout, dlse, q, k, v, out, lse, captured, scale, q_offset, params, needs_grad):

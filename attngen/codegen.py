@@ -544,12 +544,16 @@ GRAD_DIAG_SITES = 4
 
 def grad_site_kinds(offsets) -> Tuple[int, ...]:
     """The kind of each site from its element offset (before hoisting). Structural, like ``_relative_terms``:
-    ``q_idx`` is replaced by ``d + kv_idx`` and sympy's automatic evaluation must cancel ``kv_idx``."""
+    ``q_idx`` is replaced by ``d + kv_idx`` and sympy's automatic evaluation must cancel ``kv_idx``. An offset
+    that reads the score (``t[h, where(s > 0, 1, 0)]``) is per element: the sums per tile and per diagonal take
+    one offset for elements of different scores."""
     kinds, diag = [], 0
     for off in offsets:
         off = sympy.sympify(off)
         free = off.free_symbols
-        if Q not in free and KV not in free:
+        if SCORE in free:
+            kinds.append(GRAD_SITE_ELEM)
+        elif Q not in free and KV not in free:
             kinds.append(GRAD_SITE_TILE)
         elif diag < GRAD_DIAG_SITES and KV not in off.xreplace({Q: REL_D + KV}).free_symbols:
             kinds.append(GRAD_SITE_DIAG)

@@ -288,7 +288,7 @@ class CompiledAttention:
         """Packed variable-length sequences (flash_attn_varlen_func's layout): q (total_q, Hq, D), k/v
         (total_k, Hkv, D), int32 ``cu_seqlens_q``/``cu_seqlens_k`` (B + 1,). Indices are local to each
         sequence, queries aligned to the end of its keys. Returns out (total_q, Hq, Dv) (and lse (Hq, total_q)).
-        Reference only for now (attngen/varlen.py): CUDA tensors need ``backend='reference'``."""
+        CUDA tensors run the forward kernel once per sequence (attngen/varlen.py), CPU tensors the reference."""
         from .varlen import varlen
 
         return varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, scale,

@@ -588,7 +588,7 @@ def backward(
     computed for lib.block_q / lib.block_k; ``params`` as in the forward. Returns (dq, dk, dv), contiguous, in q's dtype; rows with nothing
     kept get zero gradients. Allocates the fp32 workspaces (dQ accumulator, delta, lse in log2) per call.
     ``captured_grads``: one bool per captured tensor (missing ones False), whether to sum its gradient in the
-    kernel (the sm90 family; the portable one answers ERROR_NO_CAPTURED_GRADS); given, the call returns (dq, dk,
+    kernel (the sm90 family; the portable one answers ERROR_BWD_OPTION); given, the call returns (dq, dk,
     dv, dcaptured) with dcaptured[i] a float32 tensor shaped like captured[i] where asked for, else None.
     ``deterministic``: dQ's additions in a fixed order, so that dq is bit-identical across runs (the sm90 family;
     dk and dv are written once per element by every family)."""

@@ -5,8 +5,8 @@ Both entry points give every sequence of a batch its own lengths and its own que
 it once per sequence, on a batch of one, with the variant's ``b`` shifted back to the sequence number: a mod
 that reads ``doc_ids[b, q_idx]`` sees the same ``b`` it would in a batched kernel.
 
-Also here: the policy for CUDA tensors on entry points without a kernel yet (varlen), and the checks of the int32 index
-tensors (lengths, page tables, offsets) both entry points take.
+Also here: the error for what an entry point cannot do on CUDA tensors yet (GpuPathNotAvailable), and the checks of
+the int32 index tensors (lengths, page tables, offsets) both entry points take.
 """
 from __future__ import annotations
 
@@ -20,23 +20,8 @@ from .mods import MaskMod, ScoreMod, Variant
 
 
 class GpuPathNotAvailable(AttngenError, NotImplementedError):
-    """An entry point whose CUDA kernels are not built yet was called on CUDA tensors with a kernel backend."""
-
-
-def check_reference_path(attn, device: torch.device, entry: str) -> None:
-    """Raise GpuPathNotAvailable for CUDA tensors on a kernel backend.
-
-    The alternative, running the reference on the GPU tensors with a warning, was rejected: a decode loop
-    would run an O(L) Python loop per step at a fraction of the kernel's speed, and a warning printed once
-    is easy to miss in a serving log. Asking for the reference explicitly costs one argument."""
-    if device.type == "cuda" and attn.backend != "reference":
-        raise GpuPathNotAvailable(
-            f"attn.{entry} has no CUDA kernel yet (issue 12: the varlen kernel), so it does not run on "
-            f"{device} tensors with backend={attn.backend!r}. Fix: compile the variant with backend='reference' "
-            "to run the PyTorch reference on these tensors (slow, exact), or pass CPU tensors; for prefill of "
-            "one sequence at a time, attn(q, k, v, q_offset=...) runs the kernel, and attn.with_kvcache runs the "
-            "decode kernel"
-        )
+    """An entry point was called on CUDA tensors with a kernel backend for something its kernels cannot do yet
+    (varlen with a variant that reads b); the message names backend='reference' as the way to run it."""
 
 
 def check_index_tensor(name: str, t, ndim: int, device: torch.device, what: str) -> torch.Tensor:

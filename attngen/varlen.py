@@ -1,4 +1,4 @@
-"""``attn.varlen``: packed variable-length sequences (flash_attn_varlen_func's layout), reference path.
+"""``attn.varlen``: packed variable-length sequences (flash_attn_varlen_func's layout).
 
   q (total_q, Hq, D), k (total_k, Hkv, D), v (total_k, Hkv, Dv)
   cu_seqlens_q, cu_seqlens_k: int32 (B + 1,), 0 first, non-decreasing, last = total_q / total_k
@@ -10,6 +10,12 @@ variant sees b = the sequence number, h = the query head, kv_idx = 0 .. n_k - 1 
 q_idx = i + max(n_k - n_q, 0) for its query i: the queries are aligned to the END of the keys (flash-attn's
 bottom-right alignment, so causal and windows mean "the last n_q positions of the sequence", as in chunked
 prefill), and to the start when there are more queries than keys (attngen's positions are never negative).
+
+CUDA tensors on a kernel backend run the forward kernel once per sequence, on views of the packed tensors (a
+batch of one whose q_offset is the sequence's, so its block skipping is the sequence's own); CPU tensors and
+``backend='reference'`` run the reference. One launch for all sequences is issue 12's varlen kernel, still to
+come: until then the lengths are read on the host (no CUDA-graph capture) and a variant that reads ``b`` (the
+sequence number here) runs only on the reference, since a batch of one would show it b = 0.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ import torch
 
 from .errors import InputError
 from .reference import _check_scale
-from .sequences import (attend_sequence, check_bool, check_index_tensor, check_nonnegative_int, check_reference_path,
+from .sequences import (GpuPathNotAvailable, attend_sequence, check_bool, check_index_tensor, check_nonnegative_int,
                         check_sequence_extents)
 
 
@@ -29,7 +35,9 @@ def varlen(attn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: Optional[int
     ``return_lse`` also lse (Hq, total_q) (flash-attn's varlen LSE layout), float32 (float64 for float64)."""
     if not isinstance(q, torch.Tensor):
         raise InputError(f"q must be a torch.Tensor (total_q, Hq, D), got {type(q).__name__}")
-    check_reference_path(attn, q.device, "varlen")
+    kernel = q.device.type == "cuda" and attn.backend != "reference"
+    if kernel:
+        _check_kernel_path(attn)
     Hq, D, Dv = _check_packed(q, k, v)
     starts_q = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
     starts_k = _cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
@@ -54,11 +62,36 @@ def varlen(attn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: Optional[int
     for b in range(B):
         rows = slice(starts_q[b], starts_q[b + 1])
         keys = slice(starts_k[b], starts_k[b] + n_k[b])
-        ob, lb = attend_sequence(attn, q[rows].transpose(0, 1).unsqueeze(0), k[keys].transpose(0, 1).unsqueeze(0),
-                                 v[keys].transpose(0, 1).unsqueeze(0), b, offsets[b], scale)
+        qb, kb, vb = (t.transpose(0, 1).unsqueeze(0) for t in (q[rows], k[keys], v[keys]))  # (1, H, n, D) views
+        if not kernel:
+            ob, lb = attend_sequence(attn, qb, kb, vb, b, offsets[b], scale)
+        elif n_q[b] == 0:
+            continue
+        elif n_k[b] == 0:  # nothing to attend: the reference's zeros and -inf
+            ob, lb = qb.new_zeros(qb.shape[:3] + (Dv,)), lse.new_full((1, Hq, n_q[b]), float("-inf"))
+        else:
+            with torch.no_grad():  # inference only, as the reference path
+                ob, lb = attn(qb, kb, vb, scale=scale, q_offset=offsets[b], return_lse=True)
         out[rows] = ob[0].transpose(0, 1)
         lse[:, rows] = lb[0]
     return (out, lse) if return_lse else out
+
+
+def _check_kernel_path(attn) -> None:
+    """What the per-sequence kernel path cannot do yet (issue 12's varlen kernel will): graph capture, and
+    variants that read b (a batch of one would show them b = 0)."""
+    from .symbols import B as B_SYMBOL
+
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise InputError("attn.varlen reads cu_seqlens on the host (one forward launch per sequence until the varlen "
+                         "kernel lands), so it cannot be captured in a CUDA graph; capture attn(q, k, v, q_offset=...) "
+                         "per sequence instead, or run varlen outside the graph")
+    traced = attn.traced
+    if B_SYMBOL in (traced.score.free_symbols | traced.mask.free_symbols):
+        raise GpuPathNotAvailable(
+            f"attn.varlen runs the forward kernel once per sequence, as a batch of one, so a variant that reads b "
+            f"({attn.name} does) would see b = 0 for every sequence. Fix: compile it with backend='reference' (slow, "
+            "exact), or make the mod index by position instead of b")
 
 
 def _check_packed(q, k, v):

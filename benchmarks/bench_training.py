@@ -65,6 +65,9 @@ def make_learnable(key: str, S: int, H: int, device, seed: int = 0):
     raise KeyError(key)
 
 
+DETERMINISTIC = False  # --deterministic: attngen variants compiled with deterministic=True
+
+
 def step_fn(fn, q, k, v, dout, leaves=()):
     import torch
 
@@ -119,7 +122,9 @@ def run(args):
             row.pop("flex_error", None)
         try:
             t0 = time.perf_counter()
-            a = step_fn(bf.make_attngen(score_mod, mask_mod), q, k, v, dout, leaves)
+            attn = bf.make_attngen(score_mod, mask_mod)
+            attn.deterministic = DETERMINISTIC
+            a = step_fn(attn, q, k, v, dout, leaves)
             grads = a()
             torch.cuda.synchronize()
             row["attngen_first_step_s"] = time.perf_counter() - t0
@@ -164,7 +169,8 @@ def table(rows, bwd_kernel) -> str:
                      f"{bf.fmt(r.get('flex_tflops'))} | {bf.fmt(r.get('sdpa_tflops'))} | "
                      f"{bf.fmt(r.get('attngen_over_flex'), 2)}x | {bf.fmt(r.get('attngen_over_sdpa'), 2)}x | "
                      f"{r['density']:.3f} | {', '.join(f'{x:.2e}' for x in d.values()) or 'n/a'} |")
-    return (f"attngen backward: {bwd_kernel or 'default (sm90_bwd on sm_90a at D 64 / 128)'}\n\n" + head
+    return (f"attngen backward: {bwd_kernel or 'default (sm90_bwd on sm_90a at D 64 / 128)'}"
+            f"{', deterministic' if DETERMINISTIC else ''}\n\n" + head
             + "\n".join(lines) + "\n" + "".join(f"\n{n}\n" for n in notes))
 
 
@@ -178,8 +184,11 @@ def main(argv=None):
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bwd-kernel", choices=["sm80_bwd", "sm90_bwd"], default=None)
+    p.add_argument("--deterministic", action="store_true", help="attngen's backward with dQ in a fixed order")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "latest"))
     args = p.parse_args(argv)
+    global DETERMINISTIC
+    DETERMINISTIC = args.deterministic
     rows = run(args)
     bf.write_results(args.out, "training", args, rows, table(rows, args.bwd_kernel))
 

@@ -10,7 +10,9 @@
 # flex's backward fits in shared memory); D = the gradient tests with a per-key bias (a per-query one has zero
 # gradient), learnable relpos beside flex retried with smaller tiles, and the frozen table as the control;
 # E = the deterministic backward (dQ added in kv-block order, turn counters per q block), its tests, the
-# backward, autograd and captured-gradient suites on the final kernel, the training anchors' control rows.
+# backward, autograd and captured-gradient suites on the final kernel, the training anchors' control rows;
+# F = attn.varlen on CUDA (the forward kernel per sequence), opcheck of both ops on the kernels;
+# G = the review's mends: unused bins left alone for frozen tensors, score-indexed sites per element.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -41,4 +43,8 @@ case "$1" in
     run_tests bwd 200 tests/gpu/test_bwd_gpu.py tests/gpu/test_autograd_gpu.py tests/gpu/test_captured_grads_gpu.py
     timeout 200 python benchmarks/bench_training.py --variants causal full relpos_learnable --out "$R" 2>&1 \
       | grep -E "^\[|TFLOP|vs flex|rror|kernel_options" ;;
+  F)
+    run_tests varlen 200 tests/gpu/test_varlen_gpu.py "tests/gpu/test_autograd_gpu.py::test_opcheck_on_the_kernels" ;;
+  G)
+    run_tests grads 50 tests/gpu/test_captured_grads_gpu.py ;;
 esac

@@ -426,3 +426,26 @@ def test_backward_kernel_gets_the_forward_values(monkeypatch):
     assert seen == [forward_fields]
     assert (window.value, cap.value) == (32, 4.0)
     assert attn._param_fields() != forward_fields
+
+
+def test_captured_atomics_follow_torch_deterministic_policy():
+    """The sm90 kernel sums captured tensors' gradients with atomics: under torch.use_deterministic_algorithms that is
+    an error (a warning with warn_only=True), as torch's own nondeterministic ops; under deterministic=True alone a
+    warning once per process."""
+    import warnings
+
+    try:
+        torch.use_deterministic_algorithms(True)
+        with pytest.raises(RuntimeError, match="atomic additions .*requires_grad=False"):
+            ag._alert_captured_atomics()
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with pytest.warns(UserWarning, match="atomic additions"):
+            ag._alert_captured_atomics()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    ag._warn_captured_atomics.cache_clear()
+    with pytest.warns(UserWarning, match="atomic additions"):
+        ag._alert_captured_atomics()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ag._alert_captured_atomics()  # once per process

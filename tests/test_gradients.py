@@ -447,6 +447,8 @@ def test_grad_site_kinds_follow_what_the_offset_reads():
         Q * s1 + KV: GRAD_SITE_ELEM,                                       # bias[q, kv]
         H * s1 + Q: GRAD_SITE_ELEM,                                        # bias[h, q]
         H * s1 + sympy.Min(Q, 100) - KV: GRAD_SITE_ELEM,                   # clamps q alone: not a difference
+        H * s1 + sympy.Piecewise((1, SCORE > 0), (0, True)): GRAD_SITE_ELEM,  # t[h, where(s > 0, 1, 0)]
+        H * s1 + Q - KV + sympy.floor(SCORE): GRAD_SITE_ELEM,              # the score shifts the diagonal
     }
     assert grad_site_kinds(list(cases)) == tuple(cases.values())
     many = [H * s1 + Q - KV + n for n in range(GRAD_DIAG_SITES + 2)]

@@ -15,7 +15,7 @@ import attngen
 import attngen.variants as V
 from attngen.errors import InputError
 from attngen.kvcache import MAX_PAGE_SIZE
-from attngen.sequences import GpuPathNotAvailable, check_reference_path
+from attngen.sequences import GpuPathNotAvailable
 
 import reference64
 
@@ -447,11 +447,21 @@ def test_varlen_errors_name_the_fix(name):
         attngen.compile(causal=True).varlen(**_varlen_call(**change))
 
 
-def test_cuda_tensors_on_a_kernel_backend_are_refused_until_the_kernels_exist():
-    with pytest.raises(GpuPathNotAvailable, match="backend='reference'"):
-        check_reference_path(attngen.compile(causal=True), torch.device("cuda", 0), "varlen")
-    check_reference_path(attngen.compile(causal=True, backend="reference"), torch.device("cuda", 0), "varlen")
-    check_reference_path(attngen.compile(causal=True), torch.device("cpu"), "varlen")
+def test_varlen_kernel_path_refuses_what_a_batch_of_one_cannot_do(monkeypatch):
+    """The per-sequence kernel path (CUDA tensors) shows each sequence to the kernel as batch 0: a variant that
+    reads b is refused with the fix, and so is graph capture (the lengths are read on the host)."""
+    from attngen.varlen import _check_kernel_path
+
+    def per_seq_bias(s, b, h, q, kv):
+        return s + b * 0.5
+
+    with pytest.raises(GpuPathNotAvailable, match="reads b .* backend='reference'"):
+        _check_kernel_path(attngen.compile(score_mod=per_seq_bias))
+    _check_kernel_path(attngen.compile(causal=True, window=8))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(InputError, match="cannot be captured in a CUDA graph"):
+        _check_kernel_path(attngen.compile(causal=True))
     assert issubclass(GpuPathNotAvailable, (attngen.AttngenError, NotImplementedError))
 
 

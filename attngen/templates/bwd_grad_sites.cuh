@@ -104,7 +104,7 @@ ATTNGEN_DEV_INLINE void grad_sites_flush_bins(const GradSites& gs, uint32_t bins
 #if ATTNGEN_HAS_SCORE_MOD
 #pragma unroll
   for (int k = 0; k < kGradSites; ++k) {
-    if (grad_site_kind(k) != GRAD_SITE_DIAG) continue;
+    if (grad_site_kind(k) != GRAD_SITE_DIAG || gs.dcap[k] == nullptr) continue;  // not asked for: never written
     float v = 0.f;
 #pragma unroll
     for (int copy = 0; copy < 4; ++copy) {
@@ -114,7 +114,7 @@ ATTNGEN_DEV_INLINE void grad_sites_flush_bins(const GradSites& gs, uint32_t bins
       asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(0.f));
       v += x;
     }
-    if (v != 0.f && gs.dcap[k] != nullptr) {
+    if (v != 0.f) {
       const int row = max(0, GRAD_ROWS - 1 - tid);
       const int q_idx = q0 + row + tid - (GRAD_ROWS - 1);
       const int kv_idx = kv_row0 + row;

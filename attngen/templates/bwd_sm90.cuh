@@ -143,7 +143,7 @@ __device__ __forceinline__ void add_dq(float* dq_head, int q0, int QLEN, int col
 // Deterministic mode: the dQ additions to q-block i of head h happen in kv-block order, consumer 0 before
 // consumer 1, so every element of dQ_acc sums its terms in one order. sem (one int per (b, h, i), zeroed)
 // counts turns: kv block j's consumer cw adds when it reads 2 (p + 1) + cw, p being the last kv block before j
-// that visits the tile (0 when none), and leaves 2 (p + 1) + 1 (consumer 0) or 2 (j + 1) (consumer 1) behind.
+// that visits the tile (p = -1 when none), and leaves 2 (p + 1) + 1 (consumer 0) or 2 (j + 1) (consumer 1) behind.
 // Waiting only on lower kv blocks, which the grid starts first, cannot deadlock.
 __device__ __forceinline__ int dq_turn(const CapturedArgs& C, const TileArgs& t, int i, int j) {
   int p = j - 1;

@@ -149,6 +149,26 @@ def test_gradients_bf16_match_float64(name, with_lse, monkeypatch):
         assert empty.any() and (got[0][empty] == 0).all(), "fully masked rows must get zero dq"
 
 
+@pytest.mark.parametrize("name", ["causal", "alibi", "relpos"])
+def test_opcheck_on_the_kernels(name):
+    """torch.library.opcheck of both ops with bf16 CUDA inputs: the forward kernel, and the backward kernel (no LSE
+    gradient; ALiBi's slopes and the relpos table summed in the sm90 kernel) as well as the recompute (with one)."""
+    import attngen.autograd as ag
+
+    attn = data().variants[name]
+    shape = CASES[name]
+    q, k, v = (t.detach() for t in _inputs(shape, seed=3))
+    caps = [c.tensor.detach() for c in attn.facts.captured]
+    args = (q, k, v, caps, attn.op_id, D ** -0.5, shape[-1], ag.param_values(attn))
+    torch.library.opcheck(torch.ops.attngen.attention_fwd.default, args)
+    out, lse = torch.ops.attngen.attention_fwd(*args)
+    needs = [True, True, True] + [c.dtype.is_floating_point for c in caps]
+    for dlse in (None, torch.randn_like(lse)):
+        bargs = (torch.randn_like(out), dlse, q, k, v, out, lse, caps, attn.op_id, D ** -0.5, shape[-1],
+                 ag.param_values(attn), needs)
+        torch.library.opcheck(torch.ops.attngen.attention_bwd.default, bargs)
+
+
 @pytest.mark.parametrize("name", ["causal", "alibi"])
 def test_torch_compile_inductor_fullgraph(name):
     torch._dynamo.reset()

@@ -88,8 +88,13 @@ def test_deterministic_backward_is_bit_identical(case, monkeypatch):
         assert err <= 1.5 * perr + 1e-3 * r.abs().max().item(), f"{name} d{n}: {err:.3e} vs plain {perr:.3e}"
 
 
-def test_torch_deterministic_algorithms_select_the_ordered_dq():
+def test_torch_deterministic_algorithms_select_the_ordered_dq(monkeypatch):
+    import attngen.autograd as ag
+
     name, D, B, Hq, Hkv = CASES[1]
+    ran = []
+    hook = ag.backward_kernel
+    monkeypatch.setattr(ag, "backward_kernel", lambda *a: ran.append(hook(*a)) or ran[-1])
     gen = torch.Generator(device=DEV).manual_seed(4)
     q, k, v = (torch.randn(B, h, L, D, device=DEV, dtype=torch.bfloat16, generator=gen).requires_grad_()
                for h in (Hq, Hkv, Hkv))
@@ -100,5 +105,6 @@ def test_torch_deterministic_algorithms_select_the_ordered_dq():
         runs = [_grads(plain, q, k, v, dout) for _ in range(4)]
     finally:
         torch.use_deterministic_algorithms(False)
+    assert len(ran) == 4 and all(r is not None for r in ran), "the sm90 kernel ran, not the float32 recompute"
     for r in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], r))
