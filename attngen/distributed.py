@@ -51,19 +51,14 @@ def _held(rank: int, world: int, layout: str) -> Tuple[int, ...]:
     return (rank, 2 * world - 1 - rank) if layout == "zigzag" else (rank,)
 
 
-_READY_GROUPS: set = set()
-
-
 def _group_info(group) -> Tuple[int, int]:
     if not dist.is_available() or not dist.is_initialized():
         raise InputError("context parallelism needs an initialised process group: call "
                          "torch.distributed.init_process_group('nccl' or 'gloo') first, or pass group=")
-    if id(group) not in _READY_GROUPS:
-        # NCCL wants every rank in a group's first point-to-point batch, which skipped sends would break: a
-        # collective first
-        dist.barrier(group=group)
-        _READY_GROUPS.add(id(group))
-    return dist.get_world_size(group), dist.get_rank(group)
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if rank < 0:
+        raise InputError("this process is not a member of the group passed as group=: call with a group it belongs to")
+    return world, rank
 
 
 def _check_layout(layout: str) -> None:
@@ -85,7 +80,8 @@ def shard_sequence(x: torch.Tensor, group=None, layout: str = "zigzag", dim: int
 
 
 def unshard_sequence(x: torch.Tensor, group=None, layout: str = "zigzag", dim: int = 2) -> torch.Tensor:
-    """The whole sequence from every rank's shard (an all-gather), in position order, on every rank."""
+    """The whole sequence from every rank's shard (an all-gather), in position order, on every rank. Not
+    differentiable (torch.distributed's all_gather records no graph)."""
     _check_layout(layout)
     world, _ = _group_info(group)
     shards = [torch.empty_like(x) for _ in range(world)]
@@ -102,8 +98,9 @@ def unshard_sequence(x: torch.Tensor, group=None, layout: str = "zigzag", dim: i
 
 @dataclasses.dataclass
 class CPStats:
-    """What the last context-parallel call did on this rank (``last_stats()``): chunk pairs computed and proven
-    empty (forward and backward each), K/V messages sent and not sent because the receiver needs none of them."""
+    """What the last context-parallel call did on this rank (``last_stats()``): the chunk pairs its forward
+    computed and proved empty, and the K/V messages its forward (and its backward, once that ran) sent and did not
+    send because the receiver needs none of them. A new forward starts the counts again."""
 
     pairs_computed: int = 0
     pairs_skipped: int = 0
@@ -145,9 +142,14 @@ _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def _plan(attn, world: int, rank: int, layout: str, chunk: int, batch: int, heads: int) -> _Plan:
     """The chunk-level block map of ``attn`` over the whole sequence (every b and h where the predicates read
-    them), from the variant's derived predicates: the same on every rank, so every rank knows who needs what."""
-    key = (world, rank, layout, chunk, batch, heads)
+    them), from the variant's derived predicates: the same on every rank, so every rank knows who needs what.
+    Memoised by what it reads: the sizes, the runtime parameters' values and the captured tensors' storage and
+    version (an in-place update of a document-id tensor changes the map)."""
+    key = (world, rank, layout, chunk, batch, heads, tuple(p.param.value for p in attn.facts.params),
+           tuple((c.tensor.data_ptr(), c.tensor._version, tuple(c.tensor.shape)) for c in attn.facts.captured))
     memo = _PLANS.setdefault(attn, {})
+    if len(memo) > 64:  # a parameter swept over many values: keep the memo small
+        memo.clear()
     if key not in memo:
         from .blockmap import block_map
 
@@ -264,24 +266,45 @@ class _Ring:
         self.pending.clear()
 
 
-def _send_back(plan: _Plan, group, parts: Dict[int, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    """Round by round, the dK/dV computed for rank r - s's keys back to it; returns the sum this rank receives
-    for its own keys (its own part included)."""
-    total = parts.get(0, torch.zeros_like(like)).clone()
-    for s in range(1, plan.world):
+class _Homeward:
+    """The backward's dK/dV: round s's part for rank r - s's keys goes back to it right after it is computed,
+    while this rank receives, from rank r + s, the part for its own keys (one round in flight); sum() waits for
+    the last and returns every part this rank's keys got, its own included."""
+
+    def __init__(self, plan: _Plan, group, shape, dtype, device):
+        self.plan, self.group = plan, group
+        self.total = torch.zeros(shape, dtype=dtype, device=device)
+        self.inflight = None  # (requests, receive buffer or None, the sent part kept alive)
+
+    def _drain(self) -> None:
+        if self.inflight is not None:
+            reqs, buf, _ = self.inflight
+            for r in reqs:
+                r.wait()
+            if buf is not None:
+                self.total += buf
+            self.inflight = None
+
+    def round(self, s: int, part: Optional[torch.Tensor]) -> None:
+        plan = self.plan
+        if s == 0:
+            if part is not None:
+                self.total += part
+            return
+        self._drain()
         dst, src = (plan.rank - s) % plan.world, (plan.rank + s) % plan.world
+        g = (lambda r: dist.get_global_rank(self.group, r)) if self.group is not None else (lambda r: r)
         ops, buf = [], None
-        g = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
-        if s in parts:  # this rank computed something for rank - s's keys
-            ops.append(dist.P2POp(dist.isend, parts[s].contiguous(), g(dst), group))
-        if plan.needs(src, plan.rank):  # rank + s's queries saw this rank's keys
-            buf = torch.empty_like(like)
-            ops.append(dist.P2POp(dist.irecv, buf, g(src), group))
-        for r in dist.batch_isend_irecv(ops) if ops else []:
-            r.wait()
-        if buf is not None:
-            total += buf
-    return total
+        if plan.needs(plan.rank, dst):  # this rank's queries saw rank r - s's keys: it computed a part
+            ops.append(dist.P2POp(dist.isend, part, g(dst), self.group))
+        if plan.needs(src, plan.rank):  # rank r + s's queries saw this rank's keys
+            buf = torch.empty_like(self.total)
+            ops.append(dist.P2POp(dist.irecv, buf, g(src), self.group))
+        self.inflight = (dist.batch_isend_irecv(ops) if ops else [], buf, part)
+
+    def sum(self) -> torch.Tensor:
+        self._drain()
+        return self.total
 
 
 # ------------------------------------------------------------------------------------------------ entry point
@@ -291,8 +314,15 @@ def context_parallel_attention(attn, q: torch.Tensor, k: torch.Tensor, v: torch.
                                return_lse: bool = False):
     """Attention of ``attn`` (what ``attngen.compile`` returns) over a sequence sharded along dim 2 across
     ``group``: q (B, Hq, L, D), k / v (B, Hkv, L, D) are this rank's shards (``shard_sequence`` with the same
-    ``layout``), L the same on every rank. Returns this rank's shard of the output (and of the LSE (B, Hq, L),
-    fp32). Differentiable in q, k, v and the variant's captured tensors (see the module docstring)."""
+    ``layout``), L the same on every rank. Captured tensors are indexed by global positions: they must cover
+    the whole sequence and be the same on every rank. Returns this rank's shard of the output (and of the LSE
+    (B, Hq, L), float32, float64 for float64 inputs). Differentiable in q, k, v, the LSE and the variant's
+    captured tensors (see the module docstring)."""
+    from .frontend import CompiledAttention
+    from .ir import check_extents
+
+    if not isinstance(attn, CompiledAttention):
+        raise InputError(f"attn must be what attngen.compile returns, got {type(attn).__name__}")
     _check_layout(layout)
     if exchange not in EXCHANGES:
         raise InputError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
@@ -301,22 +331,47 @@ def context_parallel_attention(attn, q: torch.Tensor, k: torch.Tensor, v: torch.
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise InputError(f"{name} must be a 4-D tensor (batch, heads, local seq_len, head_dim), got "
                              f"{getattr(t, 'shape', type(t).__name__)}")
-    if k.shape[2] != q.shape[2] or v.shape[2] != q.shape[2]:
-        raise InputError(f"q, k and v must hold the same positions (local lengths {q.shape[2]}, {k.shape[2]}, "
-                         f"{v.shape[2]}): context parallelism shards one sequence of queries and keys")
+    if k.shape != v.shape:
+        raise InputError(f"k and v must have one shape here (K and V travel together), got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    if k.shape[2] != q.shape[2]:
+        raise InputError(f"q and k must hold the same positions (local lengths {q.shape[2]} and {k.shape[2]}): "
+                         "context parallelism shards one sequence of queries and keys")
     per = len(_held(rank, world, layout))
     if q.shape[2] % per:
         raise InputError(f"layout {layout!r} gives each rank {per} chunks, so the local length ({q.shape[2]}) must "
                          "be a multiple of it: shard with attngen.distributed.shard_sequence")
-    D = q.shape[3]
+    B, Hq, L, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    plan = _plan(attn, world, rank, layout, q.shape[2] // per, q.shape[0], q.shape[1])
+    chunk = L // per
+    S = chunk * _n_chunks(world, layout)
+    captured = [c.tensor for c in attn.facts.captured]
+    if captured:  # at the whole sequence's positions, before any rank talks: a short tensor fails everywhere alike
+        check_extents(attn.facts.captured, captured, B, Hq, S, S, 0)
+    plan = _plan(attn, world, rank, layout, chunk, B, Hq)
+    _agree(group, q, world, (L, B, Hq, k.shape[1], D, str(q.dtype), layout, exchange, repr(scale),
+                             tuple(p.param.value for p in attn.facts.params), plan.live.flatten().tolist()))
     shifted, start = _shifted(attn)
     base = {id(p.param): float(p.param.value) for p in shifted.facts.params}
-    captured = [c.tensor for c in shifted.facts.captured]
     out, lse = _CPAttention.apply(q, k, v, shifted, start, base, plan, exchange, group, scale, len(captured),
                                   *captured)
     return (out, lse) if return_lse else out
+
+
+def _agree(group, like: torch.Tensor, world: int, facts: tuple) -> None:
+    """Every rank must call with the same sizes, layout, exchange, scale, parameter values and block map, or the
+    rounds would not match (a hang or a torn message): one all-gather of a digest, on q's device (NCCL needs a
+    CUDA tensor; also the group's first collective, as NCCL wants before point-to-point batches)."""
+    import hashlib
+
+    digest = int.from_bytes(hashlib.sha256(repr(facts).encode()).digest()[:7], "little")
+    mine = torch.tensor([digest], dtype=torch.int64, device=like.device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=group)
+    if any(int(x) != digest for x in every):
+        raise InputError("the ranks called context_parallel_attention with different arguments (local length, batch, "
+                         "heads, head dim, dtype, layout, exchange, scale, runtime parameter values or captured "
+                         "tensors); every rank of the group must make the same call on its own shard")
 
 
 class _CPAttention(torch.autograd.Function):
@@ -326,29 +381,30 @@ class _CPAttention(torch.autograd.Function):
         _STATS = CPStats()
         chunk = plan.chunk
         held = _held(plan.rank, plan.world, plan.layout)
-        kv = torch.stack([k, v]).contiguous()  # one message per round
-        ring = _Ring(plan, exchange, group, kv)
         acc = _acc_dtype(q)
         out_acc = q.new_zeros(q.shape[:3] + (v.shape[3],), dtype=acc)
         lse_acc = q.new_full(q.shape[:3], float("-inf"), dtype=acc)
-        with torch.no_grad():
-            for s in range(plan.world):
-                ring.start(s + 1)
-                src = (plan.rank - s) % plan.world
-                pairs = plan.pairs(src)
-                _STATS.pairs_skipped += len(held) * len(_held(src, plan.world, plan.layout)) - len(pairs)
-                if not pairs:
-                    continue
-                buf = ring.get(s)
-                for a, b, i, j in pairs:
-                    rows = slice(a * chunk, (a + 1) * chunk)
-                    keys = slice(b * chunk, (b + 1) * chunk)
-                    o, l = torch.ops.attngen.attention_fwd(
-                        q[:, :, rows], buf[0][:, :, keys], buf[1][:, :, keys], list(captured), shifted.op_id, scale,
-                        i * chunk, _params(shifted, start, j * chunk, base))
-                    _merge(out_acc[:, :, rows], lse_acc[:, :, rows], o, l)
-                    _STATS.pairs_computed += 1
-        ring.finish()
+        ring = _Ring(plan, exchange, group, torch.stack([k, v]).contiguous())  # one message per round
+        try:
+            with torch.no_grad():
+                for s in range(plan.world):
+                    ring.start(s + 1)  # the next round's K/V in flight during this round's work
+                    src = (plan.rank - s) % plan.world
+                    pairs = plan.pairs(src)
+                    _STATS.pairs_skipped += len(held) * len(_held(src, plan.world, plan.layout)) - len(pairs)
+                    if not pairs:
+                        continue
+                    buf = ring.get(s)
+                    for a, b, i, j in pairs:
+                        rows = slice(a * chunk, (a + 1) * chunk)
+                        keys = slice(b * chunk, (b + 1) * chunk)
+                        o, l = torch.ops.attngen.attention_fwd(
+                            q[:, :, rows], buf[0][:, :, keys], buf[1][:, :, keys], list(captured), shifted.op_id,
+                            scale, i * chunk, _params(shifted, start, j * chunk, base))
+                        _merge(out_acc[:, :, rows], lse_acc[:, :, rows], o, l)
+                        _STATS.pairs_computed += 1
+        finally:
+            ring.finish()  # no message left in flight, also when a pair raised
         out = out_acc.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse_acc, *captured)
         ctx.setup = (shifted, start, base, plan, exchange, group, scale, n_cap)
@@ -360,39 +416,41 @@ class _CPAttention(torch.autograd.Function):
         q, k, v, out, lse, *captured = ctx.saved_tensors
         shifted, start, base, plan, exchange, group, scale, n_cap = ctx.setup
         chunk = plan.chunk
+        acc = _acc_dtype(q)
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         needs = [True, True, True] + [bool(n) for n in ctx.needs_input_grad[11:]]
-        ring = _Ring(plan, exchange, group, torch.stack([k, v]).contiguous())
-        acc = _acc_dtype(q)
         dq = torch.zeros_like(q, dtype=acc)
-        dkv_parts: Dict[int, torch.Tensor] = {}
         dcap = [torch.zeros_like(c, dtype=acc) if n and c.dtype.is_floating_point else None
                 for c, n in zip(captured, needs[3:])]
-        for s in range(plan.world):
-            ring.start(s + 1)
-            src = (plan.rank - s) % plan.world
-            pairs = plan.pairs(src)
-            if not pairs:
-                continue
-            buf = ring.get(s)
-            part = torch.zeros_like(buf, dtype=acc)
-            for a, b, i, j in pairs:
-                rows = slice(a * chunk, (a + 1) * chunk)
-                keys = slice(b * chunk, (b + 1) * chunk)
-                g = torch.ops.attngen.attention_bwd(
-                    dout[:, :, rows], None if dlse is None else dlse[:, :, rows].contiguous(), q[:, :, rows].contiguous(), buf[0][:, :, keys].contiguous(),
-                    buf[1][:, :, keys].contiguous(), out[:, :, rows].contiguous(), lse[:, :, rows].contiguous(),
-                    list(captured), shifted.op_id, scale, i * chunk, _params(shifted, start, j * chunk, base),
-                    needs)
-                dq[:, :, rows] += g[0].to(acc)
-                part[0][:, :, keys] += g[1].to(acc)
-                part[1][:, :, keys] += g[2].to(acc)
-                for n, d in enumerate(g[3]):
-                    if dcap[n] is not None:
-                        dcap[n] += d.to(acc)
-            dkv_parts[s] = part
-        ring.finish()
-        dkv = _send_back(plan, group, dkv_parts, torch.zeros_like(torch.stack([k, v]), dtype=acc))
+        ring = _Ring(plan, exchange, group, torch.stack([k, v]).contiguous())
+        home = _Homeward(plan, group, (2,) + tuple(k.shape), acc, k.device)
+        try:
+            for s in range(plan.world):
+                ring.start(s + 1)
+                src = (plan.rank - s) % plan.world
+                pairs = plan.pairs(src)
+                part = None
+                if pairs:
+                    buf = ring.get(s)
+                    part = torch.zeros_like(buf, dtype=acc)
+                    for a, b, i, j in pairs:
+                        rows = slice(a * chunk, (a + 1) * chunk)
+                        keys = slice(b * chunk, (b + 1) * chunk)
+                        g = torch.ops.attngen.attention_bwd(
+                            dout[:, :, rows], None if dlse is None else dlse[:, :, rows].contiguous(),
+                            q[:, :, rows], buf[0][:, :, keys], buf[1][:, :, keys], out[:, :, rows].contiguous(),
+                            lse[:, :, rows].contiguous(), list(captured), shifted.op_id, scale, i * chunk,
+                            _params(shifted, start, j * chunk, base), needs)
+                        dq[:, :, rows] += g[0].to(acc)
+                        part[0][:, :, keys] += g[1].to(acc)
+                        part[1][:, :, keys] += g[2].to(acc)
+                        for n, d in enumerate(g[3]):
+                            if dcap[n] is not None:
+                                dcap[n] += d.to(acc)
+                home.round(s, part)
+            dkv = home.sum()
+        finally:
+            ring.finish()
         grads = [dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)]
         grads += [None] * 8  # shifted, start, base, plan, exchange, group, scale, n_cap
         grads += [None if d is None else d.to(c.dtype) for d, c in zip(dcap, captured)]

@@ -3,6 +3,7 @@ single-process attention (float64, reference path) for causal, sliding window, s
 learnable relative-position bias and GQA, in both layouts and both exchanges; pairs the chunk-level block map
 proves empty are not computed and K/V nobody needs is not sent (the counters); shard / unshard round-trip.
 """
+import datetime
 import os
 import tempfile
 
@@ -75,7 +76,8 @@ def _worker(rank, world, init_file, failures):
     faulthandler.enable()  # a native abort in a rank prints where it was
 
     os.environ.setdefault("ATTNGEN_CACHE_DIR", tempfile.mkdtemp())
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))  # a mismatched round fails, not hangs
     try:
         from attngen.distributed import _n_chunks, _plan, shard_sequence, unshard_sequence
 
@@ -94,6 +96,28 @@ def _worker(rank, world, init_file, failures):
             dist.all_reduce(counts)
             live = int(plan.live.sum())
             assert counts.tolist() == [live, plan.live.numel() - live], (name, counts.tolist(), live)
+        # the plan follows what the block map reads: the heads (a per-head window), a runtime parameter's value
+        # and a captured tensor's contents changed in place between calls
+        import attngen
+
+        def per_head(b, h, q, kv):
+            return (q >= kv) & (q - kv < 3 + 20 * h)
+
+        _check_one(attngen.compile(mask_mod=attngen.MaskMod(per_head, "per_head")), [], "contiguous", "p2p", 4, 4, 11)
+        w = attngen.param("w", 3, minimum=1)
+
+        def window(b, h, q, kv):
+            return (q >= kv) & (q - kv < w)
+
+        attn = attngen.compile(mask_mod=attngen.MaskMod(window, "window"))
+        _check_one(attn, [], "contiguous", "p2p", 2, 2, 12)
+        w.set(40)
+        _check_one(attn, [], "contiguous", "p2p", 2, 2, 13)
+        docs = torch.zeros(S, dtype=torch.int64)
+        attn = attngen.compile(mask_mod=attngen.document(docs))
+        _check_one(attn, [], "zigzag", "p2p", 2, 2, 14)
+        docs.copy_(torch.arange(S) // 7)
+        _check_one(attn, [], "zigzag", "p2p", 2, 2, 15)
         # a sliding window over contiguous chunks: each rank needs its own keys and its left neighbour's only
         attn = V["sliding_window"][0]
         stats = _check_one(attn, [], "contiguous", "p2p", 2, 2, seed=9)
