@@ -1,6 +1,6 @@
 // attngen_decode_abi.cuh: the argument block of `attngen_decode` (the decode libraries' C ABI, fwd_decode.cuh).
-// attngen/launch.py packs it byte for byte: field order, types and sizes change only together with
-// ATTNGEN_DECODE_ABI_VERSION and launch.py.
+// attngen/decode.py packs it byte for byte: field order, types and sizes change only together with
+// ATTNGEN_DECODE_ABI_VERSION and decode.py.
 #pragma once
 
 #include "attngen_common.cuh"
@@ -15,7 +15,7 @@
 //
 // Layout (x86-64 / aarch64, natural alignment, no padding):
 //   offset   0  q, k_cache, v_cache, o, lse      5 pointers
-//   offset  40  o_partial, lse_partial            2 pointers   fp32 workspaces (num_splits > 1), launch.py's
+//   offset  40  o_partial, lse_partial            2 pointers   fp32 workspaces (num_splits > 1), decode.py's
 //   offset  56  seqlens, cache_batch_idx,         3 pointers   int32, each may be NULL
 //               page_table
 //   offset  80  q_stride[3] .. o_stride[3]        4 x 3 int64  element strides (batch / page, head, seq)
@@ -48,8 +48,8 @@ struct AttngenDecodeArgs {
   int kv_extra;               // keys past s_b (the appended ones): a sequence has s_b + kv_extra keys
   int page_size;              // 1 .. 256 with a page table
   int num_splits;             // >= 1: CTAs sharing one kv range
-  int heads_per_cta;          // query heads of one kv head walked together (1 .. NWARPS, divides Hq / Hkv)
-  // What the cache holds. Values launch.py cannot check without a device sync (under CUDA-graph capture) are
+  int heads_per_cta;          // query heads of one kv head walked together (a power of 2 up to 16 dividing Hq / Hkv)
+  // What the cache holds. Values decode.py cannot check without a device sync (under CUDA-graph capture) are
   // clamped to these, so a bad length, page id or cache row reads the wrong keys, never outside the cache.
   int capacity;               // positions per sequence: L_max, or max_pages * page_size
   int num_pages;              // k_cache.shape[0] of a paged cache
