@@ -3,7 +3,8 @@
 
 Layout. The S positions are cut into chunks: ``zigzag`` (2R chunks over R ranks; rank r holds chunks r and
 2R - 1 - r, so under causal-like masks every rank has the same work) or ``contiguous`` (R chunks; rank r holds
-chunk r). ``shard_sequence`` / ``unshard_sequence`` move between a full tensor and a rank's shard.
+chunk r). ``shard_sequence`` / ``unshard_sequence`` move between a full tensor and a rank's shard. DTensors
+sharded on the sequence dim (``Shard(2)``, contiguous chunks) over a 1-D device mesh are taken as they are.
 
 Forward. Round s = 0 .. R - 1 pairs this rank's query chunks with the key/value chunks of rank r - s. A pair is
 one call of attngen's attention op on the chunks, with the queries' global start as ``q_offset`` and the keys' as
@@ -314,13 +315,23 @@ def context_parallel_attention(attn, q: torch.Tensor, k: torch.Tensor, v: torch.
                                return_lse: bool = False):
     """Attention of ``attn`` (what ``attngen.compile`` returns) over a sequence sharded along dim 2 across
     ``group``: q (B, Hq, L, D), k / v (B, Hkv, L, D) are this rank's shards (``shard_sequence`` with the same
-    ``layout``), L the same on every rank. Captured tensors are indexed by global positions: they must cover
+    ``layout``), L the same on every rank. Or q, k, v are DTensors sharded on dim 2 (``Shard(2)``) over a 1-D
+    device mesh: the mesh's group and layout ``contiguous`` (how Shard cuts) are used, and the output is a DTensor
+    placed alike (``group`` and ``layout`` must then be left out). Captured tensors are indexed by global positions: they must cover
     the whole sequence and be the same on every rank. Returns this rank's shard of the output (and of the LSE
     (B, Hq, L), float32, float64 for float64 inputs). Differentiable in q, k, v, the LSE and the variant's
     captured tensors (see the module docstring)."""
     from .frontend import CompiledAttention
     from .ir import check_extents
 
+    mesh = _dtensor_mesh(q, k, v, group, layout)
+    if mesh is not None:
+        from torch.distributed.tensor import DTensor, Shard
+
+        out = context_parallel_attention(attn, q.to_local(), k.to_local(), v.to_local(), group=mesh.get_group(),
+                                         layout="contiguous", exchange=exchange, scale=scale, return_lse=return_lse)
+        wrap = lambda t: DTensor.from_local(t, mesh, [Shard(2)], run_check=False)  # noqa: E731
+        return tuple(wrap(t) for t in out) if return_lse else wrap(out)
     if not isinstance(attn, CompiledAttention):
         raise InputError(f"attn must be what attngen.compile returns, got {type(attn).__name__}")
     _check_layout(layout)
@@ -356,6 +367,32 @@ def context_parallel_attention(attn, q: torch.Tensor, k: torch.Tensor, v: torch.
     out, lse = _CPAttention.apply(q, k, v, shifted, start, base, plan, exchange, group, scale, len(captured),
                                   *captured)
     return (out, lse) if return_lse else out
+
+
+def _dtensor_mesh(q, k, v, group, layout):
+    """The 1-D device mesh of DTensor inputs sharded on the sequence dim, or None for plain tensors."""
+    try:
+        from torch.distributed.tensor import DTensor, Shard
+    except ImportError:  # a torch without DTensor: plain tensors only
+        return None
+    kinds = [isinstance(t, DTensor) for t in (q, k, v)]
+    if not any(kinds):
+        return None
+    if not all(kinds):
+        raise InputError("q, k and v must all be DTensors or all plain tensors (this rank's shards)")
+    if group is not None or layout != "zigzag":
+        raise InputError("with DTensor inputs the mesh gives the group and Shard(2) the layout (contiguous chunks): "
+                         "leave group= and layout= out")
+    mesh = q.device_mesh
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device_mesh != mesh or mesh.ndim != 1 or tuple(t.placements) != (Shard(2),):
+            raise InputError(f"{name} must be sharded on the sequence dim over one 1-D device mesh (placements "
+                             f"[Shard(2)]), got mesh {t.device_mesh} and placements {tuple(t.placements)}; "
+                             "redistribute it first")
+        if t.shape[2] % mesh.size():
+            raise InputError(f"{name}'s sequence ({t.shape[2]} positions) must split evenly over the mesh's "
+                             f"{mesh.size()} ranks; pad it to a multiple of {mesh.size()}")
+    return mesh
 
 
 def _agree(group, like: torch.Tensor, world: int, facts: tuple) -> None:

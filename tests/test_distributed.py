@@ -68,6 +68,28 @@ def _check_one(attn, leaves, layout, exchange, Hq, Hkv, seed):
     return stats
 
 
+def _check_dtensor(attn, world):
+    """DTensors sharded on the sequence dim (Shard(2)) over a 1-D mesh: the same results, as DTensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from attngen.distributed import context_parallel_attention
+
+    mesh = init_device_mesh("cpu", (world,))
+    gen = torch.Generator().manual_seed(21)
+    q, k, v, dout = (torch.randn(2, h, S, D, generator=gen, dtype=torch.float64) for h in (4, 2, 2, 4))
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = attn(*full)
+    want_grads = torch.autograd.grad(want, full, dout)
+    dts = [distribute_tensor(t, mesh, [Shard(2)]).requires_grad_() for t in (q, k, v)]
+    out = context_parallel_attention(attn, *dts)
+    assert tuple(out.placements) == (Shard(2),)
+    grads = torch.autograd.grad(out, dts, distribute_tensor(dout, mesh, [Shard(2)]))
+    torch.testing.assert_close(out.full_tensor(), want.detach(), rtol=0, atol=1e-10)
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g.full_tensor(), w, rtol=0, atol=1e-10)
+
+
 def _worker(rank, world, init_file, failures):
     import faulthandler
 
@@ -118,6 +140,7 @@ def _worker(rank, world, init_file, failures):
         _check_one(attn, [], "zigzag", "p2p", 2, 2, 14)
         docs.copy_(torch.arange(S) // 7)
         _check_one(attn, [], "zigzag", "p2p", 2, 2, 15)
+        _check_dtensor(V["relpos"][0], world)
         # a sliding window over contiguous chunks: each rank needs its own keys and its left neighbour's only
         attn = V["sliding_window"][0]
         stats = _check_one(attn, [], "contiguous", "p2p", 2, 2, seed=9)
