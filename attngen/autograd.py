@@ -273,7 +273,7 @@ def reference_backward(variant, dout, dlse, q, k, v, out, lse, captured, live_ca
     B, Hq, Lq, D = q.shape
     Hkv, Lk, Dv = k.shape[1], k.shape[2], v.shape[3]
     G = Hq // Hkv
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    compute = reference.compute_dtype(q.dtype)
     want_q, want_k, want_v = needs_grad[:3]
     want_cap = [bool(n) and c.dtype.is_floating_point for n, c in zip(needs_grad[3:], captured)]
     dq = torch.zeros(B, Hq, Lq, D, dtype=compute, device=q.device)
@@ -398,10 +398,6 @@ def _ensure_ops() -> None:
                 _OPS_DEFINED = True
 
 
-def _lse_dtype(q: torch.Tensor) -> torch.dtype:
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
-
-
 def _define_ops() -> None:
     @torch.library.custom_op("attngen::attention_fwd", mutates_args=())
     def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, captured: List[torch.Tensor],
@@ -412,7 +408,7 @@ def _define_ops() -> None:
     @attention_fwd.register_fake
     def _(q, k, v, captured, variant, scale, q_offset, params):
         B, Hq, Lq, _ = q.shape
-        return q.new_empty((B, Hq, Lq, v.shape[3])), q.new_empty((B, Hq, Lq), dtype=_lse_dtype(q))
+        return q.new_empty((B, Hq, Lq, v.shape[3])), q.new_empty((B, Hq, Lq), dtype=reference.compute_dtype(q.dtype))
 
     @torch.library.custom_op("attngen::attention_bwd", mutates_args=())
     def attention_bwd(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,

@@ -610,14 +610,6 @@ def _gradient_functions(em: "_Emitter", ctx_names, elem_params: str, dscore, sit
     return funcs
 
 
-def _tiles_read_head(preds: BlockPredicates) -> bool:
-    """Whether a q-block's kv walk (its ranges, parts and tile classifier) depends on the query head: the decode
-    kernel then walks one head per CTA instead of every query head of a kv head together."""
-    exprs = [preds.kv_lo, preds.kv_hi, preds.kv_full_lo, preds.kv_full_hi, preds.tile_any, preds.tile_all]
-    exprs += [e for part in preds.kv_parts for e in part]
-    return any(H in sympy.sympify(e).free_symbols for e in exprs)
-
-
 def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_tanh: bool = True,
                        fast_exp2: bool = True, debug: bool = False, fast_div: bool = True) -> str:
     """The ``variant.inc`` of docs/kernel-interface.md for ``traced`` and its block predicates.
@@ -859,7 +851,7 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         f"#define ATTNGEN_KV_PARTS {len(preds.kv_parts) if has_mask else 0}",
         f"#define ATTNGEN_Q_PARTS {len(preds.q_parts) if has_mask else 0}",
         f"#define ATTNGEN_NUM_SUMMARIES {len(preds.summaries)}",
-        f"#define ATTNGEN_TILES_READ_HEAD {int(has_mask and _tiles_read_head(preds))}",
+        f"#define ATTNGEN_TILES_READ_HEAD {int(has_mask and preds.walk_reads(H))}",
         *([f"#define ATTNGEN_NUM_GRAD_SITES {len(grad_sites)}",
            f"#define ATTNGEN_GRAD_DIAG_SITES {sum(1 for *_, kind in grad_sites if kind == GRAD_SITE_DIAG)}"]
           if grad_error is None else [f"// no score_mod gradients (backward kernels unavailable): {_comment(grad_error)}"]),

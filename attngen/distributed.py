@@ -33,6 +33,7 @@ import torch.distributed as dist
 from .errors import InputError
 from .mods import MaskMod, ScoreMod, Variant
 from .params import param
+from .reference import compute_dtype
 
 __all__ = ["LAYOUTS", "EXCHANGES", "CPStats", "context_parallel_attention", "last_stats", "shard_sequence",
            "unshard_sequence"]
@@ -156,13 +157,11 @@ def _plan(attn, world: int, rank: int, layout: str, chunk: int, batch: int, head
 
         n = _n_chunks(world, layout)
         S = n * chunk
-        preds = attn.predicates
         from .symbols import B as B_SYM, H as H_SYM
 
-        exprs = [preds.kv_lo, preds.kv_hi, preds.tile_any] + [e for part in preds.kv_parts for e in part]
-        free = set().union(*(getattr(e, "free_symbols", set()) for e in exprs))
-        bs = range(batch) if B_SYM in free else (0,)
-        hs = range(heads) if H_SYM in free else (0,)
+        preds = attn.predicates
+        bs = range(batch) if preds.walk_reads(B_SYM) else (0,)
+        hs = range(heads) if preds.walk_reads(H_SYM) else (0,)
         live = torch.zeros(n, n, dtype=torch.bool)
         for b in bs:
             for h in hs:
@@ -198,11 +197,6 @@ def _params(shifted, start, kv_start: int, base: Dict[int, float]) -> List[float
     return [float(kv_start) if p.param is start else base[id(p.param)] for p in shifted.facts.params]
 
 
-def _acc_dtype(q: torch.Tensor) -> torch.dtype:
-    """Sums across chunk pairs: float32, float64 for float64 inputs (as the ops' LSE)."""
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
-
-
 def _merge(out_acc, lse_acc, out, lse) -> None:
     """out_acc, lse_acc (fp32, or fp64) <- the softmax over both key sets, in place; rows that see nothing stay 0, -inf."""
     new = torch.logaddexp(lse_acc, lse)
@@ -211,6 +205,11 @@ def _merge(out_acc, lse_acc, out, lse) -> None:
     w_new = torch.where(seen, torch.exp(lse - new), 0.0)
     out_acc.mul_(w_old.unsqueeze(-1)).add_(out.to(out_acc.dtype) * w_new.unsqueeze(-1))
     lse_acc.copy_(new)
+
+
+def _peer(group, rank: int) -> int:
+    """A group rank as the global rank P2POp takes."""
+    return rank if group is None else dist.get_global_rank(group, rank)
 
 
 class _Ring:
@@ -236,15 +235,13 @@ class _Ring:
         dst, src = (plan.rank + s) % plan.world, (plan.rank - s) % plan.world
         ops, buf = [], None
         if plan.needs(dst, plan.rank):
-            ops.append(dist.P2POp(dist.isend, self.local, dist.get_global_rank(self.group, dst)
-                                  if self.group is not None else dst, self.group))
+            ops.append(dist.P2POp(dist.isend, self.local, _peer(self.group, dst), self.group))
             _STATS.kv_sends += 1
         else:
             _STATS.kv_sends_skipped += 1
         if plan.needs(plan.rank, src):
             buf = torch.empty_like(self.local)
-            ops.append(dist.P2POp(dist.irecv, buf, dist.get_global_rank(self.group, src)
-                                  if self.group is not None else src, self.group))
+            ops.append(dist.P2POp(dist.irecv, buf, _peer(self.group, src), self.group))
         self.pending[s] = (dist.batch_isend_irecv(ops) if ops else [], buf)
 
     def get(self, s: int) -> Optional[torch.Tensor]:
@@ -294,13 +291,12 @@ class _Homeward:
             return
         self._drain()
         dst, src = (plan.rank - s) % plan.world, (plan.rank + s) % plan.world
-        g = (lambda r: dist.get_global_rank(self.group, r)) if self.group is not None else (lambda r: r)
         ops, buf = [], None
         if plan.needs(plan.rank, dst):  # this rank's queries saw rank r - s's keys: it computed a part
-            ops.append(dist.P2POp(dist.isend, part, g(dst), self.group))
+            ops.append(dist.P2POp(dist.isend, part, _peer(self.group, dst), self.group))
         if plan.needs(src, plan.rank):  # rank r + s's queries saw this rank's keys
             buf = torch.empty_like(self.total)
-            ops.append(dist.P2POp(dist.irecv, buf, g(src), self.group))
+            ops.append(dist.P2POp(dist.irecv, buf, _peer(self.group, src), self.group))
         self.inflight = (dist.batch_isend_irecv(ops) if ops else [], buf, part)
 
     def sum(self) -> torch.Tensor:
@@ -418,7 +414,7 @@ class _CPAttention(torch.autograd.Function):
         _STATS = CPStats()
         chunk = plan.chunk
         held = _held(plan.rank, plan.world, plan.layout)
-        acc = _acc_dtype(q)
+        acc = compute_dtype(q.dtype)
         out_acc = q.new_zeros(q.shape[:3] + (v.shape[3],), dtype=acc)
         lse_acc = q.new_full(q.shape[:3], float("-inf"), dtype=acc)
         ring = _Ring(plan, exchange, group, torch.stack([k, v]).contiguous())  # one message per round
@@ -453,7 +449,7 @@ class _CPAttention(torch.autograd.Function):
         q, k, v, out, lse, *captured = ctx.saved_tensors
         shifted, start, base, plan, exchange, group, scale, n_cap = ctx.setup
         chunk = plan.chunk
-        acc = _acc_dtype(q)
+        acc = compute_dtype(q.dtype)
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         needs = [True, True, True] + [bool(n) for n in ctx.needs_input_grad[11:]]
         dq = torch.zeros_like(q, dtype=acc)

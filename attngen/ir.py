@@ -211,3 +211,12 @@ class BlockPredicates:
     q_parts: Tuple[Tuple[sympy.Expr, ...], ...] = ()
     notes: Tuple[str, ...] = ()  # what a reader of explain or the build log should know (a coarse map)
     analysis_steps: int = 0  # work the derivation did, in predicates.WORK_BUDGET's steps
+
+    def walk_reads(self, symbol) -> bool:
+        """Whether a q-block's kv walk (its ranges, FULL ranges, parts and tile classifier) depends on ``symbol``
+        (B or H): then a map or a schedule made for one batch / head does not stand for the others."""
+        import sympy  # the expressions are sympy's; this module leaves sympy unimported
+
+        exprs = [self.kv_lo, self.kv_hi, self.kv_full_lo, self.kv_full_hi, self.tile_any, self.tile_all]
+        exprs += [e for part in self.kv_parts for e in part]
+        return any(symbol in sympy.sympify(e).free_symbols for e in exprs)

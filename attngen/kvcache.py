@@ -29,7 +29,7 @@ from typing import Callable, List, Tuple
 import torch
 
 from .errors import InputError
-from .reference import _check_scale
+from .reference import _check_scale, compute_dtype
 from .rotary import apply_rotary, check_rotary
 from .sequences import (attend_sequence, check_bool, check_index_tensor, check_nonnegative_int,
                         check_sequence_extents)
@@ -77,7 +77,7 @@ def with_kvcache(attn, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, 
             return x
         return apply_rotary(x, rotary_cos, rotary_sin, _positions(starts[b], n, q.device), rotary_interleaved)
 
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    compute = compute_dtype(q.dtype)
     out = q.new_empty((B, Hq, Lq, Dv))
     lse = torch.empty((B, Hq, Lq), dtype=compute, device=q.device)
     # an inference entry point: the cache is written in place, so no autograd graph is recorded

@@ -29,6 +29,12 @@ from .mods import as_mask_mod, as_score_mod, as_variant
 _AUTO_CHUNK_ELEMENTS = 1 << 24
 
 
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The precision of attngen's float sums (the reference, the LSE, merges and gradient accumulators):
+    float64 for float64 inputs, float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
 def _mods(variant):
     v = as_variant(variant)
     # Variant(...) built by hand may hold plain functions: give them names and the math shim
@@ -148,7 +154,7 @@ def attention(
     B, Hq, Hkv, Lq, Lk, D, Dv = _check_inputs(q, k, v)
     q_offset = _check_offset(q_offset)
     scale = _check_scale(scale, D)
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    compute = compute_dtype(q.dtype)
     if chunk is None:
         chunk = max(1, _AUTO_CHUNK_ELEMENTS // max(1, B * Hq * Lk))
     else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from .errors import InputError
+from .reference import compute_dtype
 
 
 def check_rotary(cos, sin, q: torch.Tensor, max_position: int) -> int:
@@ -51,7 +52,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, position
     """``x`` (..., L, D) rotated at ``positions`` (L,) (absolute, into the tables); a new tensor of x's dtype."""
     half = cos.shape[1]
     rd = 2 * half
-    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    compute = compute_dtype(x.dtype)
     c = cos[positions].to(compute)  # (L, rd/2): broadcasts over the leading dims of x
     s = sin[positions].to(compute)
     xr = x[..., :rd].to(compute)

@@ -24,7 +24,7 @@ from typing import List, Optional
 import torch
 
 from .errors import InputError
-from .reference import _check_scale
+from .reference import _check_scale, compute_dtype
 from .sequences import (GpuPathNotAvailable, attend_sequence, check_bool, check_index_tensor, check_nonnegative_int,
                         check_sequence_extents)
 
@@ -56,7 +56,7 @@ def varlen(attn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: Optional[int
     for b in range(B):
         check_sequence_extents(attn, B, Hq, n_q[b], n_k[b], offsets[b])
 
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    compute = compute_dtype(q.dtype)
     out = q.new_empty((q.shape[0], Hq, Dv))
     lse = torch.empty((Hq, q.shape[0]), dtype=compute, device=q.device)
     for b in range(B):

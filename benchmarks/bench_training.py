@@ -65,9 +65,6 @@ def make_learnable(key: str, S: int, H: int, device, seed: int = 0):
     raise KeyError(key)
 
 
-DETERMINISTIC = False  # --deterministic: attngen variants compiled with deterministic=True
-
-
 def step_fn(fn, q, k, v, dout, leaves=()):
     import torch
 
@@ -123,7 +120,7 @@ def run(args):
         try:
             t0 = time.perf_counter()
             attn = bf.make_attngen(score_mod, mask_mod)
-            attn.deterministic = DETERMINISTIC
+            attn.deterministic = args.deterministic
             a = step_fn(attn, q, k, v, dout, leaves)
             grads = a()
             torch.cuda.synchronize()
@@ -156,7 +153,7 @@ def run(args):
     return rows
 
 
-def table(rows, bwd_kernel) -> str:
+def table(rows, bwd_kernel, deterministic: bool = False) -> str:
     head = ("| variant | attngen ms | attngen TFLOP/s | flex TFLOP/s | cuDNN TFLOP/s | ÷ flex | ÷ cuDNN | density |"
             " max abs diff vs flex (dq, dk, dv[, dcaptured]) |\n|---|---|---|---|---|---|---|---|---|\n")
     lines, notes = [], []
@@ -170,7 +167,7 @@ def table(rows, bwd_kernel) -> str:
                      f"{bf.fmt(r.get('attngen_over_flex'), 2)}x | {bf.fmt(r.get('attngen_over_sdpa'), 2)}x | "
                      f"{r['density']:.3f} | {', '.join(f'{x:.2e}' for x in d.values()) or 'n/a'} |")
     return (f"attngen backward: {bwd_kernel or 'default (sm90_bwd on sm_90a at D 64 / 128)'}"
-            f"{', deterministic' if DETERMINISTIC else ''}\n\n" + head
+            f"{', deterministic' if deterministic else ''}\n\n" + head
             + "\n".join(lines) + "\n" + "".join(f"\n{n}\n" for n in notes))
 
 
@@ -187,10 +184,8 @@ def main(argv=None):
     p.add_argument("--deterministic", action="store_true", help="attngen's backward with dQ in a fixed order")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "latest"))
     args = p.parse_args(argv)
-    global DETERMINISTIC
-    DETERMINISTIC = args.deterministic
     rows = run(args)
-    bf.write_results(args.out, "training", args, rows, table(rows, args.bwd_kernel))
+    bf.write_results(args.out, "training", args, rows, table(rows, args.bwd_kernel, args.deterministic))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from .. import reference
-from ..autograd import _lse_dtype, param_values
+from ..autograd import param_values
 from ..launch import _raw_stream
 from ._cache import constant_result
 
@@ -140,7 +140,7 @@ def _segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: t
 @_segment_attention.register_fake
 def _(q, k, v, seg, key, scale, q_offset):
     B, Hq, Lq, _ = q.shape
-    return q.new_empty((B, Hq, Lq, v.shape[3])), q.new_empty((B, Hq, Lq), dtype=_lse_dtype(q))
+    return q.new_empty((B, Hq, Lq, v.shape[3])), q.new_empty((B, Hq, Lq), dtype=reference.compute_dtype(q.dtype))
 
 
 @torch.library.custom_op("attngen_integrations::segment_attention_bwd", mutates_args=())
