@@ -618,7 +618,7 @@ def backward(
         return (dq, dk.zero_(), dv.zero_()) + ((dcaptured,) if captured_grads is not None else ())
     lq_pad = -(-Lq // lib.block_q) * lib.block_q
     stats = torch.empty((2, B, Hq, lq_pad), dtype=torch.float32, device=q.device)  # lse_log2, delta
-    dq_acc = torch.empty(shape, dtype=torch.float32, device=q.device)
+    dq_acc = torch.empty((B, Hq, lq_pad, D), dtype=torch.float32, device=q.device)  # layout: the kernel's
     lse_log2, delta = stats[0], stats[1]
     qs, ks, vs, os_, ds = q.stride(), k.stride(), v.stride(), out.stride(), dout.stride()
     head = _PACK_BWD_HEAD.pack(

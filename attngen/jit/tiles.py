@@ -137,7 +137,7 @@ class Sm90BwdTiles:
     block_q: int = 64
     block_k: int = 128
     stages: int = 2
-    producer_regs: int = 24   # setmaxnreg budgets: 128 * producer + 256 * consumer <= 65536
+    producer_regs: int = 24   # setmaxnreg budgets: 128 * producer + 256 * consumer <= 384 * 168
     consumer_regs: int = 240
 
     def smem_bytes(self, head_dim: int) -> int:

@@ -18,7 +18,8 @@
 //   offset 768  dcaptured[ATTNGEN_MAX_CAPTURED] pointers           fp32 gradients of the captured tensors
 //   offset 832  dq_semaphore                  pointer              deterministic mode's turn counters
 //   size   840
-// Workspaces: dq_accum (B, Hq, Lq, D) contiguous; delta and lse_log2 (B, Hq, Lq_pad) contiguous with
+// Workspaces: dq_accum B * Hq * Lq_pad * D floats, laid out as the kernel family chooses (row-major, or tiled
+// by q-block: sm90_bwd_layout.cuh); delta and lse_log2 (B, Hq, Lq_pad) contiguous with
 // Lq_pad = ceil(Lq / block_q) * block_q (AttngenKernelInfo.block_q), so that every q-block's slice is whole
 // and 16-byte aligned. Each call overwrites all three before reading them. dcaptured[i]: null, or a zeroed
 // fp32 buffer laid out with captured.stride[i] that the sm90 kernel adds tensor i's gradient to

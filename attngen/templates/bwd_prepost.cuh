@@ -1,7 +1,7 @@
 // bwd_prepost.cuh: the launches around a backward main kernel (bwd_sm80.cuh, bwd_sm90.cuh), on its stream:
 //  preprocess, one warp per q row: delta = rowsum(dO * O) (fp32), lse in the log2 domain (+inf for rows with
-//  nothing kept and for the padding of the last q-block, so P = 0 there), the row of the fp32 dQ accumulator
-//  zeroed; postprocess: dQ = dQ_acc * scale in the input dtype. Configuration (Elem, D) from the including
+//  nothing kept and for the padding of the last q-block, so P = 0 there), the fp32 dQ accumulator zeroed;
+//  postprocess: dQ = dQ_acc * scale in the input dtype, read in the main kernel's layout of dQ_acc. Configuration (Elem, D) from the including
 //  attngen_bwd.cu.
 #pragma once
 
@@ -59,9 +59,10 @@ __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __gr
     for (int m = 16; m >= 1; m >>= 1) delta += __shfl_xor_sync(0xffffffffu, delta, m);
     const float lse = a.lse[bh * a.Lq + r];
     lse2 = lse == -INFINITY ? INFINITY : lse * LOG2E;
-    float4* acc = reinterpret_cast<float4*>(a.dq_accum + (bh * a.Lq + r) * D);
-    for (int c = lane; c < D / 4; c += 32) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
+  // dQ_acc holds B * Hq * Lq_pad rows of D floats; zeroed whole, whichever layout the main kernel keeps in it
+  float4* acc = reinterpret_cast<float4*>(a.dq_accum + row_id * D);
+  for (int c = lane; c < D / 4; c += 32) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
   if (lane == 0) {
     a.delta[row_id] = delta;
     a.lse_log2[row_id] = lse2;
@@ -70,7 +71,18 @@ __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __gr
 
 constexpr int POST_THREADS = 256;
 
+// dQ_acc as (B, Hq, Lq, D) row-major (bwd_sm80.cuh; bwd_sm90.cuh when it adds per thread). A main kernel that
+// keeps another layout passes its own to the postprocess: load8 reads row r, columns col .. col + 7 of head bh.
+struct DqAccRowMajor {
+  __device__ static void load8(const float* acc, long long bh, int r, int col, int Lq, float (&x)[8]) {
+    const float4* src = reinterpret_cast<const float4*>(acc + (bh * Lq + r) * D + col);
+    const float4 u = src[0], v = src[1];
+    x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = v.x, x[5] = v.y, x[6] = v.z, x[7] = v.w;
+  }
+};
+
 // dQ = dQ_acc * scale in Elem, 8 elements (one 16-byte store) per thread and step.
+template <class Layout>
 __global__ void __launch_bounds__(POST_THREADS) attngen_bwd_post_kernel(const __grid_constant__ AttngenBwdArgs a) {
   const long long n8 = (long long)a.B * a.Hq * a.Lq * (D / 8);
   for (long long idx = (long long)blockIdx.x * POST_THREADS + threadIdx.x; idx < n8;
@@ -80,14 +92,14 @@ __global__ void __launch_bounds__(POST_THREADS) attngen_bwd_post_kernel(const __
     const long long bh = row_id / a.Lq;
     const int r = (int)(row_id - bh * a.Lq);
     const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);
-    const float4* src = reinterpret_cast<const float4*>(a.dq_accum + row_id * D + c * 8);
-    const float4 x = src[0], y = src[1];
+    float x[8];
+    Layout::load8(a.dq_accum, bh, r, c * 8, a.Lq, x);
     const float f = a.scale;
     uint4 v;
-    v.x = pack2<Elem>(x.x * f, x.y * f);
-    v.y = pack2<Elem>(x.z * f, x.w * f);
-    v.z = pack2<Elem>(y.x * f, y.y * f);
-    v.w = pack2<Elem>(y.z * f, y.w * f);
+    v.x = pack2<Elem>(x[0] * f, x[1] * f);
+    v.y = pack2<Elem>(x[2] * f, x[3] * f);
+    v.z = pack2<Elem>(x[4] * f, x[5] * f);
+    v.w = pack2<Elem>(x[6] * f, x[7] * f);
     st_global_16(static_cast<Elem*>(a.dq) + b * a.dq_stride[0] + h * a.dq_stride[1] + r * a.dq_stride[2] + c * 8, v);
   }
 }
@@ -103,12 +115,13 @@ inline void launch_bwd_pre(const AttngenBwdArgs& a, int BQ, cudaStream_t stream)
 }
 
 // The postprocess, at most 16 blocks per SM (each loops).
+template <class Layout = DqAccRowMajor>
 inline void launch_bwd_post(const AttngenBwdArgs& a, int sms, cudaStream_t stream) {
   const long long n8 = (long long)a.B * a.Hq * a.Lq * (D / 8);
   if (n8 > 0) {
     const long long want = (n8 + POST_THREADS - 1) / POST_THREADS;
     const long long blocks = want < (long long)sms * 16 ? want : (long long)sms * 16;
-    attngen_bwd_post_kernel<<<(unsigned)blocks, POST_THREADS, 0, stream>>>(a);
+    attngen_bwd_post_kernel<Layout><<<(unsigned)blocks, POST_THREADS, 0, stream>>>(a);
   }
 }
 

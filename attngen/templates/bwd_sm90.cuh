@@ -9,8 +9,9 @@
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory), then in registers P^T and
 //   dS^T = P^T (dP^T - delta) [* d score_mod / d score] (bwd_probs.cuh, one pass);
 //   dV += P^T dO and dK += dS^T Q (A from registers, B = dO / Q read MN-major);
-//   dS^T to shared memory, then dQ = dS K (both operands MN-major from shared memory), added to the fp32
-//   dQ_acc with vector reductions (red.global.add.v2.f32); sm90_bwd_layout.cuh says how dQ is split;
+//   dS^T to shared memory, then dQ = dS K (both operands MN-major from shared memory), staged in shared memory
+//   for warp 1 + consumer of warpgroup 0 to add to the fp32 dQ_acc with one bulk reduction (or, where the
+//   room is taken, added by every thread with red.global.add.v2.f32); sm90_bwd_layout.cuh says how dQ is split;
 //   the gradients of captured tensors the call asks for summed per tile (bwd_grad_sites.cuh) under dQ's product.
 // dK is scaled once at the end, dQ in the postprocess. Configuration (Elem, D, BQ, BK, STAGES, kDtypeCode,
 // kArch) and variant.inc come from the including attngen_bwd.cu (templates/attngen_bwd.cu.j2).
@@ -140,6 +141,16 @@ __device__ __forceinline__ void add_dq(float* dq_head, int q0, int QLEN, int col
   }
 }
 
+// This consumer's dQ fragment into its staging buffer in the accumulator's thread order (sm90_bwd_layout.cuh):
+// each warp stores 512 contiguous bytes per float4, so no two lanes share a bank group.
+__device__ __forceinline__ void stage_dq(uint32_t buf, const float (&dq)[NDQ], int tid) {
+#pragma unroll
+  for (int v = 0; v < NDQ / 4; ++v)
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(buf + (uint32_t)((v * 128 + tid) * 16)),
+                 "f"(dq[4 * v]), "f"(dq[4 * v + 1]), "f"(dq[4 * v + 2]), "f"(dq[4 * v + 3])
+                 : "memory");
+}
+
 // Deterministic mode: the dQ additions to q-block i of head h happen in kv-block order, consumer 0 before
 // consumer 1, so every element of dQ_acc sums its terms in one order. sem (one int per (b, h, i), zeroed)
 // counts turns: kv block j's consumer cw adds when it reads 2 (p + 1) + cw, p being the last kv block before j
@@ -165,6 +176,48 @@ __device__ __forceinline__ void dq_turn_pass(int* sem, int value, int cw, int ti
   __threadfence();  // this thread's additions before the release below
   named_bar_sync(BAR_TURN + cw, 128);
   if (tid == 0) asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(sem), "r"(value) : "memory");
+}
+
+// ------------------------------------------------------------------------------------------- dQ writers
+// Warp 1 + cw of the producer warpgroup (DQ_STAGED): each time consumer cw has staged a q-block's dQ and named it
+// in its slot (the tile (b, h, i), -1 once its walk is over; the deterministic turn), one bulk reduction adds it to
+// the tiled dQ_acc, and the buffer goes back once the reduction has read it. The writer takes no part in the walk
+// (the classifier's registers stay with the producer thread); in deterministic mode it, not the consumer, waits
+// for the tile's turn (dq_turn).
+__device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem& sm, int cw, int lane) {
+  const uint32_t buf = sm.dq(cw);
+  named_bar_arrive(BAR_DQ_EMPTY + cw, DQ_BAR_THREADS);
+  for (;;) {
+    named_bar_sync(BAR_DQ_FULL + cw, DQ_BAR_THREADS);
+    long long tile;
+    asm volatile("ld.shared.s64 %0, [%1];\n" : "=l"(tile) : "r"(sm.slot(cw) + 8u) : "memory");
+    if (tile < 0) break;
+    if (lane == 0) {
+      float* dst = a.dq_accum + tile * (BQ * D) + DQ_CHUNK * cw * 64 * DQ_N;
+      if (a.dq_semaphore != nullptr) {
+        int* const sem = a.dq_semaphore + tile;
+        int turn;
+        asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(turn) : "r"(sm.slot(cw) + 4u) : "memory");
+        int x;
+        do {
+          asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(x) : "l"(sem) : "memory");
+        } while (x != turn + cw);
+        bulk_reduce_add_f32(dst, buf, DQ_STAGE_BYTES);
+        bulk_commit();
+        bulk_wait_all();  // the additions performed before the turn passes on
+        asm volatile("fence.proxy.async.global;\n" ::: "memory");
+        asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(sem), "r"(cw == 0 ? turn + 1 : 2 * (blockIdx.x + 1))
+                     : "memory");
+      } else {
+        bulk_reduce_add_f32(dst, buf, DQ_STAGE_BYTES);
+        bulk_commit();
+        bulk_wait_read<0>();
+      }
+    }
+    __syncwarp();
+    named_bar_arrive(BAR_DQ_EMPTY + cw, DQ_BAR_THREADS);
+  }
+  if (lane == 0) bulk_wait_all();
 }
 
 // A finished dK or dV fragment (times f) to global memory, rows past KVLEN skipped.
@@ -305,13 +358,29 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
     fence_regs(pa);
     fence_regs(da);
     if (lane == 0) mbar_arrive(sm.empty(stage));  // Q, dO and the statistics of this slot are read
-    int* const sem = a.dq_semaphore == nullptr ? nullptr
-                   : a.dq_semaphore + ((long long)c.b * a.Hq + s.h) * ((t.QLEN + BQ - 1) / BQ) + s.i;
-    const int turn = sem != nullptr && tid == 0 ? sm.turn(cw)[0] : 0;
-    if (sem != nullptr) dq_turn_wait(sem, turn + cw, cw, tid);
-    add_dq(a.dq_accum + ((long long)c.b * a.Hq + s.h) * t.QLEN * D, q0, t.QLEN, dq_col0, dq, r0, tig);
-    if (sem != nullptr) dq_turn_pass(sem, cw == 0 ? turn + 1 : 2 * (c.j + 1), cw, tid);
+    if (DQ_STAGED) {
+      named_bar_sync(BAR_DQ_EMPTY + cw, DQ_BAR_THREADS);  // the writer's last reduction has read the buffer
+      stage_dq(sm.dq(cw), dq, tid);
+      if (tid == 0) {
+        sm.dq_tile(cw)[0] = ((long long)c.b * a.Hq + s.h) * ((t.QLEN + BQ - 1) / BQ) + s.i;
+        sm.turn(cw)[1] = sm.turn(cw)[0];
+      }
+      fence_proxy_async_smem();  // generic stores, read by the bulk reduction (the async proxy)
+      named_bar_arrive(BAR_DQ_FULL + cw, DQ_BAR_THREADS);
+    } else {
+      int* const sem = a.dq_semaphore == nullptr ? nullptr
+                     : a.dq_semaphore + ((long long)c.b * a.Hq + s.h) * ((t.QLEN + BQ - 1) / BQ) + s.i;
+      const int turn = sem != nullptr && tid == 0 ? sm.turn(cw)[0] : 0;
+      if (sem != nullptr) dq_turn_wait(sem, turn + cw, cw, tid);
+      add_dq(a.dq_accum + ((long long)c.b * a.Hq + s.h) * t.QLEN * D, q0, t.QLEN, dq_col0, dq, r0, tig);
+      if (sem != nullptr) dq_turn_pass(sem, cw == 0 ? turn + 1 : 2 * (c.j + 1), cw, tid);
+    }
     advance(stage, phase);
+  }
+  if (DQ_STAGED) {  // the walk is over: the writer stops
+    named_bar_sync(BAR_DQ_EMPTY + cw, DQ_BAR_THREADS);
+    if (tid == 0) sm.dq_tile(cw)[0] = -1;
+    named_bar_arrive(BAR_DQ_FULL + cw, DQ_BAR_THREADS);
   }
 
   store_kv_grad(a.dk, a.dk_stride, c.b, c.kvh, c.j * BK + cw * 64 + r0, t.KVLEN, dk, scale, tig);
@@ -340,6 +409,11 @@ __global__ void __launch_bounds__(NTHREADS, 1)
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
   if (wg == 0) {
     setmaxnreg_dec<PRODUCER_REGS>();
+    const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
+    if (DQ_STAGED && warp >= 1 && warp <= NUM_CONSUMERS) {
+      write_dq(a, sm, warp - 1, (int)threadIdx.x & 31);
+      return;
+    }
     if (threadIdx.x == 0) produce(a, tm_q, tm_do, tm_k, tm_v, sm);
     return;
   }
@@ -373,7 +447,8 @@ int launch_bwd(const AttngenBwdArgs& a, cudaStream_t stream) {
     const dim3 grid((unsigned)nkb, (unsigned)a.Hkv, (unsigned)a.B);
     attngen_bwd_kernel<<<grid, NTHREADS, SMEM_BYTES, stream>>>(a, tm_q, tm_do, tm_k, tm_v);
   }
-  launch_bwd_post(a, sms, stream);
+  if (DQ_STAGED) launch_bwd_post<DqAccTiled>(a, sms, stream);
+  else launch_bwd_post<DqAccRowMajor>(a, sms, stream);
   return (int)cudaGetLastError();
 }
 

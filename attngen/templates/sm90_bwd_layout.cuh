@@ -14,7 +14,7 @@ using namespace attngen;
 constexpr int NUM_CONSUMERS = BK / 64;  // each consumer warpgroup owns 64 kv rows (wgmma M = 64)
 constexpr int NTHREADS = 128 * (1 + NUM_CONSUMERS);
 // setmaxnreg budgets (PRODUCER_REGS, CONSUMER_REGS: the tile configuration's), as in the forward
-// (sm90_layout.cuh): 128 * 24 + 256 * 240 = 64512 <= 65536 by default; the build tries more for the producer
+// (sm90_layout.cuh): 128 * 24 + 256 * 240 = 64512 = 384 * 168 by default; the build tries more for the producer
 // when that spills (jit/tiles.py sm90_bwd_ladder).
 
 constexpr int DB = D / 64;                     // 128-byte (64-column) blocks of a row
@@ -37,9 +37,20 @@ constexpr int DQ_N = DQ_SPLIT_D ? D / NUM_CONSUMERS : D;
 constexpr int DQ_KSTEPS = DQ_SPLIT_D ? BK / 16 : 64 / 16;
 constexpr int NDQ = DQ_N / 2;
 
+// dQ's path to the fp32 dQ_acc. Where shared memory allows, each consumer stages its 64 x DQ_N tile and a writer
+// warp adds it with one bulk reduction (the per-thread reductions queue on the load/store unit); dQ_acc is then
+// tiled: q-block i of head (b, h) is BQ * D contiguous floats at ((b * Hq + h) * Lq_pad + i * BQ) * D, in which
+// chunk c (a consumer's DQ_N columns; 0 at D = 64) is 64 * DQ_N floats in the accumulator's thread order,
+// [DQ_N / 8][128 threads][4]: float4 v of thread t holds rows r, r + 8 (r = 16 (t / 32) + t % 32 / 4) at columns
+// c DQ_N + 8 v + 2 (t % 4) + {0, 1} (dq_tile_offset). Otherwise (a variant's gradient bins take the room) every
+// thread adds its elements to a row-major dQ_acc (B, Hq, Lq, D).
+constexpr int DQ_STAGE_BYTES = 64 * DQ_N * 4;  // one consumer's staged dQ
+constexpr int DQ_CHUNK = DQ_SPLIT_D ? 1 : 0;   // the chunk of consumer cw is DQ_CHUNK * cw
+
 // Shared memory (offsets from a 1024-byte aligned base; tiles are multiples of 1024 bytes, so every 8-row
 // swizzle atom is 1024-aligned as the descriptors' base offset 0 requires):
 //   K | V | Q [STAGES] | dO [STAGES] | dS^T [2] | row statistics [STAGES] | gradient bins | turns | mbarriers
+//   | staged dQ [NUM_CONSUMERS] (DQ_STAGED)
 // dS^T is double-buffered so that one consumer may write the next q-block's while the other still reads
 // this one's in dQ = dS K. The gradient bins (bwd_grad_sites.cuh; none without diagonal sites) are too, per
 // consumer: a tile's bins are emptied after the barrier that follows it, the next tile fills the other ones.
@@ -51,14 +62,19 @@ constexpr int OFF_DS = OFF_DO + STAGES * Q_BYTES;
 constexpr int OFF_STATS = OFF_DS + 2 * DS_BYTES;
 constexpr int OFF_BINS = OFF_STATS + STAGES * STATS_BYTES;
 constexpr int BINS_BYTES = kGradDiagSites * GRAD_SITE_FLOATS * 4;  // one consumer's bins of one tile
-constexpr int OFF_TURN = OFF_BINS + NUM_CONSUMERS * 2 * BINS_BYTES;  // deterministic mode: each consumer's turn
-constexpr int OFF_BAR = OFF_TURN + 8 * NUM_CONSUMERS;
+constexpr int OFF_TURN = OFF_BINS + NUM_CONSUMERS * 2 * BINS_BYTES;  // each consumer's turn and dQ slot (16 B)
+constexpr int OFF_BAR = OFF_TURN + 16 * NUM_CONSUMERS;
 constexpr int NUM_MBARS = 1 + 2 * STAGES;  // K and V loaded; per stage: Q, dO, statistics loaded / released
-constexpr int SMEM_BYTES = 1024 /* alignment slack */ + OFF_BAR + NUM_MBARS * 8;
+constexpr int OFF_DQ = (OFF_BAR + NUM_MBARS * 8 + 127) / 128 * 128;  // the consumers' staged dQ, when it fits
+constexpr bool DQ_STAGED = 1024 /* alignment slack */ + OFF_DQ + NUM_CONSUMERS * DQ_STAGE_BYTES <= SMEM_LIMIT;
+constexpr int SMEM_BYTES = 1024 + (DQ_STAGED ? OFF_DQ + NUM_CONSUMERS * DQ_STAGE_BYTES : OFF_BAR + NUM_MBARS * 8);
 
 constexpr uint32_t BAR_DS = 1;  // named barrier (0 is __syncthreads): dS^T written (+ consumer index at D = 64)
 constexpr uint32_t BAR_BINS = 3;  // + consumer index: the gradient bins zeroed before the first tile
 constexpr uint32_t BAR_TURN = 5;  // + consumer index: deterministic mode's turn to add dQ taken / passed
+constexpr uint32_t BAR_DQ_FULL = 7;   // + consumer index: its staged dQ written (128 consumer + 32 writer threads)
+constexpr uint32_t BAR_DQ_EMPTY = 9;  // + consumer index: its staged dQ read by the writer's bulk reduction
+constexpr uint32_t DQ_BAR_THREADS = 128 + 32;
 
 static_assert(sizeof(Elem) == 2, "16-bit inputs only");
 static_assert(attngen_head_dim_supported(D), "head dim: one of ATTNGEN_HEAD_DIMS");
@@ -68,12 +84,17 @@ static_assert(NUM_CONSUMERS == 2 && BK == 64 * NUM_CONSUMERS, "two consumer warp
 static_assert(STAGES >= 2, "Q / dO of the next q-block load under this one");
 static_assert(DQ_SPLIT_D || D == 64, "dQ split by columns, or by kv rows at D = 64");
 static_assert(STATS_BYTES % 16 == 0 && (BQ * 4) % 16 == 0, "bulk copies move multiples of 16 bytes");
-static_assert(OFF_STATS % 16 == 0 && OFF_BAR % 8 == 0, "alignment of the statistics and the mbarriers");
+static_assert(OFF_STATS % 16 == 0 && OFF_TURN % 8 == 0 && OFF_BAR % 8 == 0, "alignment of the statistics, slots, mbarriers");
+static_assert(OFF_DQ % 16 == 0 && DQ_STAGE_BYTES % 16 == 0, "bulk reductions read 16-byte aligned sources");
 static_assert(GRAD_ROWS == 64 && GRAD_ROWS + BQ - 1 <= GRAD_BINS, "a diagonal bin per diagonal of a consumer's tile");
 static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0 && DS_BYTES % 1024 == 0, "1024-aligned swizzle atoms");
 static_assert(SMEM_BYTES <= SMEM_LIMIT, "tiles do not fit in shared memory: lower STAGES");
 static_assert(2 * KV_BYTES < (1 << 20) && 2 * Q_BYTES + STATS_BYTES < (1 << 20), "mbarrier tx counts are 20-bit");
-static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NUM_CONSUMERS <= 65536, "register budget");
+// setmaxnreg.inc takes registers only from those the CTA's setmaxnreg.dec handed back (a shortfall blocks the
+// consumers for good): the budgets must fit what the CTA holds at entry, 168 per thread under
+// __launch_bounds__(384, 1).
+constexpr int ENTRY_REGS = 65536 / NTHREADS / 8 * 8;
+static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NUM_CONSUMERS <= ENTRY_REGS * NTHREADS, "register budget");
 static_assert(PRODUCER_REGS % 8 == 0 && CONSUMER_REGS % 8 == 0 && PRODUCER_REGS >= 24 && CONSUMER_REGS <= 256,
               "setmaxnreg counts: multiples of 8 in [24, 256]");
 
@@ -93,11 +114,37 @@ struct BwdSmem {
   __device__ uint32_t bins(int consumer, int buf) const {
     return base + OFF_BINS + (uint32_t)((consumer * 2 + buf) * BINS_BYTES);
   }
-  __device__ int* turn(int consumer) const { return reinterpret_cast<int*>(ptr + OFF_TURN) + 2 * consumer; }
+  __device__ uint32_t dq(int consumer) const { return base + OFF_DQ + (uint32_t)(consumer * DQ_STAGE_BYTES); }
+  // a consumer's 16 bytes: int [0] its deterministic turn for the q-block in hand; for its dQ writer, int [1] the
+  // staged dQ's turn and long long [1] its tile ((b * Hq + h) * q-blocks + i; -1: the walk is over)
+  __device__ int* turn(int consumer) const { return reinterpret_cast<int*>(ptr + OFF_TURN) + 4 * consumer; }
+  __device__ uint32_t slot(int consumer) const { return base + OFF_TURN + 16u * (uint32_t)consumer; }
+  __device__ long long* dq_tile(int consumer) const {
+    return reinterpret_cast<long long*>(ptr + OFF_TURN) + 2 * consumer + 1;
+  }
   __device__ uint32_t bar(int n) const { return base + OFF_BAR + 8u * (uint32_t)n; }
   __device__ uint32_t bar_kv() const { return bar(0); }
   __device__ uint32_t full(int st) const { return bar(1 + st); }
   __device__ uint32_t empty(int st) const { return bar(1 + STAGES + st); }
+};
+
+// Float offset in a tiled dQ_acc q-block (DQ_STAGED) of the element at tile row r (< 64), column col.
+__device__ __forceinline__ int dq_tile_offset(int r, int col) {
+  const int c = DQ_SPLIT_D ? col / DQ_N : 0, cl = col - c * DQ_N;
+  const int t = (r / 16) * 32 + (r % 8) * 4 + (cl % 8) / 2;
+  return ((c * (DQ_N / 8) + cl / 8) * 128 + t) * 4 + ((r / 8) % 2) * 2 + cl % 2;
+}
+
+// The postprocess's view of a tiled dQ_acc (bwd_prepost.cuh): row r, columns col .. col + 7 of head bh.
+struct DqAccTiled {
+  __device__ static void load8(const float* acc, long long bh, int r, int col, int Lq, float (&x)[8]) {
+    const float* tile = acc + (bh * ((Lq + BQ - 1) / BQ) + r / BQ) * BQ * D;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const float2 u = *reinterpret_cast<const float2*>(tile + dq_tile_offset(r % BQ, col + 2 * p));
+      x[2 * p] = u.x, x[2 * p + 1] = u.y;
+    }
+  }
 };
 
 // The next slot of the Q / dO ring (stage) and the parity of its use (phase; sm90_mbarrier.cuh).

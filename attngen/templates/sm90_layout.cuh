@@ -62,7 +62,7 @@ static_assert(Q_BLOCK_BYTES % 1024 == 0 && KV_BLOCK_BYTES % 1024 == 0, "swizzle 
 static_assert(SMEM_BYTES <= SMEM_LIMIT, "tiles do not fit in shared memory: lower BK or STAGES");
 static_assert(KV_BYTES < (1 << 20) && Q_BYTES < (1 << 20), "mbarrier transaction counts are 20-bit");
 static_assert(KV_BLOCK_BYTES / 16 < (1 << 14), "V descriptor LBO field is 14 bits (of bytes >> 4)");
-static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NUM_CONSUMERS <= 65536, "register budget");
+static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NUM_CONSUMERS <= 168 * NTHREADS, "register budget: what the CTA holds at entry");
 
 // Shared-memory addresses of the CTA's buffers and mbarriers.
 struct Smem {

@@ -1,5 +1,6 @@
-// sm90_tma.cuh: tensor-memory-accelerator (TMA) loads for sm90: the device-side bulk tensor copy into
-// shared memory (completing on an mbarrier), and the host-side encoding of the tensor maps.
+// sm90_tma.cuh: tensor-memory-accelerator (TMA) copies for sm90: the device-side bulk tensor copy into
+// shared memory (completing on an mbarrier), the bulk reduce-add into global memory, and the host-side
+// encoding of the tensor maps.
 //
 // Host side: cuTensorMapEncodeTiled is a driver API function. The library links no libcuda (cudart is
 // static, the driver is found at run time), so the function is looked up through cudart's driver entry
@@ -71,6 +72,24 @@ __device__ __forceinline__ void bulk_load_1d(uint32_t smem_dst, const void* gmem
                "l"(reinterpret_cast<uint64_t>(gmem_src)), "r"(bytes), "r"(bar)
                : "memory");
 }
+
+// dst[0 .. bytes / 4) += src[0 .. bytes / 4) (float32): the TMA unit reads shared memory and adds into global
+// memory (bytes a multiple of 16, both addresses 16-byte aligned), in this thread's bulk async-group: commit it
+// with bulk_commit; wait with bulk_wait_read before the source is written again.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* gmem_dst, uint32_t smem_src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                   reinterpret_cast<uint64_t>(gmem_dst)),
+               "r"(smem_src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// This thread's bulk async-groups, all but the newest N, have read their shared-memory sources.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// This thread's bulk async-groups are complete: their global writes are performed.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 // Pull a tensor map (kernel parameter) into the TMA unit's descriptor cache ahead of the first copy.
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* tmap) {

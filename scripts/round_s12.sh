@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Session 12's device calls, one step per call (each part cut by `timeout` so that the call returns its logs):
+# A = the sm90 backward's dQ staged in shared memory and added by one bulk reduction per consumer and q-block
+# from a writer warp (FA3's dQ path; dQ_acc tiled by q-block): the backward, deterministic, captured-gradient
+# and autograd suites, then forward + backward on the anchors beside flex and cuDNN. It hung: setmaxnreg.inc waits
+# for registers the producer never handed back (producer 32 + consumers 240 > the CTA's 384 x 168 at entry);
+# B = A with the producer's 24 registers (and the writer warps branched off first, which keeps it from spilling),
+# behind a small smoke run with a time limit so that a hang costs a minute, not the call.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/device_step.sh  # environment, $R, run_tests
+case "$1" in
+  A)
+    run_tests bwd 230 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_captured_grads_gpu.py \
+      tests/gpu/test_autograd_gpu.py
+    timeout 250 python benchmarks/bench_training.py --variants causal full softcap_causal document --out "$R" 2>&1 \
+      | grep -E "^\[|TFLOP|vs flex|rror|kernel_options" ;;
+  B)
+    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
+    timeout 60 python scripts/sanitize_case.py --backward > "$R/smoke.log" 2>&1
+    tail -n 8 "$R/smoke.log"
+    grep -q "SANITIZE CASES DONE ok" "$R/smoke.log" || exit 1
+    run_tests bwd 210 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_captured_grads_gpu.py \
+      tests/gpu/test_autograd_gpu.py
+    timeout 220 python benchmarks/bench_training.py --variants causal full softcap_causal document --out "$R" 2>&1 \
+      | grep -E "^\[|TFLOP|vs flex|rror|kernel_options" ;;
+esac
