@@ -5,7 +5,9 @@
 # and autograd suites, then forward + backward on the anchors beside flex and cuDNN. It hung: setmaxnreg.inc waits
 # for registers the producer never handed back (producer 32 + consumers 240 > the CTA's 384 x 168 at entry);
 # B = A with the producer's 24 registers (and the writer warps branched off first, which keeps it from spilling),
-# behind a small smoke run with a time limit so that a hang costs a minute, not the call.
+# behind a small smoke run with a time limit so that a hang costs a minute, not the call;
+# C = compute-sanitizer racecheck and memcheck on the backward's small cases (one per head dim), the remaining
+# training anchors beside flex, and the deterministic backward's cost on causal.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -23,5 +25,16 @@ case "$1" in
     run_tests bwd 210 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_captured_grads_gpu.py \
       tests/gpu/test_autograd_gpu.py
     timeout 220 python benchmarks/bench_training.py --variants causal full softcap_causal document --out "$R" 2>&1 \
+      | grep -E "^\[|TFLOP|vs flex|rror|kernel_options" ;;
+  C)
+    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
+    for tool in racecheck memcheck; do
+      timeout 110 compute-sanitizer --tool $tool --print-limit 20 python scripts/sanitize_case.py --backward \
+        > "$R/$tool.log" 2>&1
+      echo "$tool rc=$?"; tail -n 4 "$R/$tool.log"
+    done
+    timeout 150 python benchmarks/bench_training.py --variants sliding_window alibi_causal prefix_lm --out "$R" 2>&1 \
+      | grep -E "^\[|TFLOP|vs flex|rror|kernel_options"
+    timeout 80 python benchmarks/bench_training.py --deterministic --variants causal --out "$R" 2>&1 \
       | grep -E "^\[|TFLOP|vs flex|rror|kernel_options" ;;
 esac
