@@ -7,7 +7,9 @@
 # B = A with the producer's 24 registers (and the writer warps branched off first, which keeps it from spilling),
 # behind a small smoke run with a time limit so that a hang costs a minute, not the call;
 # C = compute-sanitizer racecheck and memcheck on the backward's small cases (one per head dim), the remaining
-# training anchors beside flex, and the deterministic backward's cost on causal.
+# training anchors beside flex, and the deterministic backward's cost on causal; D = C's racecheck hazards mended
+# (the staged dQ handed over by mbarriers, not named-barrier arrive / sync; every lane's reads of the row
+# statistics before lane 0 releases the slot): racecheck, the backward suites, causal and full again.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -36,5 +38,17 @@ case "$1" in
     timeout 150 python benchmarks/bench_training.py --variants sliding_window alibi_causal prefix_lm --out "$R" 2>&1 \
       | grep -E "^\[|TFLOP|vs flex|rror|kernel_options"
     timeout 80 python benchmarks/bench_training.py --deterministic --variants causal --out "$R" 2>&1 \
+      | grep -E "^\[|TFLOP|vs flex|rror|kernel_options" ;;
+  D)
+    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
+    timeout 60 python scripts/sanitize_case.py --backward > "$R/smoke.log" 2>&1
+    tail -n 2 "$R/smoke.log"
+    grep -q "SANITIZE CASES DONE ok" "$R/smoke.log" || exit 1
+    timeout 100 compute-sanitizer --tool racecheck --print-limit 20 python scripts/sanitize_case.py --backward \
+      > "$R/racecheck.log" 2>&1
+    echo "racecheck rc=$?"; grep -E "^========= (Error|RACECHECK)" "$R/racecheck.log" | head -n 8
+    run_tests bwd 170 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_captured_grads_gpu.py \
+      tests/gpu/test_autograd_gpu.py
+    timeout 110 python benchmarks/bench_training.py --variants causal full --out "$R" 2>&1 \
       | grep -E "^\[|TFLOP|vs flex|rror|kernel_options" ;;
 esac

@@ -181,14 +181,14 @@ __device__ __forceinline__ void dq_turn_pass(int* sem, int value, int cw, int ti
 // ------------------------------------------------------------------------------------------- dQ writers
 // Warp 1 + cw of the producer warpgroup (DQ_STAGED): each time consumer cw has staged a q-block's dQ and named it
 // in its slot (the tile (b, h, i), -1 once its walk is over; the deterministic turn), one bulk reduction adds it to
-// the tiled dQ_acc, and the buffer goes back once the reduction has read it. The writer takes no part in the walk
-// (the classifier's registers stay with the producer thread); in deterministic mode it, not the consumer, waits
-// for the tile's turn (dq_turn).
+// the tiled dQ_acc, and the buffer goes back once the reduction has read it. Both hand-overs are mbarriers
+// (dq_full: the consumer's 4 warps, dq_empty: the writer), whose arrive / wait order the slot too. The writer takes
+// no part in the walk (the classifier's registers stay with the producer thread); in deterministic mode it, not
+// the consumer, waits for the tile's turn (dq_turn).
 __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem& sm, int cw, int lane) {
   const uint32_t buf = sm.dq(cw);
-  named_bar_arrive(BAR_DQ_EMPTY + cw, DQ_BAR_THREADS);
-  for (;;) {
-    named_bar_sync(BAR_DQ_FULL + cw, DQ_BAR_THREADS);
+  for (uint32_t phase = 0;; phase ^= 1u) {
+    mbar_wait(sm.dq_full(cw), phase);
     long long tile;
     asm volatile("ld.shared.s64 %0, [%1];\n" : "=l"(tile) : "r"(sm.slot(cw) + 8u) : "memory");
     if (tile < 0) break;
@@ -214,8 +214,8 @@ __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem&
         bulk_wait_read<0>();
       }
     }
-    __syncwarp();
-    named_bar_arrive(BAR_DQ_EMPTY + cw, DQ_BAR_THREADS);
+    __syncwarp();  // every lane has read the slot
+    if (lane == 0) mbar_arrive(sm.dq_empty(cw));
   }
   if (lane == 0) bulk_wait_all();
 }
@@ -286,6 +286,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
   int stage = 0;
   uint32_t phase = 0;
   int n = 0;  // q-blocks done: the dS^T buffer
+  uint32_t dq_phase = 0;  // the parity of the staged dQ's hand-overs (DQ_STAGED)
   for (QStep s = first_q_tile(a, c); s.h < c.h_end; s = following_q_tile(a, c, s), ++n) {
     if (s.h != ctx_h) {  // a new query head: its HeadCtx and this thread's kv rows' ColCtx
       ctx_h = s.h;
@@ -357,16 +358,19 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
     fence_regs(dq);
     fence_regs(pa);
     fence_regs(da);
+    __syncwarp();  // every lane's reads of this slot's statistics before lane 0 releases it
     if (lane == 0) mbar_arrive(sm.empty(stage));  // Q, dO and the statistics of this slot are read
     if (DQ_STAGED) {
-      named_bar_sync(BAR_DQ_EMPTY + cw, DQ_BAR_THREADS);  // the writer's last reduction has read the buffer
+      mbar_wait(sm.dq_empty(cw), dq_phase ^ 1u);  // the writer's last reduction has read the buffer
       stage_dq(sm.dq(cw), dq, tid);
       if (tid == 0) {
         sm.dq_tile(cw)[0] = ((long long)c.b * a.Hq + s.h) * ((t.QLEN + BQ - 1) / BQ) + s.i;
         sm.turn(cw)[1] = sm.turn(cw)[0];
       }
       fence_proxy_async_smem();  // generic stores, read by the bulk reduction (the async proxy)
-      named_bar_arrive(BAR_DQ_FULL + cw, DQ_BAR_THREADS);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(sm.dq_full(cw));
+      dq_phase ^= 1u;
     } else {
       int* const sem = a.dq_semaphore == nullptr ? nullptr
                      : a.dq_semaphore + ((long long)c.b * a.Hq + s.h) * ((t.QLEN + BQ - 1) / BQ) + s.i;
@@ -378,9 +382,10 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
     advance(stage, phase);
   }
   if (DQ_STAGED) {  // the walk is over: the writer stops
-    named_bar_sync(BAR_DQ_EMPTY + cw, DQ_BAR_THREADS);
+    mbar_wait(sm.dq_empty(cw), dq_phase ^ 1u);
     if (tid == 0) sm.dq_tile(cw)[0] = -1;
-    named_bar_arrive(BAR_DQ_FULL + cw, DQ_BAR_THREADS);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(sm.dq_full(cw));
   }
 
   store_kv_grad(a.dk, a.dk_stride, c.b, c.kvh, c.j * BK + cw * 64 + r0, t.KVLEN, dk, scale, tig);
@@ -401,6 +406,10 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(sm.full(s), 1);                       // the producer's arrive.expect_tx (+ the copies' bytes)
       mbar_init(sm.empty(s), 4 * NUM_CONSUMERS);      // one arrival per consumer warp
+    }
+    for (int cw = 0; cw < NUM_CONSUMERS; ++cw) {
+      mbar_init(sm.dq_full(cw), 4);   // one arrival per warp of the consumer
+      mbar_init(sm.dq_empty(cw), 1);  // its writer's lane 0
     }
     mbar_fence_init();
   }

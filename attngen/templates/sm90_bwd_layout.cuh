@@ -64,7 +64,8 @@ constexpr int OFF_BINS = OFF_STATS + STAGES * STATS_BYTES;
 constexpr int BINS_BYTES = kGradDiagSites * GRAD_SITE_FLOATS * 4;  // one consumer's bins of one tile
 constexpr int OFF_TURN = OFF_BINS + NUM_CONSUMERS * 2 * BINS_BYTES;  // each consumer's turn and dQ slot (16 B)
 constexpr int OFF_BAR = OFF_TURN + 16 * NUM_CONSUMERS;
-constexpr int NUM_MBARS = 1 + 2 * STAGES;  // K and V loaded; per stage: Q, dO, statistics loaded / released
+// K and V loaded; per stage: Q, dO, statistics loaded / released; per consumer: its staged dQ written / read
+constexpr int NUM_MBARS = 1 + 2 * STAGES + 2 * NUM_CONSUMERS;
 constexpr int OFF_DQ = (OFF_BAR + NUM_MBARS * 8 + 127) / 128 * 128;  // the consumers' staged dQ, when it fits
 constexpr bool DQ_STAGED = 1024 /* alignment slack */ + OFF_DQ + NUM_CONSUMERS * DQ_STAGE_BYTES <= SMEM_LIMIT;
 constexpr int SMEM_BYTES = 1024 + (DQ_STAGED ? OFF_DQ + NUM_CONSUMERS * DQ_STAGE_BYTES : OFF_BAR + NUM_MBARS * 8);
@@ -72,9 +73,6 @@ constexpr int SMEM_BYTES = 1024 + (DQ_STAGED ? OFF_DQ + NUM_CONSUMERS * DQ_STAGE
 constexpr uint32_t BAR_DS = 1;  // named barrier (0 is __syncthreads): dS^T written (+ consumer index at D = 64)
 constexpr uint32_t BAR_BINS = 3;  // + consumer index: the gradient bins zeroed before the first tile
 constexpr uint32_t BAR_TURN = 5;  // + consumer index: deterministic mode's turn to add dQ taken / passed
-constexpr uint32_t BAR_DQ_FULL = 7;   // + consumer index: its staged dQ written (128 consumer + 32 writer threads)
-constexpr uint32_t BAR_DQ_EMPTY = 9;  // + consumer index: its staged dQ read by the writer's bulk reduction
-constexpr uint32_t DQ_BAR_THREADS = 128 + 32;
 
 static_assert(sizeof(Elem) == 2, "16-bit inputs only");
 static_assert(attngen_head_dim_supported(D), "head dim: one of ATTNGEN_HEAD_DIMS");
@@ -126,6 +124,8 @@ struct BwdSmem {
   __device__ uint32_t bar_kv() const { return bar(0); }
   __device__ uint32_t full(int st) const { return bar(1 + st); }
   __device__ uint32_t empty(int st) const { return bar(1 + STAGES + st); }
+  __device__ uint32_t dq_full(int consumer) const { return bar(1 + 2 * STAGES + consumer); }
+  __device__ uint32_t dq_empty(int consumer) const { return bar(1 + 2 * STAGES + NUM_CONSUMERS + consumer); }
 };
 
 // Float offset in a tiled dQ_acc q-block (DQ_STAGED) of the element at tile row r (< 64), column col.
