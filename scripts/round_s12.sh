@@ -9,7 +9,10 @@
 # C = compute-sanitizer racecheck and memcheck on the backward's small cases (one per head dim), the remaining
 # training anchors beside flex, and the deterministic backward's cost on causal; D = C's racecheck hazards mended
 # (the staged dQ handed over by mbarriers, not named-barrier arrive / sync; every lane's reads of the row
-# statistics before lane 0 releases the slot): racecheck, the backward suites, causal and full again.
+# statistics before lane 0 releases the slot): racecheck, the backward suites, causal and full again;
+# E = the writer's loop ended by a third mbarrier instead of a -1 written to the slot (D's one remaining
+# hazard of the dQ hand-over): the small cases, the deterministic suite (the writer's turns), and the other
+# suites that run the backward (runtime parameters, the flex drop-in with torch.compile).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -51,4 +54,11 @@ case "$1" in
       tests/gpu/test_autograd_gpu.py
     timeout 110 python benchmarks/bench_training.py --variants causal full --out "$R" 2>&1 \
       | grep -E "^\[|TFLOP|vs flex|rror|kernel_options" ;;
+  E)
+    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
+    timeout 60 python scripts/sanitize_case.py --backward > "$R/smoke.log" 2>&1
+    tail -n 2 "$R/smoke.log"
+    grep -q "SANITIZE CASES DONE ok" "$R/smoke.log" || exit 1
+    run_tests det 110 tests/gpu/test_deterministic_gpu.py "tests/gpu/test_params_gpu.py::test_backward_kernel_takes_the_values" \
+      "tests/gpu/test_integrations_gpu.py::test_flex_and_module_on_cuda" ;;
 esac

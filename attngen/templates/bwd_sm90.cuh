@@ -180,18 +180,23 @@ __device__ __forceinline__ void dq_turn_pass(int* sem, int value, int cw, int ti
 
 // ------------------------------------------------------------------------------------------- dQ writers
 // Warp 1 + cw of the producer warpgroup (DQ_STAGED): each time consumer cw has staged a q-block's dQ and named it
-// in its slot (the tile (b, h, i), -1 once its walk is over; the deterministic turn), one bulk reduction adds it to
-// the tiled dQ_acc, and the buffer goes back once the reduction has read it. Both hand-overs are mbarriers
-// (dq_full: the consumer's 4 warps, dq_empty: the writer), whose arrive / wait order the slot too. The writer takes
+// in its slot (the tile (b, h, i) and the deterministic turn), one bulk reduction adds it to the tiled dQ_acc, and
+// the buffer goes back once the reduction has read it; dq_done ends the loop. The hand-overs are mbarriers
+// (dq_full, dq_done: the consumer's 4 warps; dq_empty: the writer), whose arrive / wait order the slot too. The writer takes
 // no part in the walk (the classifier's registers stay with the producer thread); in deterministic mode it, not
 // the consumer, waits for the tile's turn (dq_turn).
 __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem& sm, int cw, int lane) {
   const uint32_t buf = sm.dq(cw);
   for (uint32_t phase = 0;; phase ^= 1u) {
-    mbar_wait(sm.dq_full(cw), phase);
+    // the next staged dQ, or the end of the consumer's walk (signalled once the last reduction was handed back)
+    while (!mbar_try_wait(sm.dq_full(cw), phase)) {
+      if (mbar_try_wait(sm.dq_done(cw), 0)) {
+        if (lane == 0) bulk_wait_all();
+        return;
+      }
+    }
     long long tile;
     asm volatile("ld.shared.s64 %0, [%1];\n" : "=l"(tile) : "r"(sm.slot(cw) + 8u) : "memory");
-    if (tile < 0) break;
     if (lane == 0) {
       float* dst = a.dq_accum + tile * (BQ * D) + DQ_CHUNK * cw * 64 * DQ_N;
       if (a.dq_semaphore != nullptr) {
@@ -217,7 +222,6 @@ __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem&
     __syncwarp();  // every lane has read the slot
     if (lane == 0) mbar_arrive(sm.dq_empty(cw));
   }
-  if (lane == 0) bulk_wait_all();
 }
 
 // A finished dK or dV fragment (times f) to global memory, rows past KVLEN skipped.
@@ -381,11 +385,9 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
     }
     advance(stage, phase);
   }
-  if (DQ_STAGED) {  // the walk is over: the writer stops
+  if (DQ_STAGED) {  // the walk is over: once the writer has taken the last staged dQ, it stops
     mbar_wait(sm.dq_empty(cw), dq_phase ^ 1u);
-    if (tid == 0) sm.dq_tile(cw)[0] = -1;
-    __syncwarp();
-    if (lane == 0) mbar_arrive(sm.dq_full(cw));
+    if (lane == 0) mbar_arrive(sm.dq_done(cw));
   }
 
   store_kv_grad(a.dk, a.dk_stride, c.b, c.kvh, c.j * BK + cw * 64 + r0, t.KVLEN, dk, scale, tig);
@@ -410,6 +412,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     for (int cw = 0; cw < NUM_CONSUMERS; ++cw) {
       mbar_init(sm.dq_full(cw), 4);   // one arrival per warp of the consumer
       mbar_init(sm.dq_empty(cw), 1);  // its writer's lane 0
+      mbar_init(sm.dq_done(cw), 4);   // the consumer's warps, once
     }
     mbar_fence_init();
   }

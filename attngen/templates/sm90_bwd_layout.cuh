@@ -64,8 +64,9 @@ constexpr int OFF_BINS = OFF_STATS + STAGES * STATS_BYTES;
 constexpr int BINS_BYTES = kGradDiagSites * GRAD_SITE_FLOATS * 4;  // one consumer's bins of one tile
 constexpr int OFF_TURN = OFF_BINS + NUM_CONSUMERS * 2 * BINS_BYTES;  // each consumer's turn and dQ slot (16 B)
 constexpr int OFF_BAR = OFF_TURN + 16 * NUM_CONSUMERS;
-// K and V loaded; per stage: Q, dO, statistics loaded / released; per consumer: its staged dQ written / read
-constexpr int NUM_MBARS = 1 + 2 * STAGES + 2 * NUM_CONSUMERS;
+// K and V loaded; per stage: Q, dO, statistics loaded / released; per consumer: its staged dQ written / read, its
+// walk over
+constexpr int NUM_MBARS = 1 + 2 * STAGES + 3 * NUM_CONSUMERS;
 constexpr int OFF_DQ = (OFF_BAR + NUM_MBARS * 8 + 127) / 128 * 128;  // the consumers' staged dQ, when it fits
 constexpr bool DQ_STAGED = 1024 /* alignment slack */ + OFF_DQ + NUM_CONSUMERS * DQ_STAGE_BYTES <= SMEM_LIMIT;
 constexpr int SMEM_BYTES = 1024 + (DQ_STAGED ? OFF_DQ + NUM_CONSUMERS * DQ_STAGE_BYTES : OFF_BAR + NUM_MBARS * 8);
@@ -114,7 +115,7 @@ struct BwdSmem {
   }
   __device__ uint32_t dq(int consumer) const { return base + OFF_DQ + (uint32_t)(consumer * DQ_STAGE_BYTES); }
   // a consumer's 16 bytes: int [0] its deterministic turn for the q-block in hand; for its dQ writer, int [1] the
-  // staged dQ's turn and long long [1] its tile ((b * Hq + h) * q-blocks + i; -1: the walk is over)
+  // staged dQ's turn and long long [1] its tile ((b * Hq + h) * q-blocks + i)
   __device__ int* turn(int consumer) const { return reinterpret_cast<int*>(ptr + OFF_TURN) + 4 * consumer; }
   __device__ uint32_t slot(int consumer) const { return base + OFF_TURN + 16u * (uint32_t)consumer; }
   __device__ long long* dq_tile(int consumer) const {
@@ -126,6 +127,7 @@ struct BwdSmem {
   __device__ uint32_t empty(int st) const { return bar(1 + STAGES + st); }
   __device__ uint32_t dq_full(int consumer) const { return bar(1 + 2 * STAGES + consumer); }
   __device__ uint32_t dq_empty(int consumer) const { return bar(1 + 2 * STAGES + NUM_CONSUMERS + consumer); }
+  __device__ uint32_t dq_done(int consumer) const { return bar(1 + 2 * STAGES + 2 * NUM_CONSUMERS + consumer); }
 };
 
 // Float offset in a tiled dQ_acc q-block (DQ_STAGED) of the element at tile row r (< 64), column col.
