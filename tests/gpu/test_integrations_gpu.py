@@ -93,8 +93,9 @@ def test_flex_and_module_on_cuda():
         return q_idx >= kv_idx
 
     want = attngen.compile(mask_mod=causal, backend="reference")(q, k, v)
-    got = attngen.flex_attention(q, k, v, block_mask=torch.nn.attention.flex_attention.create_block_mask(
-        causal, None, None, 256, 256, device="cuda"))
+    from torch.nn.attention.flex_attention import create_block_mask  # a submodule: `import torch` leaves it out
+
+    got = attngen.flex_attention(q, k, v, block_mask=create_block_mask(causal, None, None, 256, 256, device="cuda"))
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     mod = AttentionModule(mask_mod=causal)
     out = torch.compile(mod, fullgraph=True, backend="aot_eager")(q, k, v)
