@@ -523,7 +523,7 @@ def check_debug_record(record: torch.Tensor, captured) -> None:
 # --------------------------------------------------------------------------------------------------
 # backward (templates/bwd_sm80.cuh; the ABI of templates/attngen_bwd_abi.cuh and host_abi_bwd.cuh)
 
-BWD_ABI_VERSION = 3  # ATTNGEN_BWD_ABI_VERSION
+BWD_ABI_VERSION = 4  # ATTNGEN_BWD_ABI_VERSION
 # AttngenBwdArgs: 12 pointers, 8x3 int64 strides, 6 int32, float, int32, then CapturedArgs (_PACK_TAIL), then
 # the captured tensors' gradient buffers and the deterministic mode's semaphores (_PACK_BWD_OPTIONS).
 _PACK_BWD_HEAD = struct.Struct("<12Q24q6ifi")

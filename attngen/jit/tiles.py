@@ -144,11 +144,11 @@ class Sm90BwdTiles:
         """K, V; the Q / dO ring; two dS^T buffers; the row statistics per stage; mbarriers; alignment slack. Not
         counted: the consumers' slots (32 bytes), a variant's gradient bins (sm90_bwd_layout.cuh, up to 34 KB with
         4 diagonal sites), which its static_assert checks against the limit at build time, and the staged dQ
-        (64 x D floats per kernel), which the kernel keeps only where the rest leaves room (DQ_STAGED)."""
+        (32 KB at head dims 64 and 128), which the kernel keeps only where the rest leaves room (DQ_STAGED)."""
         kv = self.block_k * head_dim * 2
         q = self.block_q * head_dim * 2
         return 1024 + 2 * kv + 2 * self.stages * q + 2 * self.block_k * self.block_q * 2 \
-            + self.stages * 2 * self.block_q * 4 + 8 * (1 + 2 * self.stages)
+            + self.stages * 2 * self.block_q * 4 + 8 * (1 + 2 * self.stages + 3 * (self.block_k // 64))
 
 
 # Head dim 256 has no sm90 backward (dK + dV of 64 rows x 256 columns take the consumers' registers): the sm80

@@ -5,7 +5,7 @@
 
 #include "attngen_common.cuh"
 
-#define ATTNGEN_BWD_ABI_VERSION 3
+#define ATTNGEN_BWD_ABI_VERSION 4
 
 // Layout (x86-64 / aarch64, natural alignment, no padding):
 //   offset   0  q, k, v, o, dout, lse         6 pointers

@@ -1,8 +1,8 @@
 // bwd_prepost.cuh: the launches around a backward main kernel (bwd_sm80.cuh, bwd_sm90.cuh), on its stream:
 //  preprocess, one warp per q row: delta = rowsum(dO * O) (fp32), lse in the log2 domain (+inf for rows with
 //  nothing kept and for the padding of the last q-block, so P = 0 there), the fp32 dQ accumulator zeroed;
-//  postprocess: dQ = dQ_acc * scale in the input dtype, read in the main kernel's layout of dQ_acc. Configuration (Elem, D) from the including
-//  attngen_bwd.cu.
+//  postprocess: dQ = dQ_acc * scale in the input dtype, read in the main kernel's layout of dQ_acc.
+//  Configuration (Elem, D) from the including attngen_bwd.cu.
 #pragma once
 
 #include "attngen_common.cuh"

@@ -4,7 +4,8 @@
 // (ceil(Lk / BK), Hkv, B), low kv blocks first (under causal-like masks they see the most q blocks).
 // Warpgroup 0 is the producer: one thread loads K and V once, then for each q-block the mask does not prove
 // EMPTY (block_range_bwd.cuh, over the query heads that share the kv head) its Q and dO tiles (TMA, 128-byte
-// swizzle) and its row statistics (bulk copies) into a STAGES-deep ring. Warpgroups 1 and 2 each own 64 kv
+// swizzle) and its row statistics (bulk copies) into a STAGES-deep ring; its warps 1 and 2 are the consumers'
+// dQ writers (write_dq). Warpgroups 1 and 2 each own 64 kv
 // rows and, per q-block of BQ = 64 rows, with wgmma:
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory), then in registers P^T and
 //   dS^T = P^T (dP^T - delta) [* d score_mod / d score] (bwd_probs.cuh, one pass);
@@ -153,7 +154,7 @@ __device__ __forceinline__ void stage_dq(uint32_t buf, const float (&dq)[NDQ], i
 
 // Deterministic mode: the dQ additions to q-block i of head h happen in kv-block order, consumer 0 before
 // consumer 1, so every element of dQ_acc sums its terms in one order. sem (one int per (b, h, i), zeroed)
-// counts turns: kv block j's consumer cw adds when it reads 2 (p + 1) + cw, p being the last kv block before j
+// counts turns: kv block j's consumer cw (or its dQ writer) adds when it reads 2 (p + 1) + cw, p being the last kv block before j
 // that visits the tile (p = -1 when none), and leaves 2 (p + 1) + 1 (consumer 0) or 2 (j + 1) (consumer 1) behind.
 // Waiting only on lower kv blocks, which the grid starts first, cannot deadlock.
 __device__ __forceinline__ int dq_turn(const CapturedArgs& C, const TileArgs& t, int i, int j) {
@@ -207,6 +208,7 @@ __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem&
         do {
           asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(x) : "l"(sem) : "memory");
         } while (x != turn + cw);
+        asm volatile("fence.proxy.async.global;\n" ::: "memory");  // the acquire, before the async proxy's adds
         bulk_reduce_add_f32(dst, buf, DQ_STAGE_BYTES);
         bulk_commit();
         bulk_wait_all();  // the additions performed before the turn passes on
@@ -219,7 +221,7 @@ __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem&
         bulk_wait_read<0>();
       }
     }
-    __syncwarp();  // every lane has read the slot
+    __syncwarp();  // the warp together again before lane 0 hands the buffer back
     if (lane == 0) mbar_arrive(sm.dq_empty(cw));
   }
 }
@@ -369,7 +371,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
       stage_dq(sm.dq(cw), dq, tid);
       if (tid == 0) {
         sm.dq_tile(cw)[0] = ((long long)c.b * a.Hq + s.h) * ((t.QLEN + BQ - 1) / BQ) + s.i;
-        sm.turn(cw)[1] = sm.turn(cw)[0];
+        if (a.dq_semaphore != nullptr) sm.turn(cw)[1] = sm.turn(cw)[0];
       }
       fence_proxy_async_smem();  // generic stores, read by the bulk reduction (the async proxy)
       __syncwarp();

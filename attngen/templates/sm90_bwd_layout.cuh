@@ -1,5 +1,5 @@
 // sm90_bwd_layout.cuh: the static facts of the sm90 backward kernel (bwd_sm90.cuh) that follow from its
-// configuration: warpgroup roles and register budgets, accumulator sizes, how dQ is split between the
+// configuration: warpgroup roles (producer thread, dQ writer warps, consumers) and register budgets, accumulator sizes, how dQ is split between the
 // consumers, the shared-memory layout with its mbarriers, and the checks that the configuration fits.
 // Configuration (Elem, D, BQ, BK, STAGES, PRODUCER_REGS, CONSUMER_REGS) from the including attngen_bwd.cu.
 #pragma once
@@ -30,7 +30,7 @@ constexpr int KSTEPS_D = D / 16;               // k16 steps of K Q^T and V dO^T
 constexpr int KSTEPS_Q = BQ / 16;              // k16 steps of P^T dO and dS^T Q
 
 // dQ = dS K (64 q rows, M = 64). From D = 128 on, each consumer takes D / NUM_CONSUMERS whole 64-column blocks
-// of dQ over all BK kv rows (one atomic add per element); at D = 64 a 32-column half would start inside a
+// of dQ over all BK kv rows (each element added once); at D = 64 a 32-column half would start inside a
 // 128-byte swizzle row, so each consumer takes all D columns over its own 64 kv rows, and both add into dQ_acc.
 constexpr bool DQ_SPLIT_D = (D / NUM_CONSUMERS) % 64 == 0;
 constexpr int DQ_N = DQ_SPLIT_D ? D / NUM_CONSUMERS : D;

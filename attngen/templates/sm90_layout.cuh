@@ -13,9 +13,9 @@ using namespace attngen;
 
 constexpr int NUM_CONSUMERS = 2;
 constexpr int NTHREADS = 128 * (1 + NUM_CONSUMERS);
-// setmaxnreg budgets: 128 * 24 + 256 * 240 = 64512 <= 65536 registers per SM. The entry cap of
-// __launch_bounds__(384, 1) is 168; the producer hands back (168 - 24) * 128 = 18432 registers, exactly
-// what the consumers take ((240 - 168) * 256).
+// setmaxnreg budgets: 128 * 24 + 256 * 240 = 64512 = 384 * 168, the registers the CTA holds at entry under
+// __launch_bounds__(384, 1): the producer hands back (168 - 24) * 128 = 18432, exactly what the consumers take
+// ((240 - 168) * 256); setmaxnreg.inc takes nothing beyond what was handed back.
 constexpr int PRODUCER_REGS = 24;
 constexpr int CONSUMER_REGS = 240;
 
@@ -62,7 +62,9 @@ static_assert(Q_BLOCK_BYTES % 1024 == 0 && KV_BLOCK_BYTES % 1024 == 0, "swizzle 
 static_assert(SMEM_BYTES <= SMEM_LIMIT, "tiles do not fit in shared memory: lower BK or STAGES");
 static_assert(KV_BYTES < (1 << 20) && Q_BYTES < (1 << 20), "mbarrier transaction counts are 20-bit");
 static_assert(KV_BLOCK_BYTES / 16 < (1 << 14), "V descriptor LBO field is 14 bits (of bytes >> 4)");
-static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NUM_CONSUMERS <= 168 * NTHREADS, "register budget: what the CTA holds at entry");
+constexpr int ENTRY_REGS = 65536 / NTHREADS / 8 * 8;  // 168
+static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * NUM_CONSUMERS <= ENTRY_REGS * NTHREADS,
+              "register budget: what the CTA holds at entry");
 
 // Shared-memory addresses of the CTA's buffers and mbarriers.
 struct Smem {
