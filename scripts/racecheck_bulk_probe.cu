@@ -2,7 +2,8 @@
 // The sm90 backward loads its row statistics with bulk_load_1d into a ring slot and its consumers read them with
 // ordinary loads after mbar_wait on the slot's barrier; racecheck reports hazards between the two. This kernel is
 // that pattern and nothing else, correct by construction: `probe` one copy, one barrier phase, every reader waiting
-// on it; `probe_reuse` the slot refilled after its readers released it. Hazards here are the tool's.
+// on it; `probe_reuse` the slot refilled after its readers released it; `probe_partial` with a producer warp beside
+// the readers, as in the kernel. Hazards here are the tool's.
 //
 //   nvcc -std=c++17 -arch=sm_90a -I attngen/templates scripts/racecheck_bulk_probe.cu -o /tmp/probe
 //   compute-sanitizer --tool racecheck /tmp/probe
@@ -60,6 +61,43 @@ __global__ void probe_reuse(const float* src, float* dst) {
   }
 }
 
+// The backward's own arrangement: a producer warp (its lane 0 fills the slot and waits for it to be released)
+// beside two reader warps that are the only members of the named barrier (a thread count below the block's) or,
+// with SYNCWARP, release it per warp after __syncwarp alone. If racecheck reports hazards here but not in
+// probe_reuse, it does not follow a named barrier over part of the block (or per-warp releases), and the
+// backward's hazards are the tool's.
+template <bool SYNCWARP>
+__global__ void probe_partial(const float* src, float* dst) {
+  __shared__ __align__(128) float buf[64];
+  __shared__ __align__(8) uint64_t full, empty;
+  const uint32_t f = smem_addr(&full), e = smem_addr(&empty);
+  if (threadIdx.x == 0) {
+    mbar_init(f, 1);
+    mbar_init(e, 2);  // one arrival per reader warp
+    mbar_fence_init();
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (warp == 0) {
+    if (lane == 0) {
+      for (int it = 0; it < 2; ++it) {
+        if (it > 0) mbar_wait(e, (it - 1) & 1);
+        mbar_arrive_expect_tx(f, sizeof(buf));
+        bulk_load_1d(smem_addr(buf), src + it * 64, sizeof(buf), f);
+      }
+    }
+    return;
+  }
+  const int r = threadIdx.x - 32;
+  for (int it = 0; it < 2; ++it) {
+    mbar_wait(f, it & 1);
+    dst[it * 64 + r] = buf[r];
+    if (SYNCWARP) __syncwarp();
+    else named_bar_sync(1, 64);
+    if (lane == 0) mbar_arrive(e);
+  }
+}
+
 int main() {
   float *src, *dst;
   cudaMalloc(&src, 128 * sizeof(float));
@@ -79,6 +117,16 @@ int main() {
     cudaMemcpy(host, dst, sizeof(host), cudaMemcpyDeviceToHost);
     for (int i = 0; i < 128; ++i) bad += host[i] != (float)i;
     std::printf("racecheck_bulk_probe (slot reused%s): %s\n", by_warp ? ", released by warp" : "",
+                bad ? "WRONG VALUES" : "values ok");
+  }
+  for (int syncwarp = 0; syncwarp < 2; ++syncwarp) {
+    std::fflush(stdout);
+    if (syncwarp) probe_partial<true><<<1, 96>>>(src, dst);
+    else probe_partial<false><<<1, 96>>>(src, dst);
+    cudaMemcpy(host, dst, sizeof(host), cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 128; ++i) bad += host[i] != (float)i;
+    std::printf("racecheck_bulk_probe (producer warp, readers released %s): %s\n",
+                syncwarp ? "per warp after __syncwarp" : "after a named barrier of 64 of 96 threads",
                 bad ? "WRONG VALUES" : "values ok");
   }
   return bad != 0;
