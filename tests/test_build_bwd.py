@@ -118,13 +118,17 @@ def test_sm90_backward_builds_on_wgmma_without_spills(tmp_path):
     # per consumer and q-block: S^T, dP^T (8 k16 steps each), dV, dK (4 each), dQ (8, both operands transposed)
     assert ptx.count("wgmma.mma_async") == 32, "a product is missing from wgmma"
     assert ptx.count("p, 1, 1, 1, 1;") == 8, "dQ = dS K does not read both operands MN-major"
+    # dQ leaves through the staged buffer and one bulk reduction per q-block, not per-thread reductions
+    assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in ptx
+    assert "red.global.add" not in ptx, "dQ fell back to per-thread reductions (its staging no longer fits)"
 
 
 @pytest.mark.requires_nvcc
 def test_sm90_backward_sums_captured_gradients_without_spills(tmp_path):
     """A score_mod reading a per-head slope (summed once per tile), a relative-position table (per diagonal, in
     shared-memory bins) and a pair bias (per element): the sm90 backward builds without spills at both head dims,
-    its PTX adds the sums with red.shared / red.global, and the portable backward refuses gradient buffers."""
+    its PTX adds the sums with red.shared / red.global, dQ is staged where the bins leave room, and the portable
+    backward refuses gradient buffers."""
     slopes, table, pair = torch.rand(4), torch.randn(4, 2 * NPOS - 1), torch.randn(NPOS, NPOS)
 
     def learnable(s, b, h, q, kv):
@@ -148,7 +152,36 @@ def test_sm90_backward_sums_captured_gradients_without_spills(tmp_path):
                           str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True, check=True).stdout
     assert "red.shared.add.f32" in ptx, "the table's diagonal bins"
     assert ptx.count("red.global.add.f32") >= 3, "slope per tile, table per bin, pair bias per element"
+    # one site's bins leave room for the staged dQ (one bulk reduction per q-block, no per-thread dQ reductions)
+    assert "cp.reduce.async.bulk" in ptx and "red.global.add.v2.f32" not in ptx
     assert "return ATTNGEN_ERROR_BWD_OPTION;" in render.headers()["bwd_sm80.cuh"]
+
+
+@pytest.mark.requires_nvcc
+def test_sm90_backward_adds_dq_per_thread_where_the_bins_take_its_room(tmp_path):
+    """Four diagonal sites' bins at head dim 128 leave no room for the staged dQ (sm90_bwd_layout.cuh DQ_STAGED):
+    that kernel adds dQ per thread (red.global.add.v2.f32) and still builds; at head dim 64 it stages."""
+    tables = [torch.randn(4, 2 * NPOS - 1) for _ in range(4)]
+
+    def four_tables(s, b, h, q, kv):
+        return s + sum(t[h, q - kv + NPOS - 1] for t in tables)
+
+    inc = attngen.compile(score_mod=four_tables).spec(torch.bfloat16, 128, "sm_90a",
+                                                      kernel=SM90_BWD_KERNEL).variant_inc()
+    assert "#define ATTNGEN_GRAD_DIAG_SITES 4" in inc
+    from attngen.jit.toolchain import find_nvcc
+
+    for hd, staged in ((128, False), (64, True)):
+        d = tmp_path / f"h{hd}"
+        d.mkdir()
+        for name, text in {**render.headers(), **render.render_sources(inc, torch.bfloat16, hd, "sm_90a",
+                                                                        kernel=SM90_BWD_KERNEL)}.items():
+            (d / name).write_text(text)
+        (d / render.VARIANT_INCLUDE).write_text(inc)
+        ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
+                              str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True,
+                             check=True).stdout
+        assert ("cp.reduce.async.bulk" in ptx) == staged and ("red.global.add.v2.f32" in ptx) != staged, hd
 
 
 def test_captured_gradient_buffers_share_the_tensors_strides():
