@@ -12,7 +12,10 @@
 # statistics before lane 0 releases the slot): racecheck, the backward suites, causal and full again;
 # E = the writer's loop ended by a third mbarrier instead of a -1 written to the slot (D's one remaining
 # hazard of the dQ hand-over): the small cases, the deterministic suite (the writer's turns), and the other
-# suites that run the backward (runtime parameters, the flex drop-in with torch.compile).
+# suites that run the backward (runtime parameters, the flex drop-in with torch.compile);
+# F (prepared, not run: the session's device time was spent) = racecheck on the probe's partial-barrier cases and
+# on the final backward, the Q / dO ring at 3 stages beside 2 (scripts/bwd_tiles_ab.py), and the learnable
+# relative-position table's step on the staged dQ beside flex.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -61,4 +64,15 @@ case "$1" in
     grep -q "SANITIZE CASES DONE ok" "$R/smoke.log" || exit 1
     run_tests det 110 tests/gpu/test_deterministic_gpu.py "tests/gpu/test_params_gpu.py::test_backward_kernel_takes_the_values" \
       "tests/gpu/test_integrations_gpu.py::test_flex_and_module_on_cuda" ;;
+  F)
+    nvcc -std=c++17 -arch=sm_90a -I attngen/templates scripts/racecheck_bulk_probe.cu -o /tmp/probe \
+      && timeout 30 compute-sanitizer --tool racecheck --print-limit 4 /tmp/probe > "$R/racecheck_probe.log" 2>&1
+    grep -E "values|RACECHECK SUMMARY" "$R/racecheck_probe.log"
+    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
+    timeout 100 compute-sanitizer --tool racecheck --print-limit 20 python scripts/sanitize_case.py --backward \
+      > "$R/racecheck.log" 2>&1
+    echo "racecheck rc=$?"; grep -E "^========= (Error|RACECHECK)" "$R/racecheck.log" | head -n 8
+    timeout 200 python scripts/bwd_tiles_ab.py --stages 2 3 2>&1 | tee "$R/bwd_tiles_ab.log"
+    timeout 120 python benchmarks/bench_training.py --variants relpos_learnable --out "$R" 2>&1 \
+      | grep -E "^\[|TFLOP|vs flex|rror|kernel_options" ;;
 esac

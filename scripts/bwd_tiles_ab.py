@@ -1,0 +1,73 @@
+"""The sm90 backward at other tile settings than jit/tiles.py's, side by side in one process: forward + backward
+steps (bench_training.py's) of each variant with the Q / dO ring at each --stages, interleaved rounds of
+triton's do_bench, the median; gradients compared with the first setting's. Shared memory allows 3 stages at
+head dim 128 (the staged dQ still fitting beside them, sm90_bwd_layout.cuh) and more at 64. Needs a GPU.
+
+    python scripts/bwd_tiles_ab.py [--variants causal full sliding_window document] [--stages 2 3] [--head-dim 128]
+"""
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_forward as bf  # noqa: E402
+from bench_training import FLOP_FACTOR, step_fn  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variants", nargs="+", default=["causal", "full", "sliding_window", "document"])
+    p.add_argument("--stages", nargs="+", type=int, default=[2, 3])
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--seq", type=int, default=8192)
+    args = p.parse_args(argv)
+    import torch
+
+    import attngen.jit.spec as spec
+    from attngen.jit.tiles import SM90_BWD_TILES
+
+    B, H, S, D = 2, 16, args.seq, args.head_dim
+    device = torch.device("cuda")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v, dout = (torch.randn(B, H, S, D, generator=gen).to(device=device, dtype=torch.bfloat16)
+                     for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    # the ladder a build (and every call's cache key) reads: one rung, this setting
+    ladders = {s: (lambda hd, s=s: (replace(SM90_BWD_TILES[hd], stages=s),)) for s in args.stages}
+
+    def under(stages, fn):
+        def step():
+            spec.sm90_bwd_ladder = ladders[stages]
+            return fn()
+        return step
+
+    bf.heat_gpu(device)
+    for key in args.variants:
+        score_mod, mask_mod = bf.make_variant(key, S, H, device)
+        density = bf.density_of(score_mod, mask_mod, B, H, S, device)
+        fns, first = {}, None
+        for s in args.stages:
+            fn = under(s, step_fn(bf.make_attngen(score_mod, mask_mod), q, k, v, dout))
+            grads = [g.float() for g in fn()]
+            torch.cuda.synchronize()
+            if first is None:
+                first = grads
+            diff = max((g - r).abs().max().item() for g, r in zip(grads, first))
+            print(f"[{key}] stages {s}: max |grad - grad at stages {args.stages[0]}| = {diff:.3e}", flush=True)
+            fns[s] = fn
+        times = {s: [] for s in fns}
+        for _ in range(bf.ROUNDS):
+            for s, fn in fns.items():
+                times[s].append(bf.bench_ms(fn))
+        for s, ts in times.items():
+            ms = sorted(ts)[len(ts) // 2]
+            print(f"[{key}] D {D} stages {s}: {ms:.3f} ms, "
+                  f"{bf.tflops(B, H, S, D, density, ms) * FLOP_FACTOR:.1f} TFLOP/s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
