@@ -77,6 +77,8 @@ cases = [
     # has 4 heads x 36 q-blocks = 144 work tiles, more than the 132 SMs: some CTAs walk two tiles
     (64, attngen.compile(backend=args.backend), 150, 400, 0),
     (128, attngen.compile(backend=args.backend), 4500, 300, 0, 4),
+    # deterministic: the sm90 backward's dQ writers wait for their turns (kv blocks in order)
+    (128, attngen.compile(causal=True, deterministic=True, backend=args.backend), 300, 300, 0),
 ]
 if args.build:
     for d, attn, *_ in cases:
