@@ -154,8 +154,9 @@ __device__ __forceinline__ void stage_dq(uint32_t buf, const float (&dq)[NDQ], i
 
 // Deterministic mode: the dQ additions to q-block i of head h happen in kv-block order, consumer 0 before
 // consumer 1, so every element of dQ_acc sums its terms in one order. sem (one int per (b, h, i), zeroed)
-// counts turns: kv block j's consumer cw (or its dQ writer) adds when it reads 2 (p + 1) + cw, p being the last kv block before j
-// that visits the tile (p = -1 when none), and leaves 2 (p + 1) + 1 (consumer 0) or 2 (j + 1) (consumer 1) behind.
+// counts turns: kv block j's consumer cw (or its dQ writer) adds when it reads 2 (p + 1) + cw, p being the last kv
+// block before j that visits the tile (p = -1 when none), and leaves 2 (p + 1) + 1 (consumer 0) or 2 (j + 1)
+// (consumer 1) behind.
 // Waiting only on lower kv blocks, which the grid starts first, cannot deadlock.
 __device__ __forceinline__ int dq_turn(const CapturedArgs& C, const TileArgs& t, int i, int j) {
   int p = j - 1;
@@ -183,9 +184,9 @@ __device__ __forceinline__ void dq_turn_pass(int* sem, int value, int cw, int ti
 // Warp 1 + cw of the producer warpgroup (DQ_STAGED): each time consumer cw has staged a q-block's dQ and named it
 // in its slot (the tile (b, h, i) and the deterministic turn), one bulk reduction adds it to the tiled dQ_acc, and
 // the buffer goes back once the reduction has read it; dq_done ends the loop. The hand-overs are mbarriers
-// (dq_full, dq_done: the consumer's 4 warps; dq_empty: the writer), whose arrive / wait order the slot too. The writer takes
-// no part in the walk (the classifier's registers stay with the producer thread); in deterministic mode it, not
-// the consumer, waits for the tile's turn (dq_turn).
+// (dq_full, dq_done: the consumer's 4 warps; dq_empty: the writer), whose arrive / wait order the slot too. The
+// writer takes no part in the walk (the classifier's registers stay with the producer thread); in deterministic
+// mode it, not the consumer, waits for the tile's turn (dq_turn).
 __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem& sm, int cw, int lane) {
   const uint32_t buf = sm.dq(cw);
   for (uint32_t phase = 0;; phase ^= 1u) {

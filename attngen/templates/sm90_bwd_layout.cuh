@@ -1,6 +1,7 @@
 // sm90_bwd_layout.cuh: the static facts of the sm90 backward kernel (bwd_sm90.cuh) that follow from its
-// configuration: warpgroup roles (producer thread, dQ writer warps, consumers) and register budgets, accumulator sizes, how dQ is split between the
-// consumers, the shared-memory layout with its mbarriers, and the checks that the configuration fits.
+// configuration: warpgroup roles (producer thread, dQ writer warps, consumers) and register budgets, accumulator
+// sizes, how dQ is split between the consumers and where it goes, the shared-memory layout with its mbarriers,
+// and the checks that the configuration fits.
 // Configuration (Elem, D, BQ, BK, STAGES, PRODUCER_REGS, CONSUMER_REGS) from the including attngen_bwd.cu.
 #pragma once
 
@@ -83,7 +84,8 @@ static_assert(NUM_CONSUMERS == 2 && BK == 64 * NUM_CONSUMERS, "two consumer warp
 static_assert(STAGES >= 2, "Q / dO of the next q-block load under this one");
 static_assert(DQ_SPLIT_D || D == 64, "dQ split by columns, or by kv rows at D = 64");
 static_assert(STATS_BYTES % 16 == 0 && (BQ * 4) % 16 == 0, "bulk copies move multiples of 16 bytes");
-static_assert(OFF_STATS % 16 == 0 && OFF_TURN % 8 == 0 && OFF_BAR % 8 == 0, "alignment of the statistics, slots, mbarriers");
+static_assert(OFF_STATS % 16 == 0 && OFF_TURN % 8 == 0 && OFF_BAR % 8 == 0,
+              "alignment of the statistics, the slots and the mbarriers");
 static_assert(OFF_DQ % 16 == 0 && DQ_STAGE_BYTES % 16 == 0, "bulk reductions read 16-byte aligned sources");
 static_assert(GRAD_ROWS == 64 && GRAD_ROWS + BQ - 1 <= GRAD_BINS, "a diagonal bin per diagonal of a consumer's tile");
 static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0 && DS_BYTES % 1024 == 0, "1024-aligned swizzle atoms");
