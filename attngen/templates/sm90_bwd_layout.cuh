@@ -133,11 +133,26 @@ struct BwdSmem {
 };
 
 // Float offset in a tiled dQ_acc q-block (DQ_STAGED) of the element at tile row r (< 64), column col.
-__device__ __forceinline__ int dq_tile_offset(int r, int col) {
+__host__ __device__ constexpr int dq_tile_offset(int r, int col) {
   const int c = DQ_SPLIT_D ? col / DQ_N : 0, cl = col - c * DQ_N;
   const int t = (r / 16) * 32 + (r % 8) * 4 + (cl % 8) / 2;
   return ((c * (DQ_N / 8) + cl / 8) * 128 + t) * 4 + ((r / 8) % 2) * 2 + cl % 2;
 }
+
+// dq_tile_offset inverts the staging order (bwd_sm90.cuh stage_dq, the writer's chunk offset): float k of float4 v
+// of thread t of chunk c, the accumulator's element at row 16 (t / 32) + t % 32 / 4 + 8 (k / 2), column
+// c DQ_N + 8 v + 2 (t % 4) + k % 2, lies at c 64 DQ_N + (v 128 + t) 4 + k. Checked whole at build time.
+constexpr bool dq_tile_offset_inverts_staging() {
+  for (int c = 0; c < (DQ_SPLIT_D ? NUM_CONSUMERS : 1); ++c)
+    for (int t = 0; t < 128; ++t)
+      for (int v = 0; v < DQ_N / 8; ++v)
+        for (int k = 0; k < 4; ++k) {
+          const int r = 16 * (t / 32) + (t % 32) / 4 + 8 * (k / 2), col = c * DQ_N + 8 * v + 2 * (t % 4) + k % 2;
+          if (dq_tile_offset(r, col) != c * 64 * DQ_N + (v * 128 + t) * 4 + k) return false;
+        }
+  return true;
+}
+static_assert(dq_tile_offset_inverts_staging(), "the postprocess reads dQ_acc where the staging did not put it");
 
 // The postprocess's view of a tiled dQ_acc (bwd_prepost.cuh): row r, columns col .. col + 7 of head bh.
 struct DqAccTiled {
