@@ -43,6 +43,22 @@ def make(key: str, S: int, device):
     raise KeyError(key)
 
 
+def join_group(cpu: bool):
+    """This process in the torchrun job's group: gloo on CPU float32 tensors (the reference path, plumbing only),
+    or NCCL on the GPU LOCAL_RANK names with bfloat16. Returns (device, dtype, world, rank)."""
+    import torch
+    import torch.distributed as dist
+
+    if cpu:
+        dist.init_process_group("gloo")
+        device, dtype = torch.device("cpu"), torch.float32
+    else:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group("nccl")
+        device, dtype = torch.device("cuda"), torch.bfloat16
+    return device, dtype, dist.get_world_size(), dist.get_rank()
+
+
 def timed(fn, reps: int) -> float:
     """Median seconds of fn() over reps, every rank in step (a barrier before each)."""
     import torch
@@ -78,14 +94,7 @@ def main(argv=None):
 
     from attngen.distributed import context_parallel_attention, last_stats, shard_sequence, unshard_sequence
 
-    if args.cpu:
-        dist.init_process_group("gloo")
-        device, dtype = torch.device("cpu"), torch.float32
-    else:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group("nccl")
-        device, dtype = torch.device("cuda"), torch.bfloat16
-    world, rank = dist.get_world_size(), dist.get_rank()
+    device, dtype, world, rank = join_group(args.cpu)
     B, H, S, D = args.batch, args.heads, args.seq, args.head_dim
     gen = torch.Generator().manual_seed(1)
     q, k, v, dout = (torch.randn(B, H, S, D, generator=gen).to(device, dtype) for _ in range(4))

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_context_parallel import join_group  # noqa: E402
 
 VARIANTS = ["causal", "sliding_window", "softcap_causal", "document", "relpos_learnable"]
 ATOL = 1e-3  # slack where both errors are tiny (rows whose gradient is near zero)
@@ -77,14 +79,7 @@ def main(argv=None):
     import attngen
     from attngen.distributed import context_parallel_attention, last_stats, shard_sequence, unshard_sequence
 
-    if args.cpu:
-        dist.init_process_group("gloo")
-        device, dtype = torch.device("cpu"), torch.float32
-    else:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group("nccl")
-        device, dtype = torch.device("cuda"), torch.bfloat16
-    world, rank = dist.get_world_size(), dist.get_rank()
+    device, dtype, world, rank = join_group(args.cpu)
     B, H, D = 1, args.heads, args.head_dim
     S = args.seq_per_rank * world
     gen = torch.Generator().manual_seed(2)
