@@ -33,6 +33,16 @@ __global__ void probe(const float* src, float* dst) {
   dst[threadIdx.x] = buf[threadIdx.x];
 }
 
+// A ring slot's two mbarriers: full (the producer's arrive with the copy's bytes), empty (`releases` arrivals).
+__device__ void init_slot_bars(uint32_t full, uint32_t empty, uint32_t releases) {
+  if (threadIdx.x == 0) {
+    mbar_init(full, 1);
+    mbar_init(empty, releases);
+    mbar_fence_init();
+  }
+  __syncthreads();
+}
+
 // The ring's reuse: the slot is read (generic loads), released on an "empty" mbarrier, and only then refilled by
 // the next bulk copy (write after read across proxies, ordered by the barrier's arrive / wait). BY_WARP releases it
 // as the backward does: the readers meet at a named barrier, then lane 0 of each warp arrives (the empty barrier
@@ -42,12 +52,7 @@ __global__ void probe_reuse(const float* src, float* dst) {
   __shared__ __align__(128) float buf[64];
   __shared__ __align__(8) uint64_t full, empty;
   const uint32_t f = smem_addr(&full), e = smem_addr(&empty);
-  if (threadIdx.x == 0) {
-    mbar_init(f, 1);
-    mbar_init(e, BY_WARP ? blockDim.x / 32 : blockDim.x);
-    mbar_fence_init();
-  }
-  __syncthreads();
+  init_slot_bars(f, e, BY_WARP ? blockDim.x / 32 : blockDim.x);
   for (int it = 0; it < 2; ++it) {
     if (threadIdx.x == 0) {
       if (it > 0) mbar_wait(e, (it - 1) & 1);
@@ -71,12 +76,7 @@ __global__ void probe_partial(const float* src, float* dst) {
   __shared__ __align__(128) float buf[64];
   __shared__ __align__(8) uint64_t full, empty;
   const uint32_t f = smem_addr(&full), e = smem_addr(&empty);
-  if (threadIdx.x == 0) {
-    mbar_init(f, 1);
-    mbar_init(e, 2);  // one arrival per reader warp
-    mbar_fence_init();
-  }
-  __syncthreads();
+  init_slot_bars(f, e, 2);  // one arrival per reader warp
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   if (warp == 0) {
     if (lane == 0) {
