@@ -20,10 +20,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from .errors import KernelLaunchError
 from .launch import (_NO_PARAMS, _PACK_TAIL, _ZERO_TAIL, AttngenKernelInfo, CapturedArgs, _Library, _capable_devices,
                      _captured_fields, _check_capability, _raw_stream, check_debug_record, debug_record,
-                     load_family_library)
+                     launch_failed, load_family_library)
 
 DECODE_ABI_VERSION = 1  # ATTNGEN_DECODE_ABI_VERSION (templates/attngen_decode_abi.cuh)
 
@@ -177,11 +176,9 @@ def decode(lib: DecodeLibrary, q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     with torch.cuda.device(dev):
         rc = lib._decode(head + tail, _raw_stream(dev))
     if rc != 0:
-        raise KernelLaunchError(
-            f"launching the KV-cache attention kernel ({lib.path}) failed: CUDA error {rc} ({lib.error_string(rc)}); "
-            f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, {q.dtype}, on {q.device}, {num_splits} splits",
-            code=rc,
-        )
+        raise launch_failed(lib, "KV-cache attention kernel", rc,
+                            f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, {q.dtype}, on {q.device}, "
+                            f"{num_splits} splits")
     if record is not None:
         check_debug_record(record, captured)
     return (out, lse) if return_lse else out

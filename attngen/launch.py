@@ -472,12 +472,16 @@ def forward(
         return forward(lib, q2, k, v, scale=scale2, q_offset=q_offset, return_lse=return_lse, captured=captured,
                        summaries=summaries, out=out, lse_out=lse, params=params)
     if rc != 0:
-        raise KernelLaunchError(
-            f"launching the attention kernel ({lib.path}) failed: CUDA error {rc} ({lib.error_string(rc)}); "
-            f"q {tuple(q.shape)}, k {tuple(k.shape)}, {q.dtype}, on {q.device}",
-            code=rc,
-        )
+        raise launch_failed(lib, "attention kernel", rc,
+                            f"q {tuple(q.shape)}, k {tuple(k.shape)}, {q.dtype}, on {q.device}")
     return (out, lse) if return_lse else out
+
+
+def launch_failed(lib, kernel: str, rc: int, inputs: str) -> KernelLaunchError:
+    """The error for a library entry point that returned rc != 0: which kernel, the CUDA (or attngen) error and
+    what the call was given."""
+    return KernelLaunchError(f"launching the {kernel} ({lib.path}) failed: CUDA error {rc} ({lib.error_string(rc)}); "
+                             f"{inputs}", code=rc)
 
 
 _DEBUG_RECORD = 4 * MAX_CAPTURED  # where ag_chk's {flag, tensor, dim, index} start in the bounds record
@@ -636,11 +640,8 @@ def backward(
     with torch.cuda.device(dev):
         rc = lib._bwd(head + tail + options, _raw_stream(dev))
     if rc != 0:
-        raise KernelLaunchError(
-            f"launching the attention backward kernel ({lib.path}) failed: CUDA error {rc} ({lib.error_string(rc)}); "
-            f"q {tuple(q.shape)}, k {tuple(k.shape)}, {q.dtype}, on {q.device}",
-            code=rc,
-        )
+        raise launch_failed(lib, "attention backward kernel", rc,
+                            f"q {tuple(q.shape)}, k {tuple(k.shape)}, {q.dtype}, on {q.device}")
     if captured_grads is not None:
         return dq, dk, dv, dcaptured
     return dq, dk, dv

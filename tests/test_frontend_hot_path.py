@@ -67,3 +67,15 @@ def test_odd_inputs_take_the_full_path(hot):
     with pytest.raises(attngen.InputError):
         attn(q, q, q, q_offset=-1)  # a negative offset is refused before any launch
     assert calls == []
+
+
+def test_launch_failed_names_the_kernel_the_error_and_the_inputs():
+    from types import SimpleNamespace
+
+    from attngen.launch import launch_failed
+
+    lib = SimpleNamespace(path="/cache/lib.so", error_string=lambda rc: f"error string of {rc}")
+    e = launch_failed(lib, "KV-cache attention kernel", 700, "q (1, 2, 1, 64)")
+    assert isinstance(e, KernelLaunchError) and e.code == 700
+    assert str(e) == ("launching the KV-cache attention kernel (/cache/lib.so) failed: CUDA error 700 "
+                      "(error string of 700); q (1, 2, 1, 64)")
