@@ -537,9 +537,10 @@ def _hoist_gradients(traced: TracedVariant, prepare, check, hoist: "_Hoister"):
 
 # How the sm90 backward sums a gradient site over a tile before it reaches global memory (bwd_grad_sites.cuh):
 # one value per tile when the element's offset reads neither q_idx nor kv_idx, one per diagonal when it reads
-# q_idx - kv_idx only (shared-memory bins, at most GRAD_DIAG_SITES of them), else one atomic add per element.
+# q_idx - kv_idx only (shared-memory bins, at most GRAD_DIAG_SITES of them: more would take the room of the
+# kernel's staged dQ at head dim 128, sm90_bwd_layout.cuh), else one atomic add per element.
 GRAD_SITE_ELEM, GRAD_SITE_TILE, GRAD_SITE_DIAG = 0, 1, 2
-GRAD_DIAG_SITES = 4
+GRAD_DIAG_SITES = 3
 
 
 def grad_site_kinds(offsets) -> Tuple[int, ...]:

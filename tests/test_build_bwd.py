@@ -158,20 +158,23 @@ def test_sm90_backward_sums_captured_gradients_without_spills(tmp_path):
 
 
 @pytest.mark.requires_nvcc
-def test_sm90_backward_adds_dq_per_thread_where_the_bins_take_its_room(tmp_path):
-    """Four diagonal sites' bins at head dim 128 leave no room for the staged dQ (sm90_bwd_layout.cuh DQ_STAGED):
-    that kernel adds dQ per thread (red.global.add.v2.f32) and still builds; at head dim 64 it stages."""
-    tables = [torch.randn(4, 2 * NPOS - 1) for _ in range(4)]
+def test_sm90_backward_stages_dq_beside_the_most_gradient_bins(tmp_path):
+    """codegen.GRAD_DIAG_SITES diagonal sites' bins still leave room for the staged dQ at both head dims (the
+    kernel has no other dQ path): with one more table, the extra site is summed per element, and the kernel builds
+    and adds dQ by bulk reductions, never per thread."""
+    from attngen.codegen import GRAD_DIAG_SITES
 
-    def four_tables(s, b, h, q, kv):
+    tables = [torch.randn(4, 2 * NPOS - 1) for _ in range(GRAD_DIAG_SITES + 1)]
+
+    def many_tables(s, b, h, q, kv):
         return s + sum(t[h, q - kv + NPOS - 1] for t in tables)
 
-    inc = attngen.compile(score_mod=four_tables).spec(torch.bfloat16, 128, "sm_90a",
+    inc = attngen.compile(score_mod=many_tables).spec(torch.bfloat16, 128, "sm_90a",
                                                       kernel=SM90_BWD_KERNEL).variant_inc()
-    assert "#define ATTNGEN_GRAD_DIAG_SITES 4" in inc
+    assert f"#define ATTNGEN_GRAD_DIAG_SITES {GRAD_DIAG_SITES}" in inc
     from attngen.jit.toolchain import find_nvcc
 
-    for hd, staged in ((128, False), (64, True)):
+    for hd in (128, 64):
         d = tmp_path / f"h{hd}"
         d.mkdir()
         for name, text in {**render.headers(), **render.render_sources(inc, torch.bfloat16, hd, "sm_90a",
@@ -181,7 +184,7 @@ def test_sm90_backward_adds_dq_per_thread_where_the_bins_take_its_room(tmp_path)
         ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
                               str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True,
                              check=True).stdout
-        assert ("cp.reduce.async.bulk" in ptx) == staged and ("red.global.add.v2.f32" in ptx) != staged, hd
+        assert "cp.reduce.async.bulk" in ptx and "red.global.add.v2.f32" not in ptx, hd
 
 
 def test_captured_gradient_buffers_share_the_tensors_strides():

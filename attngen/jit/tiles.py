@@ -141,14 +141,17 @@ class Sm90BwdTiles:
     consumer_regs: int = 240
 
     def smem_bytes(self, head_dim: int) -> int:
-        """K, V; the Q / dO ring; two dS^T buffers; the row statistics per stage; mbarriers; alignment slack. Not
-        counted: the consumers' slots (32 bytes), a variant's gradient bins (sm90_bwd_layout.cuh, up to 34 KB with
-        4 diagonal sites), which its static_assert checks against the limit at build time, and the staged dQ
-        (32 KB at head dims 64 and 128), which the kernel keeps only where the rest leaves room (DQ_STAGED)."""
+        """K, V; the Q / dO ring; two dS^T buffers; the row statistics per stage; mbarriers; the consumers' staged
+        dQ (64 rows of a split of the head dim each, sm90_bwd_layout.cuh); alignment slack. Not counted: the
+        consumers' slots (32 bytes) and a variant's gradient bins (up to 26 KB with codegen.GRAD_DIAG_SITES = 3
+        diagonal sites), which the kernel's static_assert checks against the limit at build time."""
         kv = self.block_k * head_dim * 2
         q = self.block_q * head_dim * 2
+        consumers = self.block_k // 64
+        dq_n = head_dim // consumers if (head_dim // consumers) % 64 == 0 else head_dim
         return 1024 + 2 * kv + 2 * self.stages * q + 2 * self.block_k * self.block_q * 2 \
-            + self.stages * 2 * self.block_q * 4 + 8 * (1 + 2 * self.stages + 3 * (self.block_k // 64))
+            + self.stages * 2 * self.block_q * 4 + 8 * (1 + 2 * self.stages + 3 * consumers) \
+            + consumers * 64 * dq_n * 4
 
 
 # Head dim 256 has no sm90 backward (dK + dV of 64 rows x 256 columns take the consumers' registers): the sm80

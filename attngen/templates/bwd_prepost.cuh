@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __gr
 
 constexpr int POST_THREADS = 256;
 
-// dQ_acc as (B, Hq, Lq, D) row-major (bwd_sm80.cuh; bwd_sm90.cuh when it adds per thread). A main kernel that
+// dQ_acc as (B, Hq, Lq, D) row-major (bwd_sm80.cuh). A main kernel that
 // keeps another layout passes its own to the postprocess: load8 reads row r, columns col .. col + 7 of head bh.
 struct DqAccRowMajor {
   __device__ static void load8(const float* acc, long long bh, int r, int col, int Lq, float (&x)[8]) {

@@ -11,8 +11,8 @@
 //   dS^T = P^T (dP^T - delta) [* d score_mod / d score] (bwd_probs.cuh, one pass);
 //   dV += P^T dO and dK += dS^T Q (A from registers, B = dO / Q read MN-major);
 //   dS^T to shared memory, then dQ = dS K (both operands MN-major from shared memory), staged in shared memory
-//   for warp 1 + consumer of warpgroup 0 to add to the fp32 dQ_acc with one bulk reduction (or, where the
-//   room is taken, added by every thread with red.global.add.v2.f32); sm90_bwd_layout.cuh says how dQ is split;
+//   for warp 1 + consumer of warpgroup 0 to add to the fp32 dQ_acc with one bulk reduction;
+//   sm90_bwd_layout.cuh says how dQ is split;
 //   the gradients of captured tensors the call asks for summed per tile (bwd_grad_sites.cuh) under dQ's product.
 // dK is scaled once at the end, dQ in the postprocess. Configuration (Elem, D, BQ, BK, STAGES, kDtypeCode,
 // kArch) and variant.inc come from the including attngen_bwd.cu (templates/attngen_bwd.cu.j2).
@@ -109,10 +109,6 @@ __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
-__device__ __forceinline__ void red_add_v2(float* gmem, float x, float y) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(gmem), "f"(x), "f"(y) : "memory");
-}
-
 // dS^T (this thread's A fragments of the k16 steps over q) into buffer `ds`: row = kv row of the tile, 128
 // bytes of BQ = 64 q columns, 16-byte chunk c of row r at chunk c ^ (r % 8) (the 128-byte swizzle the MN-major
 // descriptor of dQ = dS K reads). Fragment k of a step: rows r0 / r0 + 8, columns 16 kk + 2 tig (+ 8).
@@ -124,20 +120,6 @@ __device__ __forceinline__ void store_ds(uint32_t ds, const uint32_t (&f)[KSTEPS
       const int row = r0 + (r & 1) * 8;
       const int chunk = 2 * kk + (r >> 1);  // 16-byte chunk: 8 q columns
       st_shared_b32(ds + row * 128 + ((chunk ^ (row & 7)) << 4) + tig * 4, f[kk][r]);
-    }
-  }
-}
-
-// dQ_acc rows q0 + (this thread's rows) += the 64 x DQ_N fragment dq at columns col0.., rows past QLEN skipped.
-__device__ __forceinline__ void add_dq(float* dq_head, int q0, int QLEN, int col0, const float (&dq)[NDQ], int r0,
-                                       int tig) {
-#pragma unroll
-  for (int rh = 0; rh < 2; ++rh) {
-    const int row = q0 + r0 + rh * 8;
-    if (row < QLEN) {
-      float* dst = dq_head + (long long)row * D + col0 + 2 * tig;
-#pragma unroll
-      for (int jj = 0; jj < DQ_N / 8; ++jj) red_add_v2(dst + jj * 8, dq[4 * jj + 2 * rh], dq[4 * jj + 2 * rh + 1]);
     }
   }
 }
@@ -164,24 +146,8 @@ __device__ __forceinline__ int dq_turn(const CapturedArgs& C, const TileArgs& t,
   return 2 * (p + 1);
 }
 
-__device__ __forceinline__ void dq_turn_wait(const int* sem, int value, int cw, int tid) {
-  if (tid == 0) {
-    int x;
-    do {
-      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(x) : "l"(sem) : "memory");
-    } while (x != value);
-  }
-  named_bar_sync(BAR_TURN + cw, 128);
-}
-
-__device__ __forceinline__ void dq_turn_pass(int* sem, int value, int cw, int tid) {
-  __threadfence();  // this thread's additions before the release below
-  named_bar_sync(BAR_TURN + cw, 128);
-  if (tid == 0) asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(sem), "r"(value) : "memory");
-}
-
 // ------------------------------------------------------------------------------------------- dQ writers
-// Warp 1 + cw of the producer warpgroup (DQ_STAGED): each time consumer cw has staged a q-block's dQ and named it
+// Warp 1 + cw of the producer warpgroup: each time consumer cw has staged a q-block's dQ and named it
 // in its slot (the tile (b, h, i) and the deterministic turn), one bulk reduction adds it to the tiled dQ_acc, and
 // the buffer goes back once the reduction has read it; dq_done ends the loop. The hand-overs are mbarriers
 // (dq_full, dq_done: the consumer's 4 warps; dq_empty: the writer), whose arrive / wait order the slot too. The
@@ -265,7 +231,6 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
   const uint32_t dq_ds_off = DQ_SPLIT_D ? 0u : (uint32_t)(cw * 64 * 128);
   const uint64_t desc_kt = DQ_SPLIT_D ? make_smem_desc_sw128(sm.k() + cw * (DQ_N / 64) * KV_BLOCK_BYTES, KV_BLOCK_BYTES, 1024)
                                       : make_smem_desc_sw128(sm.k() + cw * 64 * 128, KV_BLOCK_BYTES, 1024);
-  const int dq_col0 = DQ_SPLIT_D ? cw * DQ_N : 0;
 
   float dk[NKV], dv[NKV];
 #pragma unroll
@@ -293,7 +258,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
   int stage = 0;
   uint32_t phase = 0;
   int n = 0;  // q-blocks done: the dS^T buffer
-  uint32_t dq_phase = 0;  // the parity of the staged dQ's hand-overs (DQ_STAGED)
+  uint32_t dq_phase = 0;  // the parity of the staged dQ's hand-overs
   for (QStep s = first_q_tile(a, c); s.h < c.h_end; s = following_q_tile(a, c, s), ++n) {
     if (s.h != ctx_h) {  // a new query head: its HeadCtx and this thread's kv rows' ColCtx
       ctx_h = s.h;
@@ -367,31 +332,21 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
     fence_regs(da);
     __syncwarp();  // every lane's reads of this slot's statistics before lane 0 releases it
     if (lane == 0) mbar_arrive(sm.empty(stage));  // Q, dO and the statistics of this slot are read
-    if (DQ_STAGED) {
-      mbar_wait(sm.dq_empty(cw), dq_phase ^ 1u);  // the writer's last reduction has read the buffer
-      stage_dq(sm.dq(cw), dq, tid);
-      if (tid == 0) {
-        sm.dq_tile(cw)[0] = ((long long)c.b * a.Hq + s.h) * ((t.QLEN + BQ - 1) / BQ) + s.i;
-        if (a.dq_semaphore != nullptr) sm.turn(cw)[1] = sm.turn(cw)[0];
-      }
-      fence_proxy_async_smem();  // generic stores, read by the bulk reduction (the async proxy)
-      __syncwarp();
-      if (lane == 0) mbar_arrive(sm.dq_full(cw));
-      dq_phase ^= 1u;
-    } else {
-      int* const sem = a.dq_semaphore == nullptr ? nullptr
-                     : a.dq_semaphore + ((long long)c.b * a.Hq + s.h) * ((t.QLEN + BQ - 1) / BQ) + s.i;
-      const int turn = sem != nullptr && tid == 0 ? sm.turn(cw)[0] : 0;
-      if (sem != nullptr) dq_turn_wait(sem, turn + cw, cw, tid);
-      add_dq(a.dq_accum + ((long long)c.b * a.Hq + s.h) * t.QLEN * D, q0, t.QLEN, dq_col0, dq, r0, tig);
-      if (sem != nullptr) dq_turn_pass(sem, cw == 0 ? turn + 1 : 2 * (c.j + 1), cw, tid);
+    mbar_wait(sm.dq_empty(cw), dq_phase ^ 1u);  // the writer's last reduction has read the buffer
+    stage_dq(sm.dq(cw), dq, tid);
+    if (tid == 0) {
+      sm.dq_tile(cw)[0] = ((long long)c.b * a.Hq + s.h) * ((t.QLEN + BQ - 1) / BQ) + s.i;
+      if (a.dq_semaphore != nullptr) sm.turn(cw)[1] = sm.turn(cw)[0];
     }
+    fence_proxy_async_smem();  // generic stores, read by the bulk reduction (the async proxy)
+    __syncwarp();
+    if (lane == 0) mbar_arrive(sm.dq_full(cw));
+    dq_phase ^= 1u;
     advance(stage, phase);
   }
-  if (DQ_STAGED) {  // the walk is over: once the writer has taken the last staged dQ, it stops
-    mbar_wait(sm.dq_empty(cw), dq_phase ^ 1u);
-    if (lane == 0) mbar_arrive(sm.dq_done(cw));
-  }
+  // the walk is over: once the writer has taken the last staged dQ, it stops
+  mbar_wait(sm.dq_empty(cw), dq_phase ^ 1u);
+  if (lane == 0) mbar_arrive(sm.dq_done(cw));
 
   store_kv_grad(a.dk, a.dk_stride, c.b, c.kvh, c.j * BK + cw * 64 + r0, t.KVLEN, dk, scale, tig);
   store_kv_grad(a.dv, a.dv_stride, c.b, c.kvh, c.j * BK + cw * 64 + r0, t.KVLEN, dv, 1.f, tig);
@@ -425,7 +380,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
   if (wg == 0) {
     setmaxnreg_dec<PRODUCER_REGS>();
     const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
-    if (DQ_STAGED && warp >= 1 && warp <= NUM_CONSUMERS) {
+    if (warp >= 1 && warp <= NUM_CONSUMERS) {
       write_dq(a, sm, warp - 1, (int)threadIdx.x & 31);
       return;
     }
@@ -462,8 +417,7 @@ int launch_bwd(const AttngenBwdArgs& a, cudaStream_t stream) {
     const dim3 grid((unsigned)nkb, (unsigned)a.Hkv, (unsigned)a.B);
     attngen_bwd_kernel<<<grid, NTHREADS, SMEM_BYTES, stream>>>(a, tm_q, tm_do, tm_k, tm_v);
   }
-  if (DQ_STAGED) launch_bwd_post<DqAccTiled>(a, sms, stream);
-  else launch_bwd_post<DqAccRowMajor>(a, sms, stream);
+  launch_bwd_post<DqAccTiled>(a, sms, stream);
   return (int)cudaGetLastError();
 }
 

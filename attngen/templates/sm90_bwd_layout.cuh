@@ -38,20 +38,19 @@ constexpr int DQ_N = DQ_SPLIT_D ? D / NUM_CONSUMERS : D;
 constexpr int DQ_KSTEPS = DQ_SPLIT_D ? BK / 16 : 64 / 16;
 constexpr int NDQ = DQ_N / 2;
 
-// dQ's path to the fp32 dQ_acc. Where shared memory allows, each consumer stages its 64 x DQ_N tile and a writer
-// warp adds it with one bulk reduction (the per-thread reductions queue on the load/store unit); dQ_acc is then
-// tiled: q-block i of head (b, h) is BQ * D contiguous floats at ((b * Hq + h) * Lq_pad + i * BQ) * D, in which
-// chunk c (a consumer's DQ_N columns; 0 at D = 64) is 64 * DQ_N floats in the accumulator's thread order,
-// [DQ_N / 8][128 threads][4]: float4 v of thread t holds rows r, r + 8 (r = 16 (t / 32) + t % 32 / 4) at columns
-// c DQ_N + 8 v + 2 (t % 4) + {0, 1} (dq_tile_offset). Otherwise (a variant's gradient bins take the room) every
-// thread adds its elements to a row-major dQ_acc (B, Hq, Lq, D).
+// dQ's path to the fp32 dQ_acc: each consumer stages its 64 x DQ_N tile and a writer warp adds it with one bulk
+// reduction (per-thread reductions queue on the load/store unit). dQ_acc is tiled: q-block i of head (b, h) is
+// BQ * D contiguous floats at ((b * Hq + h) * Lq_pad + i * BQ) * D, in which chunk c (a consumer's DQ_N columns;
+// 0 at D = 64) is 64 * DQ_N floats in the accumulator's thread order, [DQ_N / 8][128 threads][4]: float4 v of
+// thread t holds rows r, r + 8 (r = 16 (t / 32) + t % 32 / 4) at columns c DQ_N + 8 v + 2 (t % 4) + {0, 1}
+// (dq_tile_offset).
 constexpr int DQ_STAGE_BYTES = 64 * DQ_N * 4;  // one consumer's staged dQ
 constexpr int DQ_CHUNK = DQ_SPLIT_D ? 1 : 0;   // the chunk of consumer cw is DQ_CHUNK * cw
 
 // Shared memory (offsets from a 1024-byte aligned base; tiles are multiples of 1024 bytes, so every 8-row
 // swizzle atom is 1024-aligned as the descriptors' base offset 0 requires):
 //   K | V | Q [STAGES] | dO [STAGES] | dS^T [2] | row statistics [STAGES] | gradient bins | turns | mbarriers
-//   | staged dQ [NUM_CONSUMERS] (DQ_STAGED)
+//   | staged dQ [NUM_CONSUMERS]
 // dS^T is double-buffered so that one consumer may write the next q-block's while the other still reads
 // this one's in dQ = dS K. The gradient bins (bwd_grad_sites.cuh; none without diagonal sites) are too, per
 // consumer: a tile's bins are emptied after the barrier that follows it, the next tile fills the other ones.
@@ -68,13 +67,11 @@ constexpr int OFF_BAR = OFF_TURN + 16 * NUM_CONSUMERS;
 // K and V loaded; per stage: Q, dO, statistics loaded / released; per consumer: its staged dQ written / read, its
 // walk over
 constexpr int NUM_MBARS = 1 + 2 * STAGES + 3 * NUM_CONSUMERS;
-constexpr int OFF_DQ = (OFF_BAR + NUM_MBARS * 8 + 127) / 128 * 128;  // the consumers' staged dQ, when it fits
-constexpr bool DQ_STAGED = 1024 /* alignment slack */ + OFF_DQ + NUM_CONSUMERS * DQ_STAGE_BYTES <= SMEM_LIMIT;
-constexpr int SMEM_BYTES = 1024 + (DQ_STAGED ? OFF_DQ + NUM_CONSUMERS * DQ_STAGE_BYTES : OFF_BAR + NUM_MBARS * 8);
+constexpr int OFF_DQ = (OFF_BAR + NUM_MBARS * 8 + 127) / 128 * 128;  // the consumers' staged dQ
+constexpr int SMEM_BYTES = 1024 /* alignment slack */ + OFF_DQ + NUM_CONSUMERS * DQ_STAGE_BYTES;
 
 constexpr uint32_t BAR_DS = 1;  // named barrier (0 is __syncthreads): dS^T written (+ consumer index at D = 64)
 constexpr uint32_t BAR_BINS = 3;  // + consumer index: the gradient bins zeroed before the first tile
-constexpr uint32_t BAR_TURN = 5;  // + consumer index: deterministic mode's turn to add dQ taken / passed
 
 static_assert(sizeof(Elem) == 2, "16-bit inputs only");
 static_assert(attngen_head_dim_supported(D), "head dim: one of ATTNGEN_HEAD_DIMS");
@@ -89,7 +86,8 @@ static_assert(OFF_STATS % 16 == 0 && OFF_TURN % 8 == 0 && OFF_BAR % 8 == 0,
 static_assert(OFF_DQ % 16 == 0 && DQ_STAGE_BYTES % 16 == 0, "bulk reductions read 16-byte aligned sources");
 static_assert(GRAD_ROWS == 64 && GRAD_ROWS + BQ - 1 <= GRAD_BINS, "a diagonal bin per diagonal of a consumer's tile");
 static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0 && DS_BYTES % 1024 == 0, "1024-aligned swizzle atoms");
-static_assert(SMEM_BYTES <= SMEM_LIMIT, "tiles do not fit in shared memory: lower STAGES");
+static_assert(SMEM_BYTES <= SMEM_LIMIT,
+              "tiles do not fit in shared memory: lower STAGES (or codegen.GRAD_DIAG_SITES, whose bins take room)");
 static_assert(2 * KV_BYTES < (1 << 20) && 2 * Q_BYTES + STATS_BYTES < (1 << 20), "mbarrier tx counts are 20-bit");
 // setmaxnreg.inc takes registers only from those the CTA's setmaxnreg.dec handed back (a shortfall blocks the
 // consumers for good): the budgets must fit what the CTA holds at entry, 168 per thread under
@@ -132,7 +130,7 @@ struct BwdSmem {
   __device__ uint32_t dq_done(int consumer) const { return bar(1 + 2 * STAGES + 2 * NUM_CONSUMERS + consumer); }
 };
 
-// Float offset in a tiled dQ_acc q-block (DQ_STAGED) of the element at tile row r (< 64), column col.
+// Float offset in a tiled dQ_acc q-block of the element at tile row r (< 64), column col.
 __host__ __device__ constexpr int dq_tile_offset(int r, int col) {
   const int c = DQ_SPLIT_D ? col / DQ_N : 0, cl = col - c * DQ_N;
   const int t = (r / 16) * 32 + (r % 8) * 4 + (cl % 8) / 2;
