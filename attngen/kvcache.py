@@ -238,25 +238,35 @@ def _check_pages(page_table, num_pages: int, page_size: int, starts: List[int], 
 
 def _check_no_shared_writes(locate: Locate, starts: List[int], L_new: int, slots_per_page: int, device) -> None:
     """A cache slot written by one sequence must not be read (or written) by another in the same call: a kernel
-    appends and attends per sequence in parallel, so the result would depend on timing."""
-    def slots(b, start, n):
-        major, minor = locate(b, _positions(start, n, device))
-        return major * slots_per_page + minor
-
-    if not starts:
+    appends and attends per sequence in parallel, so the result would depend on timing. Block by block (a page, or
+    a whole cache row), not slot by slot: sequence b reads the first min(U, s_b + L_new - j U) slots of its block j
+    and writes from slot max(s_b - j U, 0) on, so a write clashes with another sequence's read of the same block
+    exactly when that read reaches past the write's first slot."""
+    if not starts or not L_new:
         return
-    # a slot read by two sequences (a shared prefix page) is fine unless one of them writes it
-    read = torch.cat([torch.unique(slots(b, 0, s + L_new)) for b, s in enumerate(starts)])
-    uniq, counts = torch.unique(read, return_counts=True)
-    shared = uniq[counts > 1]
-    for b, s in enumerate(starts):
-        hit = torch.isin(slots(b, s, L_new), shared).nonzero()
-        if hit.numel():
-            pos = s + int(hit[0, 0])
-            slot = slots(b, pos, 1)
-            other = next(o for o, so in enumerate(starts) if o != b and torch.isin(slot, slots(o, 0, so + L_new)).any())
-            raise InputError(f"sequence {b} appends position {pos} into a cache slot that sequence {other} also uses "
-                             "in this call; give each sequence its own pages (or cache rows) for the keys it appends")
+    U = slots_per_page
+    ends = [s + L_new for s in starts]
+    counts = [-(-e // U) for e in ends]
+    seq = torch.repeat_interleave(torch.arange(len(starts), device=device), torch.tensor(counts, device=device))
+    j = torch.cat([torch.arange(n, device=device) for n in counts])
+    block = torch.cat([locate(b, torch.arange(n, device=device) * U)[0] for b, n in enumerate(counts)])
+    reach = (torch.tensor(ends, device=device)[seq] - j * U).clamp(max=U)  # slots [0, reach) read
+    first = (torch.tensor(starts, device=device)[seq] - j * U).clamp(min=0)  # slots [first, reach) written
+    written = first < reach
+    # only blocks listed more than once can clash
+    uniq, listed = torch.unique(block, return_counts=True)
+    shared = torch.isin(block, uniq[listed > 1])
+    w, r = (written & shared).nonzero()[:, 0], shared.nonzero()[:, 0]
+    if not w.numel():
+        return
+    clash = (block[w, None] == block[None, r]) & (seq[w, None] != seq[None, r]) & (reach[None, r] > first[w, None])
+    hits = clash.any(1).nonzero()
+    if hits.numel():
+        k = int(hits[0, 0])  # entries are in (sequence, block) order: the first clash of the first sequence
+        b, pos = int(seq[w[k]]), int(j[w[k]]) * U + int(first[w[k]])
+        other = int(seq[r[clash[k].nonzero()[0, 0]]])
+        raise InputError(f"sequence {b} appends position {pos} into a cache slot that sequence {other} also uses "
+                         "in this call; give each sequence its own pages (or cache rows) for the keys it appends")
 
 
 def _with_kvcache_kernel(attn, q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos, rotary_sin,

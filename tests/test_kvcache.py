@@ -584,3 +584,46 @@ def test_kernel_path_under_capture_needs_tables_for_the_whole_cache(kernel_path)
     run(attngen.compile(causal=True), capturing=True, q=q, k_cache=kc, v_cache=vc, k=k, v=v, cache_seqlens=lens,
         rotary_cos=full[0], rotary_sin=full[1])
     assert len(launches) == 2
+
+
+def test_shared_write_check_agrees_with_slot_by_slot():
+    """kvcache._check_no_shared_writes works block by block; on random paged and row-selected caches with shared
+    blocks it raises exactly when, and for the same (sequence, position, other sequence) as, a slot-by-slot scan."""
+    from attngen.kvcache import _check_no_shared_writes, _contiguous_layout, _paged_layout
+
+    def brute(locate, starts, L_new, U):
+        slots = [set((locate(b, torch.arange(s + L_new))[0] * U + locate(b, torch.arange(s + L_new))[1]).tolist())
+                 for b, s in enumerate(starts)]
+        for b, s in enumerate(starts):
+            for pos in range(s, s + L_new):
+                slot = int(locate(b, torch.tensor([pos]))[0] * U + locate(b, torch.tensor([pos]))[1])
+                others = [o for o in range(len(starts)) if o != b and slot in slots[o]]
+                if others:
+                    return b, pos, others[0]
+        return None
+
+    gen = torch.Generator().manual_seed(5)
+    cpu = torch.device("cpu")
+    raised = 0
+    for trial in range(200):
+        B, U, L_new = 3, int(torch.randint(1, 5, (1,), generator=gen)), int(torch.randint(1, 4, (1,), generator=gen))
+        starts = torch.randint(0, 3 * U, (B,), generator=gen).tolist()
+        if trial % 2:  # pages drawn from a small pool: some shared across sequences (never twice in one row)
+            pages = -(-(max(starts) + L_new) // U)
+            table = torch.stack([torch.randperm(2 * pages, generator=gen)[:pages] for _ in range(B)]).int()
+            locate, _ = _paged_layout(B, cpu, torch.zeros(2 * pages, 1, U, 1), table, None)
+            unit = U
+        else:  # cache rows chosen per sequence, some chosen twice
+            rows = torch.randint(0, B, (B,), generator=gen).int()
+            k_cache = torch.zeros(B, 1, 3 * U + L_new, 1)
+            locate, unit = _contiguous_layout(B, cpu, k_cache, rows)
+        want = brute(locate, starts, L_new, unit)
+        if want is None:
+            _check_no_shared_writes(locate, starts, L_new, unit, cpu)
+        else:
+            raised += 1
+            b, pos, other = want
+            with pytest.raises(InputError, match=f"sequence {b} appends position {pos} into a cache slot that "
+                                                 f"sequence {other} also uses"):
+                _check_no_shared_writes(locate, starts, L_new, unit, cpu)
+    assert 20 < raised < 180  # both outcomes drawn often
