@@ -418,3 +418,15 @@ def test_signature_covers_the_generator_sources(tmp_path, monkeypatch):
         render.generator_hash.cache_clear()
     assert after != before
     assert cache_key(attn.spec(torch.bfloat16, 128, "sm_90a", "sm90").fields()) == before
+
+
+def test_spill_bytes_of_one_entry_among_a_librarys_kernels():
+    """The forward library also compiles the decode kernels: the spill ladder reads its own kernel's spills only."""
+    out = ("ptxas info    : Function properties for _ZN12_GLOBAL__N_118attngen_fwd_kernelE14AttngenFwdArgs\n"
+           "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Function properties for _ZN12_GLOBAL__N_121attngen_decode_kernelE17AttngenDecodeArgs\n"
+           "    8 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n")
+    assert ninja.ptxas_spill_bytes(out) == 20
+    assert ninja.ptxas_spill_bytes(out, "attngen_fwd_kernel") == 0
+    assert ninja.ptxas_spill_bytes(out, "attngen_decode_kernel") == 20
+    assert ninja.ptxas_spill_bytes(out, "attngen_bwd_kernel") is None and ninja.ptxas_spill_bytes("") is None

@@ -133,7 +133,11 @@ def run_ninja(build_dir: Union[str, Path], jobs: Optional[int] = None, targets: 
     return out
 
 
-def ptxas_spill_bytes(output: str) -> Optional[int]:
-    """Spill store + load bytes in `-Xptxas -v` output (one kernel per library); None without a report."""
-    found = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", output)
+def ptxas_spill_bytes(output: str, entry: Optional[str] = None) -> Optional[int]:
+    """Spill store + load bytes in `-Xptxas -v` output, over every function or over those whose (mangled) name
+    contains ``entry`` (a library compiles several kernels: the forward's also holds the decode kernels); None
+    without a report."""
+    found = re.findall(r"Function properties for (\w+)\s+\d+ bytes stack frame, (\d+) bytes spill stores, "
+                       r"(\d+) bytes spill loads", output)
+    found = [(a, b) for name, a, b in found if entry is None or entry in name]
     return sum(int(a) + int(b) for a, b in found) if found else None

@@ -243,7 +243,9 @@ def build_first_without_spills(build_dir: Path, variant_inc: str, dtype, head_di
         sources = render_sources(variant_inc, dtype, head_dim, arch, tiles=tiles, kernel=kernel)
         write_build_ninja(d, sources, arch, ["-Xptxas", "-v"],
                           library=library_name(kernel))
-        return ptxas_spill_bytes(run_ninja(d)) or 0
+        # the spills of the kernel the ladder tunes, not of the library's other kernels (decode, pre / post)
+        return ptxas_spill_bytes(run_ninja(d), "attngen_bwd_kernel" if kernel == SM90_BWD_KERNEL
+                                 else "attngen_fwd_kernel") or 0
 
     spill = build_in(build_dir, ladder[0])
     if spill == 0 or len(ladder) == 1:
