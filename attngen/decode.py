@@ -21,8 +21,8 @@ from typing import Optional, Sequence
 import torch
 
 from .launch import (_NO_PARAMS, _PACK_TAIL, _ZERO_TAIL, AttngenKernelInfo, CapturedArgs, _Library, _capable_devices,
-                     _captured_fields, _check_capability, _raw_stream, check_debug_record, debug_record,
-                     launch_failed, load_family_library)
+                     _captured_fields, _check_capability, check_debug_record, debug_record,
+                     call_on, launch_failed, load_family_library)
 
 DECODE_ABI_VERSION = 1  # ATTNGEN_DECODE_ABI_VERSION (templates/attngen_decode_abi.cuh)
 
@@ -71,12 +71,6 @@ class DecodeLibrary(_Library):
         self._heads_fn.argtypes = [ctypes.c_int]
         self._heads_fn.restype = ctypes.c_int
         self._heads = {}
-        # debug builds (ATTNGEN_DEBUG=1) export the captured slot of their bounds record; None otherwise
-        slot = getattr(handle, "attngen_debug_slot", None)
-        self.debug_slot = None
-        if slot is not None:
-            slot.argtypes, slot.restype = [], ctypes.c_int
-            self.debug_slot = int(slot())
 
     def heads_per_cta(self, group: int) -> int:
         """Query heads of one kv head a CTA walks together for a GQA group of ``group`` heads (1 when the variant's
@@ -173,8 +167,7 @@ def decode(lib: DecodeLibrary, q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     tail = (_PACK_TAIL.pack(*_captured_fields(q.device, list(captured) + ([record] if record is not None else []),
                                               (), params or _NO_PARAMS))
             if captured or params else _ZERO_TAIL)
-    with torch.cuda.device(dev):
-        rc = lib._decode(head + tail, _raw_stream(dev))
+    rc = call_on(dev, lib._decode, head + tail)
     if rc != 0:
         raise launch_failed(lib, "KV-cache attention kernel", rc,
                             f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, {q.dtype}, on {q.device}, "

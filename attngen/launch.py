@@ -108,6 +108,13 @@ class _Library:
         self._err = handle.attngen_error_string
         self._err.argtypes = [ctypes.c_int]
         self._err.restype = ctypes.c_char_p
+        # debug builds (ATTNGEN_DEBUG=1) export the captured slot of their bounds record; None otherwise
+        self.debug_slot = None
+        debug_slot_fn = getattr(handle, "attngen_debug_slot", None)
+        if debug_slot_fn is not None:
+            debug_slot_fn.argtypes = []
+            debug_slot_fn.restype = ctypes.c_int
+            self.debug_slot = int(debug_slot_fn())
 
     def error_string(self, code: int) -> str:
         s = self._err(int(code))
@@ -126,13 +133,6 @@ class KernelLibrary(_Library):
         self._fwd = handle.attngen_fwd
         self._fwd.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
         self._fwd.restype = ctypes.c_int
-        # debug builds (ATTNGEN_DEBUG=1) export the captured slot of their bounds record; None otherwise
-        self.debug_slot = None
-        debug_slot_fn = getattr(handle, "attngen_debug_slot", None)
-        if debug_slot_fn is not None:
-            debug_slot_fn.argtypes = []
-            debug_slot_fn.restype = ctypes.c_int
-            self.debug_slot = int(debug_slot_fn())
 
     def launch(self, packed_args: bytes, stream: int) -> int:
         """attngen_fwd on a packed AttngenFwdArgs (see _PACK); returns the cudaError_t code."""
@@ -457,13 +457,7 @@ def forward(
         packed = head + _PACK_TAIL.pack(*_captured_fields(q.device, captured, summaries, params or _NO_PARAMS))
     else:
         packed = head + _ZERO_TAIL
-    # lib._fwd is lib.launch without the method call: this is the per-call hot path
-    if dev == _current_device():
-        rc = lib._fwd(packed, _raw_stream(dev))
-    else:
-        # The library's (static) CUDA runtime launches into the thread's current context: make it q's.
-        with torch.cuda.device(dev):
-            rc = lib._fwd(packed, _raw_stream(dev))
+    rc = call_on(dev, lib._fwd, packed)  # lib._fwd is lib.launch without the method call: the per-call hot path
     if rc == ERROR_SCALE_NOT_POSITIVE:
         # The SM90 kernel of a variant without score_mod takes the row max over raw q.k (the scale is
         # folded into the exponent), which needs scale > 0. Both rewrites are exact: softmax(s * qk)
@@ -475,6 +469,15 @@ def forward(
         raise launch_failed(lib, "attention kernel", rc,
                             f"q {tuple(q.shape)}, k {tuple(k.shape)}, {q.dtype}, on {q.device}")
     return (out, lse) if return_lse else out
+
+
+def call_on(dev: int, entry, packed: bytes) -> int:
+    """A library entry point on packed arguments and device dev's current stream. The library's (static) CUDA runtime
+    launches into the thread's current context: dev's is made current first when it is not already."""
+    if dev == _current_device():
+        return entry(packed, _raw_stream(dev))
+    with torch.cuda.device(dev):
+        return entry(packed, _raw_stream(dev))
 
 
 def launch_failed(lib, kernel: str, rc: int, inputs: str) -> KernelLaunchError:
@@ -637,8 +640,7 @@ def backward(
     sem = torch.zeros((B, Hq, lq_pad // lib.block_q), dtype=torch.int32, device=q.device) if deterministic else None
     options = _PACK_BWD_OPTIONS.pack(*[0 if g is None else g.data_ptr() for g in dcaptured],
                                      *[0] * (MAX_CAPTURED - len(dcaptured)), 0 if sem is None else sem.data_ptr())
-    with torch.cuda.device(dev):
-        rc = lib._bwd(head + tail + options, _raw_stream(dev))
+    rc = call_on(dev, lib._bwd, head + tail + options)
     if rc != 0:
         raise launch_failed(lib, "attention backward kernel", rc,
                             f"q {tuple(q.shape)}, k {tuple(k.shape)}, {q.dtype}, on {q.device}")
