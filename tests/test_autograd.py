@@ -449,3 +449,28 @@ def test_captured_atomics_follow_torch_deterministic_policy():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ag._alert_captured_atomics()  # once per process
+
+
+def test_deterministic_where_the_kernel_does_not_apply():
+    """deterministic=True (or torch's deterministic flag) off the sm90 kernel (here: CPU tensors) takes the recompute,
+    which is deterministic already: the gradients of q, k, v and of a captured table are those of the plain
+    variant, bit for bit, and the same on every run."""
+    plain = data().variants["relpos"]
+    det = attngen.compile(score_mod=plain.variant.score_mod, deterministic=True)
+    assert det.deterministic and not plain.deterministic
+    shape = CASES["relpos"]
+    table = data().table
+
+    def grads(attn):
+        q, k, v = (t.detach().requires_grad_() for t in _inputs(shape, torch.float64))
+        out = attn(q, k, v, q_offset=shape[-1])
+        return torch.autograd.grad(out.square().sum(), (q, k, v, table))
+
+    want = grads(plain)
+    for _ in range(2):
+        assert all(torch.equal(a, b) for a, b in zip(grads(det), want))
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert all(torch.equal(a, b) for a, b in zip(grads(plain), want))
+    finally:
+        torch.use_deterministic_algorithms(False)

@@ -97,7 +97,8 @@ def _worker(rank, world, init_file, failures):
 
     faulthandler.enable()  # a native abort in a rank prints where it was
 
-    os.environ.setdefault("ATTNGEN_CACHE_DIR", tempfile.mkdtemp())
+    if "ATTNGEN_CACHE_DIR" not in os.environ:  # inherited from the test session's isolated one, normally
+        os.environ["ATTNGEN_CACHE_DIR"] = tempfile.mkdtemp()
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))  # a mismatched round fails, not hangs
     try:

@@ -1,9 +1,10 @@
 """Deterministic backward (``attngen.compile(..., deterministic=True)`` or torch.use_deterministic_algorithms): the
 sm90 kernel adds dQ in kv-block order (bwd_sm90.cuh's dq_turn), so dq, dk, dv are bit-identical over repeated
 runs, for masks whose kv blocks visit a q block in runs with gaps (document ids, a union with global tokens), GQA,
-head dims 64 and 128, and still match float64 as the plain backward does. The plain backward, whose dQ atomics
-land in any order, is run alongside and its run-to-run differences printed: they show the test would see
-nondeterminism.
+head dims 64 and 128, and still match float64 as the plain backward does. The plain backward, whose dQ additions
+land in any order, is run alongside and its run-to-run differences printed (session 11: 4, 4, 2, 4 and 0 of 4 runs
+differed), as evidence that repeated runs can differ at all; they are not asserted (a plain run may happen to
+repeat itself). A CPU test (tests/test_autograd.py) covers deterministic=True where the kernel does not apply.
 """
 import functools
 import math
@@ -71,7 +72,7 @@ def test_deterministic_backward_is_bit_identical(case, monkeypatch):
         again = _grads(det, q, k, v, dout)
         for n, a, b in zip("q k v".split(), first, again):
             assert torch.equal(a, b), f"{name}: d{n} differs between deterministic runs"
-    assert all(r is not None for r in ran), "the sm90 kernel ran, not the float32 recompute"
+    assert len(ran) == 5 and all(r is not None for r in ran), "the sm90 kernel ran, not the float32 recompute"
 
     plain = variants(False)[name]
     runs = [_grads(plain, q, k, v, dout)[0] for _ in range(5)]
