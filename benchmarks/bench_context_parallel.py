@@ -24,23 +24,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_forward as bf  # noqa: E402  (the anchors' variants, the result files)
 
 VARIANTS = ["causal", "sliding_window", "document"]
 
 
-def make(key: str, S: int, device):
-    import torch
-
+def make(key: str, S: int, H: int, device):
+    """attngen's attention for a variant key: bench_forward.py's anchors, but a sliding window of 4096 (a quarter of
+    the sequence when that is shorter), the width long-context runs use."""
     import attngen
 
-    if key == "causal":
-        return attngen.compile(causal=True)
     if key == "sliding_window":
-        return attngen.compile(window=4096)
-    if key == "document":  # 8 documents of ~S / 8, sorted ids (the anchors' definition)
-        ids = torch.randint(0, 8, (S,), generator=torch.Generator().manual_seed(0)).sort().values
-        return attngen.compile(mask_mod=attngen.document(ids.to(torch.int32).to(device)))
-    raise KeyError(key)
+        return attngen.compile(window=min(4096, S // 4))
+    return bf.make_attngen(*bf.make_variant(key, S, H, device))
 
 
 def join_group(cpu: bool):
@@ -100,7 +98,7 @@ def main(argv=None):
     q, k, v, dout = (torch.randn(B, H, S, D, generator=gen).to(device, dtype) for _ in range(4))
     rows = []
     for key in args.variants:
-        attn = make(key, S, device)
+        attn = make(key, S, H, device)
         row = {"variant": key, "B": B, "H": H, "S": S, "D": D, "world": world}
         local = [shard_sequence(t, layout="zigzag").requires_grad_() for t in (q, k, v)]
         dlocal = shard_sequence(dout, layout="zigzag")
@@ -130,7 +128,7 @@ def main(argv=None):
             rows.append(row)
             print(json.dumps(row), flush=True)
     if rank == 0:
-        write(args.out, rows)
+        bf.write_results(args.out, "context_parallel", args, rows, table(rows))
     dist.destroy_process_group()
 
 
@@ -175,11 +173,7 @@ def torch_cp(q, k, v, dout, world: int, reps: int) -> dict:
         return {"torch_cp_error": f"{type(e).__name__}: {e}"[:300]}
 
 
-def write(out_dir: str, rows) -> None:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"context_parallel-{stamp}.json").write_text(json.dumps(rows, indent=1))
+def table(rows) -> str:
     lines = ["| variant | ranks | S | one GPU s | context parallel s | per-GPU ÷ one GPU | torch CP s | max abs diff | "
              "pairs computed / skipped (rank 0) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -188,8 +182,7 @@ def write(out_dir: str, rows) -> None:
                      f"{r['cp_s']:.4f} | {'' if eff is None else f'{eff:.2f}'} | "
                      f"{r.get('torch_cp_s', r.get('torch_cp_error', '–'))} | {r.get('max_abs_diff_vs_one_gpu', 0):.2e} | "
                      f"{r['stats']['pairs_computed']} / {r['stats']['pairs_skipped']} |")
-    (out / f"context_parallel-{stamp}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

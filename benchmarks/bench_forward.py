@@ -38,6 +38,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
@@ -232,17 +233,19 @@ def _free():
     torch.cuda.empty_cache()
 
 
-def write_results(out_dir, prefix: str, args, rows, md: str) -> None:
-    """<prefix>-<stamp>.md (the run's meta line, then the table) and .json (meta and rows) in out_dir, and the
-    table on stdout: the result files of bench_training.py and bench_decode.py."""
+def write_results(out_dir, prefix: str, args, rows, md: str, extra: Optional[dict] = None) -> None:
+    """<prefix>-<stamp>.md (the run's meta line, then the table) and .json (meta, rows and ``extra``'s entries) in
+    out_dir, and the table on stdout: the result files of every benchmark script."""
     import torch
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    meta = {"date": stamp, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args)}
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    meta = {"date": stamp, "device": device, "torch": torch.__version__, "args": vars(args)}
     (out / f"{prefix}-{stamp}.md").write_text(f"{meta}\n\n{md}")
-    (out / f"{prefix}-{stamp}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    (out / f"{prefix}-{stamp}.json").write_text(json.dumps({"meta": meta, "rows": rows, **(extra or {})}, indent=1,
+                                                           default=str))
     print(md)
 
 

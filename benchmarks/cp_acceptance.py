@@ -15,52 +15,40 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_context_parallel import join_group  # noqa: E402
+import bench_forward as bf  # noqa: E402  (the result files)
+from bench_context_parallel import join_group, make  # noqa: E402
 
 VARIANTS = ["causal", "sliding_window", "softcap_causal", "document", "relpos_learnable"]
 ATOL = 1e-3  # slack where both errors are tiny (rows whose gradient is near zero)
 
 
-def make(key: str, S: int, H: int, device):
+def make_judged(key: str, S: int, H: int, device):
     """(compiled attention, the same variant for the float64 reference, the learnable leaves and their float64
-    twins): the reference reads float64 copies of captured tensors, so its gradient is the golden one."""
+    twins): bench_context_parallel.make's variants, and a learnable relative-position table, which the reference
+    reads as a float64 copy so that its gradient is the golden one."""
     import torch
 
     import attngen
 
-    if key == "causal":
-        a = attngen.compile(causal=True)
+    if key != "relpos_learnable":
+        a = make(key, S, H, device)
         return a, a, [], []
-    if key == "sliding_window":
-        a = attngen.compile(window=min(4096, S // 4))
-        return a, a, [], []
-    if key == "softcap_causal":
-        a = attngen.compile(softcap=30.0, causal=True)
-        return a, a, [], []
-    if key == "document":  # 8 documents of ~S / 8, sorted ids (the anchors' definition)
-        ids = torch.randint(0, 8, (S,), generator=torch.Generator().manual_seed(0)).sort().values
-        a = attngen.compile(mask_mod=attngen.document(ids.to(torch.int32).to(device)))
-        return a, a, [], []
-    if key == "relpos_learnable":
-        init = torch.randn(H, 2 * S - 1, generator=torch.Generator().manual_seed(1)) * 0.5
-        table = init.to(device).requires_grad_()
-        table64 = init.to(device, torch.float64).requires_grad_()
+    init = torch.randn(H, 2 * S - 1, generator=torch.Generator().manual_seed(1)) * 0.5
+    table = init.to(device).requires_grad_()
+    table64 = init.to(device, torch.float64).requires_grad_()
 
-        def relpos(t):
-            def score_mod(score, b, h, q_idx, kv_idx):
-                return score + t[h, q_idx - kv_idx + S - 1]
-            return score_mod
+    def relpos(t):
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + t[h, q_idx - kv_idx + S - 1]
+        return score_mod
 
-        return (attngen.compile(score_mod=relpos(table)), attngen.compile(score_mod=relpos(table64)), [table],
-                [table64])
-    raise KeyError(key)
+    return attngen.compile(score_mod=relpos(table)), attngen.compile(score_mod=relpos(table64)), [table], [table64]
 
 
 def main(argv=None):
@@ -86,7 +74,7 @@ def main(argv=None):
     q, k, v, dout = (torch.randn(B, H, S, D, generator=gen).to(device, dtype) for _ in range(4))
     rows, failed = [], 0
     for key in args.variants:
-        attn, attn64, leaves, leaves64 = make(key, S, H, device)
+        attn, attn64, leaves, leaves64 = make_judged(key, S, H, device)
         row = {"variant": key, "S": S, "world": world, "H": H, "D": D}
         local = [shard_sequence(t, layout="zigzag").requires_grad_() for t in (q, k, v)]
         out = context_parallel_attention(attn, *local, layout="zigzag")
@@ -121,24 +109,19 @@ def main(argv=None):
             rows.append(row)
         dist.barrier()
     if rank == 0:
-        write(args.out, rows)
+        bf.write_results(args.out, "cp_acceptance", args, rows, table(rows))
     dist.destroy_process_group()
     return 1 if failed else 0
 
 
-def write(out_dir: str, rows) -> None:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"cp_acceptance-{stamp}.json").write_text(json.dumps(rows, indent=1))
+def table(rows) -> str:
     lines = ["| variant | ranks | S | tensor | context-parallel err | one-GPU err | max abs ref | variant passes |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for n, e in r["errors"].items():
             lines.append(f"| {r['variant']} | {r['world']} | {r['S']} | {n} | {e['cp']:.3e} | {e['one_gpu']:.3e} | "
                          f"{e['ref_max']:.3e} | {'yes' if r['ok'] else 'NO'} |")
-    (out / f"cp_acceptance-{stamp}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

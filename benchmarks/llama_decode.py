@@ -37,8 +37,6 @@ up to new / (prompt + new) more keys than the valid prefix (11% at the defaults)
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import math
 import sys
 import time
@@ -50,10 +48,12 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "benchmarks"):  # run as a script from anywhere
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 import attngen  # noqa: E402
+from bench_forward import fmt as _fmt, write_results as _write_results  # noqa: E402
 
 
 # ---------------------------------------------------------------- the model
@@ -415,10 +415,6 @@ def compare(model: Llama, prompt: torch.Tensor, new: int, *, threshold: float = 
 
 # ---------------------------------------------------------------- the benchmark
 
-def _fmt(x, nd=1) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
-
-
 def table(rows: List[dict], agree: Agreement) -> str:
     lines = ["| backend | decode tokens/s | ms / step | prefill ms | end-to-end tokens/s | CUDA graph | ÷ SDPA |",
              "|---|---|---|---|---|---|---|"]
@@ -439,19 +435,6 @@ def table(rows: List[dict], agree: Agreement) -> str:
         f"| largest (SDPA best − SDPA of attngen's token) / std | {agree.max_regret:.4f} |",
     ]
     return "\n".join(lines) + "\n"
-
-
-def write_results(out_dir, args, rows, agree: Agreement, md: str) -> None:
-    """llama_decode-<stamp>.md (a meta line, then the tables) and .json in out_dir, as the other benchmarks."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    meta = {"date": stamp, "device": device, "torch": torch.__version__, "args": vars(args)}
-    (out / f"llama_decode-{stamp}.md").write_text(f"{meta}\n\n{md}")
-    (out / f"llama_decode-{stamp}.json").write_text(json.dumps(
-        {"meta": meta, "rows": rows, "agreement": {**vars(agree), "ok": agree.ok}}, indent=1, default=str))
-    print(md)
 
 
 def main(argv=None):
@@ -493,7 +476,8 @@ def main(argv=None):
         rows["attngen"]["attngen_over_sdpa"] = ours / sdpa
     for row in rows.values():
         print(f"[{row['backend']}] {row}", flush=True)
-    write_results(args.out, args, list(rows.values()), agree, table(list(rows.values()), agree))
+    _write_results(args.out, "llama_decode", args, list(rows.values()), table(list(rows.values()), agree),
+                   extra={"agreement": {**vars(agree), "ok": agree.ok}})
     return 0 if agree.ok else 1
 
 
