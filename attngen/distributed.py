@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from .errors import InputError
-from .mods import MaskMod, ScoreMod, Variant
+from .sequences import shifted_variant
 from .params import param
 from .reference import compute_dtype
 
@@ -135,9 +135,6 @@ class _Plan:
         mine, theirs = _held(dst, self.world, self.layout), _held(src, self.world, self.layout)
         return any(bool(self.live[i, j]) for i in mine for j in theirs)
 
-    def total_pairs(self) -> int:
-        return self.world * len(_held(0, self.world, self.layout)) ** 2
-
 
 _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -182,11 +179,7 @@ def _shifted(attn):
         from .frontend import CompiledAttention
 
         start = param("cp_kv_start", 0, minimum=0)
-        sm, mm = attn.variant.score_mod, attn.variant.mask_mod
-        variant = Variant(
-            score_mod=None if sm is None else ScoreMod(lambda s, b, h, q, kv: sm(s, b, h, q, kv + start), sm._name),
-            mask_mod=None if mm is None else MaskMod(lambda b, h, q, kv: mm(b, h, q, kv + start), mm._name),
-        )
+        variant = shifted_variant(attn.variant, kv0=start)
         _SHIFTED[attn] = (CompiledAttention(variant, backend=attn.backend, fast_math=attn.fast_math,
                                             deterministic=attn.deterministic), start)
     return _SHIFTED[attn]
@@ -360,8 +353,7 @@ def context_parallel_attention(attn, q: torch.Tensor, k: torch.Tensor, v: torch.
                              tuple(p.param.value for p in attn.facts.params), plan.live.flatten().tolist()))
     shifted, start = _shifted(attn)
     base = {id(p.param): float(p.param.value) for p in shifted.facts.params}
-    out, lse = _CPAttention.apply(q, k, v, shifted, start, base, plan, exchange, group, scale, len(captured),
-                                  *captured)
+    out, lse = _CPAttention.apply(q, k, v, shifted, start, base, plan, exchange, group, scale, *captured)
     return (out, lse) if return_lse else out
 
 
@@ -409,7 +401,7 @@ def _agree(group, like: torch.Tensor, world: int, facts: tuple) -> None:
 
 class _CPAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, shifted, start, base, plan, exchange, group, scale, n_cap, *captured):
+    def forward(ctx, q, k, v, shifted, start, base, plan, exchange, group, scale, *captured):
         global _STATS
         _STATS = CPStats()
         chunk = plan.chunk
@@ -440,18 +432,18 @@ class _CPAttention(torch.autograd.Function):
             ring.finish()  # no message left in flight, also when a pair raised
         out = out_acc.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse_acc, *captured)
-        ctx.setup = (shifted, start, base, plan, exchange, group, scale, n_cap)
+        ctx.setup = (shifted, start, base, plan, exchange, group, scale)
         ctx.set_materialize_grads(False)  # dlse None unless the LSE enters the loss: the kernels' common case
         return out, lse_acc
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, *captured = ctx.saved_tensors
-        shifted, start, base, plan, exchange, group, scale, n_cap = ctx.setup
+        shifted, start, base, plan, exchange, group, scale = ctx.setup
         chunk = plan.chunk
         acc = compute_dtype(q.dtype)
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
-        needs = [True, True, True] + [bool(n) for n in ctx.needs_input_grad[11:]]
+        needs = [True, True, True] + [bool(n) for n in ctx.needs_input_grad[10:]]  # the captured tensors'
         dq = torch.zeros_like(q, dtype=acc)
         dcap = [torch.zeros_like(c, dtype=acc) if n and c.dtype.is_floating_point else None
                 for c, n in zip(captured, needs[3:])]
@@ -485,6 +477,6 @@ class _CPAttention(torch.autograd.Function):
         finally:
             ring.finish()
         grads = [dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)]
-        grads += [None] * 8  # shifted, start, base, plan, exchange, group, scale, n_cap
+        grads += [None] * 7  # shifted, start, base, plan, exchange, group, scale
         grads += [None if d is None else d.to(c.dtype) for d, c in zip(dcap, captured)]
         return tuple(grads)

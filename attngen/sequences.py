@@ -53,15 +53,16 @@ def check_bool(name: str, value) -> bool:
     return value
 
 
-def shifted_variant(variant: Variant, b0: int) -> Variant:
-    """``variant`` with its mods called at batch index ``b + b0``: the variant seen by sequence ``b0`` when it
-    runs as a batch of one."""
-    if b0 == 0:
+def shifted_variant(variant: Variant, b0: int = 0, kv0=0) -> Variant:
+    """``variant`` with its mods called at batch index ``b + b0`` and key index ``kv + kv0``: the variant seen by
+    sequence ``b0`` when it runs as a batch of one, or by a chunk of keys that starts at ``kv0`` (an int, or a
+    runtime parameter: one build for every chunk, attngen.distributed)."""
+    if isinstance(kv0, int) and b0 == 0 and kv0 == 0:
         return variant
     sm, mm = variant.score_mod, variant.mask_mod
     return Variant(
-        score_mod=None if sm is None else ScoreMod(lambda s, b, h, q, kv: sm(s, b + b0, h, q, kv), sm._name),
-        mask_mod=None if mm is None else MaskMod(lambda b, h, q, kv: mm(b + b0, h, q, kv), mm._name),
+        score_mod=None if sm is None else ScoreMod(lambda s, b, h, q, kv: sm(s, b + b0, h, q, kv + kv0), sm._name),
+        mask_mod=None if mm is None else MaskMod(lambda b, h, q, kv: mm(b + b0, h, q, kv + kv0), mm._name),
     )
 
 

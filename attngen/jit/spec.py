@@ -166,7 +166,7 @@ class KernelSpec:
             info = {"tiles": repr(tiles), "spill_bytes": spill}
         elif self.kernel == BWD_KERNEL:
             write_build_ninja(build_dir, render_sources(inc, self.dtype, self.head_dim, self.arch, kernel=self.kernel),
-                              self.arch, ["-Xptxas", "-v"], library=BWD_LIBRARY_NAME)
+                              self.arch, ["-Xptxas", "-v"], library=library_name(self.kernel))
             info = ptxas_report(run_ninja(build_dir))
         else:
             write_build_ninja(build_dir, render_sources(inc, self.dtype, self.head_dim, self.arch, kernel="sm80"),
