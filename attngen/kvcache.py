@@ -55,22 +55,11 @@ def with_kvcache(attn, q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, 
         locate, capacity = _paged_layout(B, q.device, k_cache, page_table, cache_batch_idx)
     else:
         locate, capacity = _contiguous_layout(B, q.device, k_cache, cache_batch_idx)
+    scale = _check_options(rotary_interleaved, num_splits, return_lse, scale, D)
     starts = _cache_seqlens(cache_seqlens, B, q.device, capacity, L_new)
-    if paged:
-        _check_pages(page_table, k_cache.shape[0], k_cache.shape[2], starts, L_new)
-    if rotary_cos is not None or rotary_sin is not None:
-        rotated = max(Lq, L_new)  # the last rotated position: a query's or a new key's
-        check_rotary(rotary_cos, rotary_sin, q, max(starts, default=0) + rotated - 1 if rotated else -1)
-    if not isinstance(rotary_interleaved, bool):
-        raise InputError(f"rotary_interleaved must be a bool (True: GPT-J pairs 2j, 2j+1; False: GPT-NeoX halves), "
-                         f"got {rotary_interleaved!r}")
-    check_nonnegative_int("num_splits", num_splits, "0 picks the split count automatically")
-    check_bool("return_lse", return_lse)
-    scale = _check_scale(scale, D)
-    if L_new and (paged or cache_batch_idx is not None):
-        _check_no_shared_writes(locate, starts, L_new, k_cache.shape[2], q.device)
-    for b in range(B):  # before the appends: a failing call writes nothing
-        check_sequence_extents(attn, B, Hq, Lq, starts[b] + L_new, starts[b])
+    # before the appends: a failing call writes nothing
+    _check_values(attn, q, k_cache, page_table, locate, starts, L_new, cache_batch_idx is not None, rotary_cos,
+                  rotary_sin, q.device)
 
     def rotate(x, b, n):  # x (H, n, D): at positions s_b .. s_b + n - 1
         if rotary_cos is None:
@@ -236,6 +225,34 @@ def _check_pages(page_table, num_pages: int, page_size: int, starts: List[int], 
                                  "pages) in the same cache slots; list each page at most once in a row")
 
 
+def _check_options(rotary_interleaved, num_splits, return_lse, scale, D: int) -> float:
+    """The call's switches (no tensor values read); returns the scale."""
+    if not isinstance(rotary_interleaved, bool):
+        raise InputError(f"rotary_interleaved must be a bool (True: GPT-J pairs 2j, 2j+1; False: GPT-NeoX halves), "
+                         f"got {rotary_interleaved!r}")
+    check_nonnegative_int("num_splits", num_splits, "0 picks the split count automatically")
+    check_bool("return_lse", return_lse)
+    return _check_scale(scale, D)
+
+
+def _check_values(attn, q, k_cache, page_table, locate: Locate, starts: List[int], L_new: int, rows_chosen: bool,
+                  rotary_cos, rotary_sin, device) -> None:
+    """The checks that read the index tensors' values (``page_table`` and ``locate`` on ``device``): pages in the
+    cache and once per row, rotary tables long enough, no slot appended by one sequence and used by another, the
+    captured tensors long enough for every sequence."""
+    B, Hq, Lq = q.shape[:3]
+    paged = page_table is not None
+    if paged:
+        _check_pages(page_table, k_cache.shape[0], k_cache.shape[2], starts, L_new)
+    if rotary_cos is not None or rotary_sin is not None:
+        rotated = max(Lq, L_new)  # the last rotated position: a query's or a new key's
+        check_rotary(rotary_cos, rotary_sin, q, max(starts, default=0) + rotated - 1 if rotated else -1)
+    if L_new and (paged or rows_chosen):
+        _check_no_shared_writes(locate, starts, L_new, k_cache.shape[2], device)
+    for s in starts:
+        check_sequence_extents(attn, B, Hq, Lq, s + L_new, s)
+
+
 def _check_no_shared_writes(locate: Locate, starts: List[int], L_new: int, slots_per_page: int, device) -> None:
     """A cache slot written by one sequence must not be read (or written) by another in the same call: a kernel
     appends and attends per sequence in parallel, so the result would depend on timing. Block by block (a page, or
@@ -297,12 +314,7 @@ def _with_kvcache_kernel(attn, q, k_cache, v_cache, k, v, cache_seqlens, page_ta
         _, capacity = _contiguous_layout(B, q.device, k_cache, cache_batch_idx, values=False)
     _cache_seqlens(cache_seqlens, B, q.device, capacity, L_new, values=False)  # a tensor's shape, an int's value
     seqlens = cache_seqlens.contiguous() if isinstance(cache_seqlens, torch.Tensor) else None
-    check_nonnegative_int("num_splits", num_splits, "0 picks the split count automatically")
-    check_bool("return_lse", return_lse)
-    if not isinstance(rotary_interleaved, bool):
-        raise InputError(f"rotary_interleaved must be a bool (True: GPT-J pairs 2j, 2j+1; False: GPT-NeoX halves), "
-                         f"got {rotary_interleaved!r}")
-    scale = _check_scale(scale, D)
+    scale = _check_options(rotary_interleaved, num_splits, return_lse, scale, D)
     rotary = rotary_cos is not None or rotary_sin is not None
     captured = attn.captured_on(q.device)
     if not (torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing()):
@@ -315,15 +327,7 @@ def _with_kvcache_kernel(attn, q, k_cache, v_cache, k, v, cache_seqlens, page_ta
         locate, _ = (_paged_layout(B, cpu, k_cache, table, None) if paged
                      else _contiguous_layout(B, cpu, k_cache, rows))
         starts = _cache_seqlens(lengths, B, cpu, capacity, L_new)
-        if paged:
-            _check_pages(table, k_cache.shape[0], k_cache.shape[2], starts, L_new)
-        if rotary:
-            rotated = max(Lq, L_new)
-            check_rotary(rotary_cos, rotary_sin, q, max(starts, default=0) + rotated - 1 if rotated else -1)
-        if L_new and (paged or rows is not None):
-            _check_no_shared_writes(locate, starts, L_new, k_cache.shape[2], cpu)
-        for s in starts:
-            check_sequence_extents(attn, B, Hq, Lq, s + L_new, s)
+        _check_values(attn, q, k_cache, table, locate, starts, L_new, rows is not None, rotary_cos, rotary_sin, cpu)
     elif rotary:
         # the positions are on the device: the tables must cover every one this cache can hold, or a rotation
         # past their end would be clamped to their last row, silently
