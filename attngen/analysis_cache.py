@@ -27,7 +27,7 @@ from .fingerprint import Fingerprint, fingerprint
 from .ir import CapturedTensor, ParamSlot, Summary
 
 # Bumped when the record layout changes; a record of another format is a miss (and is rewritten).
-RECORD_FORMAT = 2
+RECORD_FORMAT = 3
 RECORD_DIR = "analysis"
 
 _RECORDS = {}  # fingerprint digest -> parsed record, so a process reads each record file once
@@ -45,11 +45,15 @@ class VariantFacts:
     captured: Tuple[CapturedTensor, ...]  # bound to the live tensors
     summaries: Tuple[Summary, ...]
     params: Tuple[ParamSlot, ...] = ()  # runtime parameters, bound to the live RuntimeParams
+    reads_b: bool = False  # a mod reads the batch index (a batch of one would show it b = 0)
 
     @classmethod
     def of(cls, traced, predicates) -> "VariantFacts":
+        from .symbols import B
+
         return cls(traced.canonical(), traced.has_mask, traced.has_score_mod, tuple(traced.captured),
-                   tuple(predicates.summaries), tuple(traced.params))
+                   tuple(predicates.summaries), tuple(traced.params),
+                   B in (traced.score.free_symbols | traced.mask.free_symbols))
 
 
 def variant_facts(variant) -> Tuple[VariantFacts, Optional[tuple]]:
@@ -131,8 +135,8 @@ def _encode(facts: VariantFacts, fp: Fingerprint) -> Optional[dict]:
         params.append({"position": pos, "fields": {f.name: getattr(p, f.name) for f in dataclasses.fields(p)
                                                    if f.name != "param"}})
     return {"format": RECORD_FORMAT, "fingerprint": fp.digest, "canonical": facts.canonical,
-            "has_mask": facts.has_mask, "has_score_mod": facts.has_score_mod, "captured": captured,
-            "summaries": summaries, "params": params}
+            "has_mask": facts.has_mask, "has_score_mod": facts.has_score_mod, "reads_b": facts.reads_b,
+            "captured": captured, "summaries": summaries, "params": params}
 
 
 def _decode(record: dict, fp: Fingerprint) -> VariantFacts:
@@ -155,9 +159,10 @@ def _decode(record: dict, fp: Fingerprint) -> VariantFacts:
             raise ValueError("record does not describe the live parameter")
         params.append(p)
     canonical, has_mask, has_score_mod = record["canonical"], record["has_mask"], record["has_score_mod"]
-    if not (isinstance(canonical, str) and isinstance(has_mask, bool) and isinstance(has_score_mod, bool)):
+    reads_b = record["reads_b"]
+    if not (isinstance(canonical, str) and all(isinstance(x, bool) for x in (has_mask, has_score_mod, reads_b))):
         raise ValueError("record fields of the wrong type")
-    return VariantFacts(canonical, has_mask, has_score_mod, tuple(captured), summaries, tuple(params))
+    return VariantFacts(canonical, has_mask, has_score_mod, tuple(captured), summaries, tuple(params), reads_b)
 
 
 def _all_fields(obj) -> tuple:
@@ -196,8 +201,8 @@ def _write_record(fp: Fingerprint, facts: VariantFacts) -> None:
         decoded = _decode(json.loads(text), fp)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError):
         return
-    same = (decoded.canonical, decoded.has_mask, decoded.has_score_mod) == (facts.canonical, facts.has_mask,
-                                                                            facts.has_score_mod)
+    same = (decoded.canonical, decoded.has_mask, decoded.has_score_mod, decoded.reads_b) == (
+        facts.canonical, facts.has_mask, facts.has_score_mod, facts.reads_b)
     same = same and [_all_fields(c) for c in decoded.captured] == [_all_fields(c) for c in facts.captured]
     same = same and [_all_fields(s) for s in decoded.summaries] == [_all_fields(s) for s in facts.summaries]
     same = same and [(p, id(p.param)) for p in decoded.params] == [(p, id(p.param)) for p in facts.params]

@@ -80,14 +80,11 @@ def varlen(attn, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: Optional[int
 def _check_kernel_path(attn) -> None:
     """What the per-sequence kernel path cannot do yet (issue 12's varlen kernel will): graph capture, and
     variants that read b (a batch of one would show them b = 0)."""
-    from .symbols import B as B_SYMBOL
-
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise InputError("attn.varlen reads cu_seqlens on the host (one forward launch per sequence until the varlen "
                          "kernel lands), so it cannot be captured in a CUDA graph; capture attn(q, k, v, q_offset=...) "
                          "per sequence instead, or run varlen outside the graph")
-    traced = attn.traced
-    if B_SYMBOL in (traced.score.free_symbols | traced.mask.free_symbols):
+    if attn.facts.reads_b:
         raise GpuPathNotAvailable(
             f"attn.varlen runs the forward kernel once per sequence, as a batch of one, so a variant that reads b "
             f"({attn.name} does) would see b = 0 for every sequence. Fix: compile it with backend='reference' (slow, "

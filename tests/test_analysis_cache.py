@@ -148,6 +148,22 @@ def test_a_recorded_variant_compiles_without_tracing(fresh_cache, trace_calls):
     assert len(trace_calls) == 2
 
 
+def test_whether_a_mod_reads_b_comes_from_the_record(fresh_cache, trace_calls):
+    """facts.reads_b (varlen's kernel path refuses such variants) is recorded: a new process learns it without
+    tracing the variant again."""
+    bias = torch.randn(2)
+
+    def per_batch(score, b, h, q_idx, kv_idx):
+        return score + bias[b]
+
+    for mod, reads_b in ((per_batch, True), (attngen.softcap(20.0), False)):
+        assert attngen.compile(score_mod=mod).facts.reads_b is reads_b
+        n = len(trace_calls)
+        forget_in_memory()
+        assert attngen.compile(score_mod=mod).facts.reads_b is reads_b
+        assert len(trace_calls) == n, "read from the record"
+
+
 def test_a_trace_that_read_tensor_values_is_not_recorded(fresh_cache, trace_calls):
     lengths = torch.tensor([40, 48])
 
