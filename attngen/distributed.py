@@ -23,7 +23,6 @@ parameter (DDP / FSDP over the context-parallel ranks).
 from __future__ import annotations
 
 import dataclasses
-import math
 import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -33,7 +32,7 @@ import torch.distributed as dist
 from .errors import InputError
 from .sequences import shifted_variant
 from .params import param
-from .reference import compute_dtype
+from .reference import _check_scale, compute_dtype
 
 __all__ = ["LAYOUTS", "EXCHANGES", "CPStats", "context_parallel_attention", "last_stats", "shard_sequence",
            "unshard_sequence"]
@@ -342,7 +341,7 @@ def context_parallel_attention(attn, q: torch.Tensor, k: torch.Tensor, v: torch.
         raise InputError(f"layout {layout!r} gives each rank {per} chunks, so the local length ({q.shape[2]}) must "
                          "be a multiple of it: shard with attngen.distributed.shard_sequence")
     B, Hq, L, D = q.shape
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scale = _check_scale(scale, D)
     chunk = L // per
     S = chunk * _n_chunks(world, layout)
     captured = [c.tensor for c in attn.facts.captured]
