@@ -3,9 +3,9 @@
 
 __version__ = "0.1.0"  # the package version: part of every kernel's cache key
 
-ABI_VERSION = 2  # ATTNGEN_ABI_VERSION
+ABI_VERSION = 3  # ATTNGEN_ABI_VERSION
 MAX_CAPTURED = 8  # ATTNGEN_MAX_CAPTURED: captured-tensor slots of CapturedArgs
-MAX_SUMMARIES = 8  # ATTNGEN_MAX_SUMMARIES: per-block summary slots of CapturedArgs
+MAX_SUMMARIES = 16  # ATTNGEN_MAX_SUMMARIES: per-block summary slots of CapturedArgs
 MAX_PARAMS = 8  # ATTNGEN_MAX_PARAMS: runtime-parameter slots of CapturedArgs (iparam / fparam)
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)  # ATTNGEN_HEAD_DIMS

@@ -24,7 +24,7 @@ from .launch import (_NO_PARAMS, _PACK_TAIL, _ZERO_TAIL, AttngenKernelInfo, Capt
                      _captured_fields, _check_capability, check_debug_record, debug_record,
                      call_on, launch_failed, load_family_library)
 
-DECODE_ABI_VERSION = 1  # ATTNGEN_DECODE_ABI_VERSION (templates/attngen_decode_abi.cuh)
+DECODE_ABI_VERSION = 2  # ATTNGEN_DECODE_ABI_VERSION (templates/attngen_decode_abi.cuh)
 
 
 class AttngenDecodeArgs(ctypes.Structure):
@@ -43,7 +43,7 @@ class AttngenDecodeArgs(ctypes.Structure):
 # Everything before `captured`: 10 pointers, 4x3 int64 strides, the page-table row stride, 13 int32, scale.
 _PACK_DECODE_HEAD = struct.Struct("<10Q12qq13if")
 assert _PACK_DECODE_HEAD.size == AttngenDecodeArgs.captured.offset == 240
-assert _PACK_DECODE_HEAD.size + _PACK_TAIL.size == ctypes.sizeof(AttngenDecodeArgs) == 688
+assert _PACK_DECODE_HEAD.size + _PACK_TAIL.size == ctypes.sizeof(AttngenDecodeArgs) == 752
 _HEAD_FIELDS = [(name, getattr(t, "_length_", 0)) for name, t in AttngenDecodeArgs._fields_[:-1]]  # (name, array length)
 
 

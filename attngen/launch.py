@@ -77,12 +77,12 @@ class AttngenKernelInfo(ctypes.Structure):
 
 
 # The same layout as one struct.pack call: 5 pointers, 4x3 int64 strides, 6 int32, float, int32,
-# 8 captured pointers, 8x4 int64 captured strides, 8 summary pointers, 8 int32 and 8 float32 runtime
+# 8 captured pointers, 8x4 int64 captured strides, 16 summary pointers, 8 int32 and 8 float32 runtime
 # parameters. Little-endian, no padding (every field is already naturally aligned).
-_PACK = struct.Struct("<5Q12q6ifi8Q32q8Q8i8f")
+_PACK = struct.Struct("<5Q12q6ifi8Q32q16Q8i8f")
 _PACK_HEAD = struct.Struct("<5Q12q6ifi")   # everything before `captured`
-_PACK_TAIL = struct.Struct("<8Q32q8Q8i8f")  # CapturedArgs
-assert _PACK.size == _PACK_HEAD.size + _PACK_TAIL.size == ctypes.sizeof(AttngenFwdArgs) == 616
+_PACK_TAIL = struct.Struct("<8Q32q16Q8i8f")  # CapturedArgs
+assert _PACK.size == _PACK_HEAD.size + _PACK_TAIL.size == ctypes.sizeof(AttngenFwdArgs) == 680
 assert _PACK_HEAD.size == AttngenFwdArgs.captured.offset
 _ZERO_TAIL = bytes(_PACK_TAIL.size)
 _NO_PARAMS = (0,) * MAX_PARAMS + (0.0,) * MAX_PARAMS  # iparam, fparam of a variant without runtime parameters
@@ -530,13 +530,13 @@ def check_debug_record(record: torch.Tensor, captured) -> None:
 # --------------------------------------------------------------------------------------------------
 # backward (templates/bwd_sm80.cuh; the ABI of templates/attngen_bwd_abi.cuh and host_abi_bwd.cuh)
 
-BWD_ABI_VERSION = 4  # ATTNGEN_BWD_ABI_VERSION
+BWD_ABI_VERSION = 5  # ATTNGEN_BWD_ABI_VERSION
 # AttngenBwdArgs: 12 pointers, 8x3 int64 strides, 6 int32, float, int32, then CapturedArgs (_PACK_TAIL), then
 # the captured tensors' gradient buffers and the deterministic mode's semaphores (_PACK_BWD_OPTIONS).
 _PACK_BWD_HEAD = struct.Struct("<12Q24q6ifi")
 _PACK_BWD_OPTIONS = struct.Struct(f"<{MAX_CAPTURED}QQ")
 _BWD_ARGS_SIZE = _PACK_BWD_HEAD.size + _PACK_TAIL.size + _PACK_BWD_OPTIONS.size
-assert _PACK_BWD_HEAD.size == 320 and _BWD_ARGS_SIZE == 840
+assert _PACK_BWD_HEAD.size == 320 and _BWD_ARGS_SIZE == 904
 
 
 class BwdKernelLibrary(_Library):

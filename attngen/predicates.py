@@ -318,6 +318,13 @@ class _Summaries:
         other = S.Q if var == S.KV else S.KV
         if self.ranges < (2 if full else 1):
             return None
+        if full and var == S.Q:
+            # the backward's walk takes block ranges from these searches but no FULL run: a kv-block's FULL
+            # range from runtime arrays would hold two registers of the sm90 consumers through the walk (they
+            # spill), and its tiles are classified by tile_all anyway; the call computes two arrays fewer
+            return None
+        if isinstance(-g, S.ILoad) and isinstance(hrest, S.ILoad):  # t[other] - t[var] == 0: the same equation
+            g, hrest = -g, -hrest
         if not (isinstance(g, S.ILoad) and isinstance(-hrest, S.ILoad)):
             return None
         lv, lo_ = g, -hrest

@@ -2,7 +2,13 @@
 # Session 13's device calls, one step per call (each part cut by `timeout` so that the call returns its logs):
 # A = where a training step's time goes, kernel by kernel (scripts/step_kernel_times.py: attngen and flex, the
 # sm90 backward's time per visited tile over walks of several lengths), and the backward's Q / dO ring at 3
-# stages beside 2 (scripts/bwd_tiles_ab.py).
+# stages beside 2 (scripts/bwd_tiles_ab.py). It showed the document backward at 30 ns per visited tile against
+# 22.5 for a sliding window with as long a walk: its q range had no closed form, so every kv-block's walk asked
+# the classifier about every q-block, and 3 stages no faster than 2;
+# B = the document's q ranges from the same equal-value searches as its kv ranges (16 summary slots: ABI 3, bwd 5,
+# decode 2), and walks whose range does not move with the block asking the classifier with a whole warp: a smoke
+# run, the backward, forward sm90, mask zoo and decode suites, then document's step kernel by kernel, its training
+# step and its forward beside flex.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -10,4 +16,17 @@ case "$1" in
   A)
     timeout 300 python scripts/step_kernel_times.py 2>&1 | tee "$R/step_kernel_times.md" | grep -vE "^\| .* \| triton_" 
     timeout 200 python scripts/bwd_tiles_ab.py --stages 2 3 2>&1 | tee "$R/bwd_tiles_ab.log" | grep -v "^\[.*max |grad" ;;
+  B)
+    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
+    timeout 60 python scripts/sanitize_case.py --backward > "$R/smoke.log" 2>&1
+    tail -n 2 "$R/smoke.log"
+    grep -q "SANITIZE CASES DONE ok" "$R/smoke.log" || exit 1
+    run_tests walk 230 tests/gpu/test_bwd_gpu.py tests/gpu/test_kernel_sm90.py tests/gpu/test_mask_zoo_gpu.py \
+      tests/gpu/test_decode_gpu.py
+    timeout 60 python scripts/step_kernel_times.py --variants document document_aligned --windows 1024 --no-flex \
+      2>&1 | tee "$R/step_kernel_times.md" | grep -vE "^\| .* \| triton_"
+    timeout 100 python benchmarks/bench_training.py --variants document --out "$R" 2>&1 \
+      | grep -E "^\[|TFLOP|vs flex|rror|kernel_options"
+    timeout 100 python benchmarks/bench_forward.py --variants document document_unsorted --no-compile-figures \
+      --out "$R" 2>&1 | grep -E "^\||rror" ;;
 esac

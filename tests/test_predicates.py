@@ -264,7 +264,50 @@ def test_runtime_summaries_fit_the_kernel_abi():
         _, preds = analyze(v)
         assert len(preds.summaries) <= MAX_SUMMARIES
     _, one = analyze(attngen.document(_DOCS))
-    assert len(one.summaries) == 8  # min/max per q and kv block + block range + full range searches
+    # min/max per q and kv block, then block range and full range searches along kv (the forward's walk) and
+    # block range searches along q (the backward's)
+    assert len(one.summaries) == 10
+
+
+@pytest.mark.parametrize("sort", [True, False])
+def test_document_q_ranges_of_the_backward_walk(sort):
+    """The backward walks q-blocks per kv-block: for document ids its range comes from the same equal-value
+    searches as the forward's (the atom doc[q] == doc[kv] seen from the q side), so a kv-block's walk covers its
+    documents' q rows only, not every q-block; exact for sorted ids, sound for any."""
+    from attngen import blockmap
+
+    rng = random.Random(7 + sort)
+    for _ in range(12):
+        q_len, kv_len = rng.randint(1, 700), rng.randint(1, 700)
+        q_off = rng.choice([0, rng.randint(0, 200)])
+        BQ, BK = rng.choice([16, 64]), rng.choice([32, 128])
+        ids = torch.randint(0, rng.randint(1, 9), (q_off + max(q_len, kv_len),), generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
+        ids = (ids.sort().values if sort else ids).to(torch.int32)
+        v = attngen.document(ids)
+        traced, preds = analyze(v)
+        assert not preds.walk_scans("q") and not preds.walk_scans("kv")
+        nqb, nkb = -(-q_len // BQ), -(-kv_len // BK)
+        arrays = blockmap._runtime_arrays(traced, preds, BQ, BK, q_len, kv_len, q_off, {})
+        ev = blockmap._evaluators(traced, preds)
+        j = torch.arange(nkb, dtype=torch.int64)
+        lo, hi, flo, fhi = (blockmap._as_i64(f(j, BQ, BK, q_len, kv_len, q_off, 0, 0, tensors=arrays), nkb).clamp(0, nqb)
+                            for f in ev.q_range)
+        m = (ids[q_off:q_off + q_len, None] == ids[None, :kv_len])
+        pad = torch.zeros(nqb * BQ, nkb * BK, dtype=torch.int8)
+        cnt = torch.zeros_like(pad)
+        pad[:q_len, :kv_len] = m.to(torch.int8)
+        cnt[:q_len, :kv_len] = 1
+        kept = pad.reshape(nqb, BQ, nkb, BK).sum((1, 3))
+        size = cnt.reshape(nqb, BQ, nkb, BK).sum((1, 3))
+        for jj in range(nkb):
+            rows = (kept[:, jj] > 0).nonzero().flatten()
+            ctx = f"sort={sort} q_len={q_len} kv_len={kv_len} q_off={q_off} block=({BQ},{BK}) j={jj}"
+            if rows.numel():  # sound: every kept tile inside [lo, hi)
+                assert lo[jj] <= rows.min() and rows.max() < hi[jj], ctx
+                if sort:  # exact for sorted ids
+                    assert (lo[jj], hi[jj]) == (rows.min(), rows.max() + 1), ctx
+            for i in range(int(flo[jj]), int(fhi[jj])):  # FULL only where every element is kept
+                assert kept[i, jj] == size[i, jj], ctx
 
 
 def test_key_padding_tiles_are_exact_at_the_block_level():

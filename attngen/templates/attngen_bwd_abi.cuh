@@ -5,7 +5,7 @@
 
 #include "attngen_common.cuh"
 
-#define ATTNGEN_BWD_ABI_VERSION 4
+#define ATTNGEN_BWD_ABI_VERSION 5
 
 // Layout (x86-64 / aarch64, natural alignment, no padding):
 //   offset   0  q, k, v, o, dout, lse         6 pointers
@@ -14,10 +14,10 @@
 //   offset  96  q_stride[3] .. dv_stride[3]   8 x 3 int64          element strides (batch, head, seq)
 //   offset 288  B, Hq, Hkv, Lq, Lk, D         6 int32
 //   offset 312  scale (float32), q_offset (int32)
-//   offset 320  captured                      CapturedArgs (448 bytes)
-//   offset 768  dcaptured[ATTNGEN_MAX_CAPTURED] pointers           fp32 gradients of the captured tensors
-//   offset 832  dq_semaphore                  pointer              deterministic mode's turn counters
-//   size   840
+//   offset 320  captured                      CapturedArgs (512 bytes)
+//   offset 832  dcaptured[ATTNGEN_MAX_CAPTURED] pointers           fp32 gradients of the captured tensors
+//   offset 896  dq_semaphore                  pointer              deterministic mode's turn counters
+//   size   904
 // Workspaces: dq_accum B * Hq * Lq_pad * D floats, laid out as the kernel family chooses (row-major, or tiled
 // by q-block: sm90_bwd_layout.cuh); delta and lse_log2 (B, Hq, Lq_pad) contiguous with
 // Lq_pad = ceil(Lq / block_q) * block_q (AttngenKernelInfo.block_q), so that every q-block's slice is whole
@@ -55,11 +55,11 @@ struct AttngenBwdArgs {
 };
 
 #if defined(__cplusplus) && !defined(__CUDACC_RTC__)
-static_assert(sizeof(AttngenBwdArgs) == 840, "AttngenBwdArgs layout is part of the C ABI");
+static_assert(sizeof(AttngenBwdArgs) == 904, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, dq_accum) == 72, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, B) == 288, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, scale) == 312, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, captured) == 320, "AttngenBwdArgs layout is part of the C ABI");
-static_assert(__builtin_offsetof(AttngenBwdArgs, dcaptured) == 768, "AttngenBwdArgs layout is part of the C ABI");
-static_assert(__builtin_offsetof(AttngenBwdArgs, dq_semaphore) == 832, "AttngenBwdArgs layout is part of the C ABI");
+static_assert(__builtin_offsetof(AttngenBwdArgs, dcaptured) == 832, "AttngenBwdArgs layout is part of the C ABI");
+static_assert(__builtin_offsetof(AttngenBwdArgs, dq_semaphore) == 896, "AttngenBwdArgs layout is part of the C ABI");
 #endif

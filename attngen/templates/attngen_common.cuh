@@ -12,9 +12,9 @@
 
 // The ABI's facts, also stated in attngen/abi.py (tests/test_abi.py checks they agree).
 // Bump ATTNGEN_ABI_VERSION whenever AttngenFwdArgs, CapturedArgs or AttngenKernelInfo change layout or meaning.
-#define ATTNGEN_ABI_VERSION 2
+#define ATTNGEN_ABI_VERSION 3
 #define ATTNGEN_MAX_CAPTURED 8
-#define ATTNGEN_MAX_SUMMARIES 8
+#define ATTNGEN_MAX_SUMMARIES 16
 #define ATTNGEN_MAX_PARAMS 8
 #define ATTNGEN_HEAD_DIMS {64, 128, 256}
 
@@ -67,9 +67,9 @@ struct TileArgs {
 //   offset  40  q_stride[3] .. o_stride[3] 4 x 3 int64          element strides (batch, head, seq)
 //   offset 136  B, Hq, Hkv, Lq, Lk, D      6 int32
 //   offset 160  scale (float32), q_offset (int32)
-//   offset 168  captured                   CapturedArgs (448 bytes: 384 of tensors and summaries, then
+//   offset 168  captured                   CapturedArgs (512 bytes: 448 of tensors and summaries, then
 //                                          8 int32 and 8 float32 runtime parameters)
-//   size   616
+//   size   680
 struct AttngenFwdArgs {
   const void* q;        // (B, Hq, Lq, D), last dim contiguous
   const void* k;        // (B, Hkv, Lk, D)
@@ -100,9 +100,9 @@ struct AttngenKernelInfo {
 };
 
 #if defined(__cplusplus) && !defined(__CUDACC_RTC__)
-static_assert(sizeof(CapturedArgs) == 448, "CapturedArgs layout is part of the C ABI");
-static_assert(__builtin_offsetof(CapturedArgs, iparam) == 384, "CapturedArgs layout is part of the C ABI");
-static_assert(sizeof(AttngenFwdArgs) == 616, "AttngenFwdArgs layout is part of the C ABI");
+static_assert(sizeof(CapturedArgs) == 512, "CapturedArgs layout is part of the C ABI");
+static_assert(__builtin_offsetof(CapturedArgs, iparam) == 448, "CapturedArgs layout is part of the C ABI");
+static_assert(sizeof(AttngenFwdArgs) == 680, "AttngenFwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenFwdArgs, B) == 136, "AttngenFwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenFwdArgs, scale) == 160, "AttngenFwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenFwdArgs, captured) == 168, "AttngenFwdArgs layout is part of the C ABI");

@@ -5,7 +5,7 @@
 
 #include "attngen_common.cuh"
 
-#define ATTNGEN_DECODE_ABI_VERSION 1
+#define ATTNGEN_DECODE_ABI_VERSION 2
 
 // Sequence b attends with q_idx = s_b + row (row < Lq) to cache positions 0 .. s_b + kv_extra - 1, where s_b is
 // seqlens[b] (seqlen_default when seqlens is NULL). Position p of sequence b lives in the contiguous cache at
@@ -25,8 +25,8 @@
 //               page_size, num_splits, heads_per_cta
 //   offset 224  capacity, num_pages, cache_rows   3 int32      bounds the kernel clamps to
 //   offset 236  scale (float32)
-//   offset 240  captured                          CapturedArgs (448 bytes)
-//   size   688
+//   offset 240  captured                          CapturedArgs (512 bytes)
+//   size   752
 struct AttngenDecodeArgs {
   const void* q;              // (B, Hq, Lq, D), last dim contiguous
   const void* k_cache;        // (B_cache, Hkv, L_max, D) or (num_pages, Hkv, page_size, D)
@@ -59,7 +59,7 @@ struct AttngenDecodeArgs {
 };
 
 #if defined(__cplusplus) && !defined(__CUDACC_RTC__)
-static_assert(sizeof(AttngenDecodeArgs) == 688, "AttngenDecodeArgs layout is part of the C ABI");
+static_assert(sizeof(AttngenDecodeArgs) == 752, "AttngenDecodeArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenDecodeArgs, q_stride) == 80, "AttngenDecodeArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenDecodeArgs, B) == 184, "AttngenDecodeArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenDecodeArgs, scale) == 236, "AttngenDecodeArgs layout is part of the C ABI");

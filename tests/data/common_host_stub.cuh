@@ -2,7 +2,7 @@
 // docs/kernel-interface.md, without CUDA headers, so printed expressions can be run on the CPU.
 #pragma once
 #define ATTNGEN_MAX_CAPTURED 8
-#define ATTNGEN_MAX_SUMMARIES 8
+#define ATTNGEN_MAX_SUMMARIES 16
 #define ATTNGEN_MAX_PARAMS 8
 struct CapturedArgs {
   const void* ptr[ATTNGEN_MAX_CAPTURED];
