@@ -1,9 +1,10 @@
 """The sm90 backward at other tile settings than jit/tiles.py's, side by side in one process: forward + backward
-steps (bench_training.py's) of each variant with the Q / dO ring at each --stages, interleaved rounds of
-triton's do_bench, the median; gradients compared with the first setting's. Shared memory allows 3 stages at
-head dim 128 (the staged dQ still fitting beside them, sm90_bwd_layout.cuh) and more at 64. Needs a GPU.
+steps (bench_training.py's) of each variant at each setting (--set: fields of jit.tiles.Sm90BwdTiles, e.g.
+`stages=3` for the Q / dO ring, `walk_shift=2` for the rotated walk; one setting per argument, fields joined by
+commas), interleaved rounds of triton's do_bench, the median; gradients compared with the first setting's. Shared
+memory allows 3 stages at head dim 128 (the staged dQ still fitting beside them, sm90_bwd_layout.cuh). Needs a GPU.
 
-    python scripts/bwd_tiles_ab.py [--variants causal full sliding_window document] [--stages 2 3] [--head-dim 128]
+    python scripts/bwd_tiles_ab.py [--variants causal full sliding_window document] [--set stages=2 stages=3]
 """
 import argparse
 import sys
@@ -21,7 +22,7 @@ from bench_training import FLOP_FACTOR, step_fn  # noqa: E402
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", nargs="+", default=["causal", "full", "sliding_window", "document"])
-    p.add_argument("--stages", nargs="+", type=int, default=[2, 3])
+    p.add_argument("--set", nargs="+", default=["stages=2", "stages=3"], dest="settings", metavar="FIELD=VALUE")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--seq", type=int, default=8192)
     args = p.parse_args(argv)
@@ -37,7 +38,10 @@ def main(argv=None):
                      for _ in range(4))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     # the ladder a build (and every call's cache key) reads: one rung, this setting
-    ladders = {s: (lambda hd, s=s: (replace(SM90_BWD_TILES[hd], stages=s),)) for s in args.stages}
+    def fields(setting):
+        return {k: int(v) for k, v in (kv.split("=") for kv in setting.split(","))}
+
+    ladders = {s: (lambda hd, f=fields(s): (replace(SM90_BWD_TILES[hd], **f),)) for s in args.settings}
 
     def under(stages, fn):
         def step():
@@ -50,14 +54,14 @@ def main(argv=None):
         score_mod, mask_mod = bf.make_variant(key, S, H, device)
         density = bf.density_of(score_mod, mask_mod, B, H, S, device)
         fns, first = {}, None
-        for s in args.stages:
+        for s in args.settings:
             fn = under(s, step_fn(bf.make_attngen(score_mod, mask_mod), q, k, v, dout))
             grads = [g.float() for g in fn()]
             torch.cuda.synchronize()
             if first is None:
                 first = grads
             diff = max((g - r).abs().max().item() for g, r in zip(grads, first))
-            print(f"[{key}] stages {s}: max |grad - grad at stages {args.stages[0]}| = {diff:.3e}", flush=True)
+            print(f"[{key}] {s}: max |grad - grad at {args.settings[0]}| = {diff:.3e}", flush=True)
             fns[s] = fn
         times = {s: [] for s in fns}
         for _ in range(bf.ROUNDS):
@@ -65,7 +69,7 @@ def main(argv=None):
                 times[s].append(bf.bench_ms(fn))
         for s, ts in times.items():
             ms = sorted(ts)[len(ts) // 2]
-            print(f"[{key}] D {D} stages {s}: {ms:.3f} ms, "
+            print(f"[{key}] D {D} {s}: {ms:.3f} ms, "
                   f"{bf.tflops(B, H, S, D, density, ms) * FLOP_FACTOR:.1f} TFLOP/s", flush=True)
 
 

@@ -99,6 +99,14 @@ def _program(name, shapes, setup):
         s = next_q_tile<{BQ}, {BK}, {warp}>(c, t, j, s, 1);
       }}
     }}""")
+        # the backward's walk rotated (block_range_bwd.cuh walk_rotation, shift 3): the same tiles, in turn
+        walks.append(f"""    for (int j = 0; j < nkb; ++j) {{
+      for (QStep s = next_q_tile<{BQ}, {BK}>(c, t, j, q_range<{BQ}, {BK}>(c, t, j, 3), 1, 3); s.h < 1;) {{
+        printf("R %d %d %d\\n", j, s.i, (int)!q_tile_masked<{BQ}, {BK}>(c, t, s, j));
+        ++s.i;
+        s = next_q_tile<{BQ}, {BK}>(c, t, j, s, 1, 3);
+      }}
+    }}""")
         body.append(f"""  {{
     TileArgs t{{{q_len}, {kv_len}, {q_off}, 0, 0}};
     const int nqb = {-(-q_len // BQ)}, nkb = {-(-kv_len // BK)};
@@ -158,6 +166,7 @@ def test_tile_walks_visit_every_kept_tile_and_only_prove_full_tiles(tmp_path):
     assert len(preds["union_of_five"].kv_parts) == 4 and len(preds["union_of_five"].q_parts) == 4
 
     blocks = out.split("END\n")
+    turned = 0  # rotated walks that start elsewhere than the plain ones
     for n, name in enumerate(CASES):
         for s, (q_len, kv_len, q_off, BQ, BK) in enumerate(shapes):
             ctx = f"seed {seed}: {name} q_len={q_len} kv_len={kv_len} q_off={q_off} block=({BQ},{BK})"
@@ -170,11 +179,23 @@ def test_tile_walks_visit_every_kept_tile_and_only_prove_full_tiles(tmp_path):
             serial = [ln for ln in lines if ln[0] in "FB"]
             warp = [ln.replace("f", "F", 1).replace("b", "B", 1) for ln in lines if ln[0] in "fb"]
             assert warp == serial, f"{ctx}: the warp's walk differs from the thread's"
+            # a rotated backward walk: per kv block, the same (tile, full) steps, the plain walk's turned around
+            plain, rotated = {}, {}
+            for ln in lines:
+                if ln[0] in "BR":
+                    _, j, i, full = ln.split()
+                    (plain if ln[0] == "B" else rotated).setdefault(int(j), []).append((int(i), int(full)))
+            for j, steps in plain.items():
+                got = rotated.get(j, [])
+                assert any(got == steps[k:] + steps[:k] for k in range(len(steps))), \
+                    f"{ctx}: kv block {j}'s rotated walk {got} is not a turn of {steps}"
+                turned += got != steps
+            assert set(rotated) <= set(plain), f"{ctx}: a rotated walk visits a kv block the plain one skips"
             for line in lines:
                 if line.startswith("W "):
                     wasted = int(line.split()[1])
                     continue
-                if line[0] in "fb":
+                if line[0] in "fbR":
                     continue
                 kind, a, b, full = line.split()
                 a, b, full = int(a), int(b), int(full)
@@ -195,3 +216,4 @@ def test_tile_walks_visit_every_kept_tile_and_only_prove_full_tiles(tmp_path):
                 nqb = -(-q_len // BQ)
                 limit = nqb * len(preds[name].kv_parts)
                 assert wasted <= limit, f"{ctx}: the forward walk asked the classifier about {wasted} empty tiles"
+    assert turned > 0, "no rotated walk started anywhere but at its range's first block: the rotation is untested"

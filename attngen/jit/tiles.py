@@ -139,6 +139,9 @@ class Sm90BwdTiles:
     stages: int = 2
     producer_regs: int = 24   # setmaxnreg budgets: 128 * producer + 256 * consumer <= 384 * 168
     consumer_regs: int = 240
+    # kv-block j starts its walk (walk_shift * j) % n q-blocks into its range of n and wraps around, so that the
+    # kv blocks sharing one range (a document's) do not add into the same dQ tiles in step (0: no rotation)
+    walk_shift: int = 0
 
     def smem_bytes(self, head_dim: int) -> int:
         """K, V; the Q / dO ring; two dS^T buffers; the row statistics per stage; mbarriers; the consumers' staged

@@ -23,10 +23,18 @@ struct QStep {
 #endif
 };
 
-// Head t.h's range of q blocks for kv-block j (clamped to [0, nqb)), starting the walk at its first block.
-// The transpose of block_range.cuh's kv_range, kept apart: it reads the other four predicates of variant.inc.
+// Where kv-block j's walk over a range [lo, hi) of q blocks starts: lo + (shift * j) % (hi - lo); it visits
+// [start, hi), then [lo, start). The kv blocks that share a range (a document's) then add into different dQ
+// tiles at any one time rather than all into the same one (shift 0: no rotation).
+ATTNGEN_DEV_INLINE int walk_rotation(int shift, int j, int lo, int hi) {
+  return shift > 0 && hi - lo > 1 ? (shift * j) % (hi - lo) : 0;
+}
+
+// Head t.h's range of q blocks for kv-block j (clamped to [0, nqb)), starting the walk at its first block, or
+// at its rotation's start (walk_rotation). The transpose of block_range.cuh's kv_range, kept apart: it reads the
+// other four predicates of variant.inc.
 template <int BQ, int BK>
-ATTNGEN_DEV_INLINE QStep q_range(const CapturedArgs& C, const TileArgs& t, int j) {
+ATTNGEN_DEV_INLINE QStep q_range(const CapturedArgs& C, const TileArgs& t, int j, int shift = 0) {
   const int nqb = (t.QLEN + BQ - 1) / BQ;
   QStep s;
   s.h = t.h;
@@ -47,15 +55,17 @@ ATTNGEN_DEV_INLINE QStep q_range(const CapturedArgs& C, const TileArgs& t, int j
   s.f_lo = 0;
   s.f_hi = nqb;
 #endif
+  s.i += walk_rotation(shift, j, s.i, s.i_end);
   return s;
 }
 
 // The first tile to visit at or after s (s itself when it is not proven EMPTY), moving on to the next heads
 // up to h_end; s.h == h_end when none is left. tile_any / tile_all are symmetric in (i, j): the same
 // classifier as the forward's. kWarp: the calling warp asks about 32 candidates at once (block_scan.cuh; every
-// lane calls, converged); otherwise each thread asks about one at a time.
+// lane calls, converged); otherwise each thread asks about one at a time. shift: the walk's rotation
+// (walk_rotation), as q_range was given it: the second lap, [lo, start), follows the first.
 template <int BQ, int BK, bool kWarp = false>
-ATTNGEN_DEV_INLINE QStep next_q_tile(const CapturedArgs& C, TileArgs t, int j, QStep s, int h_end) {
+ATTNGEN_DEV_INLINE QStep next_q_tile(const CapturedArgs& C, TileArgs t, int j, QStep s, int h_end, int shift = 0) {
   while (s.h < h_end) {
 #if ATTNGEN_HAS_MASK && ATTNGEN_NEEDS_CLASSIFIER
     t.h = s.h;
@@ -90,9 +100,19 @@ ATTNGEN_DEV_INLINE QStep next_q_tile(const CapturedArgs& C, TileArgs t, int j, Q
     s.i = first_in_parts(s.lo, s.hi, s.i, s.i_end);
 #endif
     if (s.i < s.i_end) return s;
+    if (shift > 0) {  // a rotated walk's first lap ends at the range's end; the second ends where the first began
+      t.h = s.h;
+      const QStep r = q_range<BQ, BK>(C, t, j);
+      const int rot = walk_rotation(shift, j, r.i, r.i_end);
+      if (rot > 0 && s.i_end == r.i_end) {
+        s.i = r.i;
+        s.i_end = r.i + rot;
+        continue;
+      }
+    }
     if (++s.h < h_end) {
       t.h = s.h;
-      s = q_range<BQ, BK>(C, t, j);
+      s = q_range<BQ, BK>(C, t, j, shift);
     }
   }
   return s;

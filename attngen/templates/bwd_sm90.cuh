@@ -57,13 +57,19 @@ __device__ __forceinline__ BwdCta bwd_cta(const AttngenBwdArgs& a) {
 
 // The walk (each warp together where it scans, kQWalkScans: the producer's warp and every consumer warp call these
 // converged).
+// The walk is rotated by WALK_SHIFT (block_range_bwd.cuh walk_rotation), except in deterministic mode, whose
+// turns would then wait on kv blocks that reach the tile late in their walks.
+__device__ __forceinline__ int walk_shift(const AttngenBwdArgs& a) { return a.dq_semaphore != nullptr ? 0 : WALK_SHIFT; }
+
 __device__ __forceinline__ QStep first_q_tile(const AttngenBwdArgs& a, const BwdCta& c) {
-  return next_q_tile<BQ, BK, kQWalkScans>(a.captured, c.t, c.j, q_range<BQ, BK>(a.captured, c.t, c.j), c.h_end);
+  const int shift = walk_shift(a);
+  return next_q_tile<BQ, BK, kQWalkScans>(a.captured, c.t, c.j, q_range<BQ, BK>(a.captured, c.t, c.j, shift),
+                                          c.h_end, shift);
 }
 
 __device__ __forceinline__ QStep following_q_tile(const AttngenBwdArgs& a, const BwdCta& c, QStep s) {
   ++s.i;
-  return next_q_tile<BQ, BK, kQWalkScans>(a.captured, c.t, c.j, s, c.h_end);
+  return next_q_tile<BQ, BK, kQWalkScans>(a.captured, c.t, c.j, s, c.h_end, walk_shift(a));
 }
 
 // ------------------------------------------------------------------------------------------- producer
