@@ -166,7 +166,9 @@ def test_opcheck_on_the_kernels(name):
     for dlse in (None, torch.randn_like(lse)):
         bargs = (torch.randn_like(out), dlse, q, k, v, out, lse, caps, attn.op_id, D ** -0.5, shape[-1],
                  ag.param_values(attn), needs)
-        torch.library.opcheck(torch.ops.attngen.attention_bwd.default, bargs)
+        # the kernel adds dQ and the captured tensors' gradients in no fixed order, so two runs differ by rounding
+        # (fp32 sums, bf16 outputs): bf16's own tolerance, with an absolute floor for the fp32 sums
+        torch.library.opcheck(torch.ops.attngen.attention_bwd.default, bargs, atol=1e-3, rtol=1.6e-2)
 
 
 @pytest.mark.parametrize("name", ["causal", "alibi"])
