@@ -851,8 +851,6 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         f"#define ATTNGEN_NEEDS_CLASSIFIER {int(bool(preds.needs_classifier))}",
         f"#define ATTNGEN_KV_PARTS {len(preds.kv_parts) if has_mask else 0}",
         f"#define ATTNGEN_Q_PARTS {len(preds.q_parts) if has_mask else 0}",
-        f"#define ATTNGEN_KV_WALK_SCANS {int(bool(has_mask and preds.walk_scans('kv')))}",
-        f"#define ATTNGEN_Q_WALK_SCANS {int(bool(has_mask and preds.walk_scans('q')))}",
         f"#define ATTNGEN_NUM_SUMMARIES {len(preds.summaries)}",
         f"#define ATTNGEN_TILES_READ_HEAD {int(has_mask and preds.walk_reads(H))}",
         *([f"#define ATTNGEN_NUM_GRAD_SITES {len(grad_sites)}",

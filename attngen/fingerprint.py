@@ -35,7 +35,7 @@ from .params import RuntimeParam
 _DOMAIN = "attngen-analysis-fingerprint/2"
 # The analysis stages a record's content depends on (plus this module's own walk and the record format).
 _ANALYSIS_SOURCES = ("trace.py", "predicates.py", "summaries.py", "mods.py", "params.py", "symbols.py", "codegen.py",
-                     "printer.py", "ir.py", "fingerprint.py", "analysis.py", "analysis_cache.py")
+                     "printer.py", "ir.py", "fingerprint.py", "analysis.py", "analysis_cache.py", "abi.py")
 # Modules whose functions, types and submodules are described by name: their behaviour is fixed by the
 # versions in the digest (torch) or by the interpreter (math, builtins, operator).
 _LIBRARY_MODULES = ("torch", "math", "builtins", "operator", "_operator")

@@ -212,24 +212,6 @@ class BlockPredicates:
     notes: Tuple[str, ...] = ()  # what a reader of explain or the build log should know (a coarse map)
     analysis_steps: int = 0  # work the derivation did, in predicates.WORK_BUDGET's steps
 
-    def walk_scans(self, direction: str) -> bool:
-        """Whether the walk along ``direction`` ('kv': a q-block's kv tiles, 'q': a kv-block's q tiles) asks the
-        classifier about tiles in a range that does not move with the block walking it: one derived without a
-        closed form in the block index (a mask over captured tensors with no equal-value structure), so most of
-        its tiles may be EMPTY and are crossed one question each. The kernels then ask with a whole warp
-        (block_scan.cuh); a range that moves with the block (causal, windows, document ranges) is walked as is."""
-        import sympy
-
-        from .symbols import I, J
-
-        if not self.needs_classifier:
-            return False
-        lo, hi, parts, index = ((self.kv_lo, self.kv_hi, self.kv_parts, I) if direction == "kv"
-                                else (self.q_lo, self.q_hi, self.q_parts, J))
-        if parts:
-            return False  # the parts' walk jumps the gaps between them (block_parts.cuh)
-        return not any(index in sympy.sympify(e).free_symbols for e in (lo, hi))
-
     def walk_reads(self, symbol) -> bool:
         """Whether a q-block's kv walk (its ranges, FULL ranges, parts and tile classifier) depends on ``symbol``
         (B or H): then a map or a schedule made for one batch / head does not stand for the others."""

@@ -312,7 +312,7 @@ class _Summaries:
 
     def equal_range(self, g, hrest, var, full=False):
         """Hull along ``var`` of {var : t[var] == t[other] for some other in the block} when the atom
-        is ``t[.., var] - t[.., other] == 0`` for one captured tensor. Block ranges come from prefix
+        is ``t[.., var] - t[.., other] == 0`` (or its negation) for one captured tensor. Block ranges come from prefix
         max / suffix min of per-block extremes (binary search, O(N/B log)): sound for any tensor,
         exact when the tensor is sorted (document ids). Returns element bounds or None."""
         other = S.Q if var == S.KV else S.KV

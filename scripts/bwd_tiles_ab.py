@@ -5,6 +5,7 @@ commas), interleaved rounds of triton's do_bench, the median; gradients compared
 memory allows 3 stages at head dim 128 (the staged dQ still fitting beside them, sm90_bwd_layout.cuh). Needs a GPU.
 
     python scripts/bwd_tiles_ab.py [--variants causal full sliding_window document] [--set stages=2 stages=3]
+        [--head-dim 128] [--seq 8192]
 """
 import argparse
 import sys
@@ -43,9 +44,9 @@ def main(argv=None):
 
     ladders = {s: (lambda hd, f=fields(s): (replace(SM90_BWD_TILES[hd], **f),)) for s in args.settings}
 
-    def under(stages, fn):
+    def under(setting, fn):
         def step():
-            spec.sm90_bwd_ladder = ladders[stages]
+            spec.sm90_bwd_ladder = ladders[setting]
             return fn()
         return step
 

@@ -1,7 +1,7 @@
 """Where a forward + backward step's time goes, kernel by kernel: attngen's and flex's steps
-(bench_training.py's) under torch.profiler, each kernel's mean time per step, beside the tiles the sm90 backward
-visits (its 64 x 128 walk, blockmap.block_map on the CPU): the visited and partial tiles per kv head and the
-kernel's microseconds per visited tile. Sliding windows of several widths (--windows) give the same kernels
+(bench_training.py's) under torch.profiler, each kernel's mean time per step, beside the 64 x 128 tiles that hold a
+kept element (blockmap.block_map on the CPU: what an exact backward walk visits), per kv head, the partial ones
+among them, and each backward kernel's time over that count. Sliding windows of several widths (--windows) give the same kernels
 over walks of several lengths, which separates a CTA's fixed cost from a tile's. Needs a GPU.
 
     python scripts/step_kernel_times.py [--variants causal full document document_aligned] [--windows 256 1024 4096]
@@ -46,7 +46,7 @@ def short(name: str) -> str:
 
 
 def tiles(variant_mask, S):
-    """(visited, partial) tiles of one kv head's backward walk at 64 x 128, or (all, 0) without a mask."""
+    """(kept, partial) 64 x 128 tiles of one kv head (an exact walk's visits), or (all, 0) without a mask."""
     from attngen import blockmap
 
     nq, nk = S // 64, S // 128
@@ -77,13 +77,13 @@ def main(argv=None):
     cases += [(f"sliding_window({w})", None, V.sliding_window(w)) for w in args.windows]
     flex = None if args.no_flex else bf.Flex()
     bf.heat_gpu(device)
-    print("| variant | impl | kernel | µs / step | visited tiles / head | partial | ns / visited tile |")
+    print("| variant | impl | kernel | µs / step | kept tiles / head | partial | ns / kept tile |")
     print("|---|---|---|---|---|---|---|")
     for name, score_mod, mask_mod in cases:
         cpu_mask = mask_mod
         if mask_mod is not None and name.startswith("document"):  # the block map reads the ids on the CPU
             cpu_mask = bf.make_variant(name, S, H, "cpu")[1]
-        visited, partial = tiles(cpu_mask, S)
+        kept, partial = tiles(cpu_mask, S)
         impls = {"attngen": bf.make_attngen(score_mod, mask_mod)}
         if flex is not None:
             impls["flex"] = flex.make(score_mod, mask_mod, S, device)
@@ -99,8 +99,8 @@ def main(argv=None):
             for kname, us in sorted(by_kernel.items(), key=lambda kv: -kv[1]):
                 per_tile = ""
                 if kname in ("attngen_bwd_kernel", "flex_attention_backward"):
-                    per_tile = f"{1e3 * us / (visited * B * H):.1f}"
-                print(f"| {name} | {impl} | {kname} | {us:.1f} | {visited} | {partial} | {per_tile} |", flush=True)
+                    per_tile = f"{1e3 * us / (kept * B * H):.1f}"
+                print(f"| {name} | {impl} | {kname} | {us:.1f} | {kept} | {partial} | {per_tile} |", flush=True)
             print(f"| {name} | {impl} | (step total) | {sum(means.values()):.1f} | | | |", flush=True)
         torch.cuda.empty_cache()
 

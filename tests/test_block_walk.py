@@ -75,42 +75,37 @@ def _brute(mask, q_len, kv_len, q_off, BQ, BK):
 
 def _program(name, shapes, setup):
     """A host program walking both directions for each (q_len, kv_len, q_off, BQ, BK): lines 'F i j full'
-    (forward visits) and 'B j i full' (backward visits), then 'END'."""
+    (forward visits), 'B j i full' (backward visits) and 'R j h i full' (the backward's walk rotated,
+    block_range_bwd.cuh walk_rotation with shift 3, over two query heads of one kv head), then 'END'."""
     body = []
     for q_len, kv_len, q_off, BQ, BK in shapes:
-        walks = []
-        for warp, fwd, bwd in (("false", "F", "B"), ("true", "f", "b")):
-            walks.append(f"""    forward = {"false" if warp == "true" else "true"};
-    wasted = 0;
-    for (int i = 0; i < nqb; ++i) {{
-      const KvRange r = kv_range<{BQ}, {BK}>(c, t, i);
-      for (int j = next_kv_tile<{BQ}, {BK}, {warp}>(c, t, i, r.j_begin, r.j_end, r.f_lo, r.f_hi, r); j < r.j_end;
-           j = next_kv_tile<{BQ}, {BK}, {warp}>(c, t, i, j + 1, r.j_end, r.f_lo, r.f_hi, r)) {{
-        const bool full = (j >= r.f_lo && j < r.f_hi) || (ATTNGEN_NEEDS_CLASSIFIER && tile_all<{BQ}, {BK}>(c, t, i, j));
-        printf("{fwd} %d %d %d\\n", i, j, (int)full);
-      }}
-    }}
-    if (forward) printf("W %d\\n", wasted);
-    forward = false;
-    for (int j = 0; j < nkb; ++j) {{
-      for (QStep s = next_q_tile<{BQ}, {BK}, {warp}>(c, t, j, q_range<{BQ}, {BK}>(c, t, j), 1); s.h < 1;) {{
-        printf("{bwd} %d %d %d\\n", j, s.i, (int)!q_tile_masked<{BQ}, {BK}>(c, t, s, j));
-        ++s.i;
-        s = next_q_tile<{BQ}, {BK}, {warp}>(c, t, j, s, 1);
-      }}
-    }}""")
-        # the backward's walk rotated (block_range_bwd.cuh walk_rotation, shift 3): the same tiles, in turn
-        walks.append(f"""    for (int j = 0; j < nkb; ++j) {{
-      for (QStep s = next_q_tile<{BQ}, {BK}>(c, t, j, q_range<{BQ}, {BK}>(c, t, j, 3), 1, 3); s.h < 1;) {{
-        printf("R %d %d %d\\n", j, s.i, (int)!q_tile_masked<{BQ}, {BK}>(c, t, s, j));
-        ++s.i;
-        s = next_q_tile<{BQ}, {BK}>(c, t, j, s, 1, 3);
-      }}
-    }}""")
         body.append(f"""  {{
     TileArgs t{{{q_len}, {kv_len}, {q_off}, 0, 0}};
     const int nqb = {-(-q_len // BQ)}, nkb = {-(-kv_len // BK)};
-{chr(10).join(walks)}
+    forward = true;
+    wasted = 0;
+    for (int i = 0; i < nqb; ++i) {{
+      const KvRange r = kv_range<{BQ}, {BK}>(c, t, i);
+      for (int j = next_kv_tile<{BQ}, {BK}>(c, t, i, r.j_begin, r.j_end, r.f_lo, r.f_hi, r); j < r.j_end;
+           j = next_kv_tile<{BQ}, {BK}>(c, t, i, j + 1, r.j_end, r.f_lo, r.f_hi, r)) {{
+        const bool full = (j >= r.f_lo && j < r.f_hi) || (ATTNGEN_NEEDS_CLASSIFIER && tile_all<{BQ}, {BK}>(c, t, i, j));
+        printf("F %d %d %d\\n", i, j, (int)full);
+      }}
+    }}
+    forward = false;
+    printf("W %d\\n", wasted);
+    for (int j = 0; j < nkb; ++j) {{
+      for (QStep s = next_q_tile<{BQ}, {BK}>(c, t, j, q_range<{BQ}, {BK}>(c, t, j), 1); s.h < 1;) {{
+        printf("B %d %d %d\\n", j, s.i, (int)!q_tile_masked<{BQ}, {BK}>(c, t, s, j));
+        ++s.i;
+        s = next_q_tile<{BQ}, {BK}>(c, t, j, s, 1);
+      }}
+      for (QStep s = next_q_tile<{BQ}, {BK}>(c, t, j, q_range<{BQ}, {BK}>(c, t, j, 3), 2, 3); s.h < 2;) {{
+        printf("R %d %d %d %d\\n", j, s.h, s.i, (int)!q_tile_masked<{BQ}, {BK}>(c, t, s, j));
+        ++s.i;
+        s = next_q_tile<{BQ}, {BK}>(c, t, j, s, 2, 3);
+      }}
+    }}
     printf("END\\n");
   }}""")
     return f"""namespace v_{name} {{
@@ -146,7 +141,6 @@ def test_tile_walks_visit_every_kept_tile_and_only_prove_full_tiles(tmp_path):
         BQ, BK = rng.choice([8, 16, 32]), rng.choice([8, 16, 32])
         shapes.append((rng.randint(1, 300), rng.randint(1, 300), rng.choice([0, rng.randint(0, 90)]), BQ, BK))
     head = ("#define __host__\n#define __device__\n#define __forceinline__ inline\n#define ATTNGEN_DEV_INLINE inline\n"
-            "#define ATTNGEN_HOST_WARP\n"
             "#include <algorithm>\n#include <cmath>\n#include <cstdio>\n#include <cstring>\nusing std::max;\nusing std::min;\n"
             '#include "attngen_common.cuh"\n')
     preds, outs = {}, []
@@ -154,7 +148,7 @@ def test_tile_walks_visit_every_kept_tile_and_only_prove_full_tiles(tmp_path):
         d = tmp_path / name
         d.mkdir()
         (d / "attngen_common.cuh").write_text(COMMON_STUB)
-        for header in ("variant_math.cuh", "block_parts.cuh", "block_scan.cuh", "block_range.cuh", "block_range_bwd.cuh"):
+        for header in ("variant_math.cuh", "block_parts.cuh", "block_range.cuh", "block_range_bwd.cuh"):
             (d / header).write_text((TEMPLATES / header).read_text())
         traced, p = analyze(attngen.Variant(mask_mod=mod))
         preds[name] = p
@@ -175,27 +169,30 @@ def test_tile_walks_visit_every_kept_tile_and_only_prove_full_tiles(tmp_path):
             bwd = torch.zeros_like(any_, dtype=torch.int8)
             wasted = None
             lines = blocks[n * len(shapes) + s].strip().splitlines()
-            # the warp's walks (block_scan.cuh, 32 candidates at a time) visit the same tiles in the same order
-            serial = [ln for ln in lines if ln[0] in "FB"]
-            warp = [ln.replace("f", "F", 1).replace("b", "B", 1) for ln in lines if ln[0] in "fb"]
-            assert warp == serial, f"{ctx}: the warp's walk differs from the thread's"
-            # a rotated backward walk: per kv block, the same (tile, full) steps, the plain walk's turned around
-            plain, rotated = {}, {}
+            # a rotated backward walk: per kv block and head (the masks do not read h), the plain walk's steps
+            # turned around, head 0's before head 1's
+            plain, rotated, heads = {}, {}, {}
             for ln in lines:
-                if ln[0] in "BR":
+                if ln[0] == "B":
                     _, j, i, full = ln.split()
-                    (plain if ln[0] == "B" else rotated).setdefault(int(j), []).append((int(i), int(full)))
+                    plain.setdefault(int(j), []).append((int(i), int(full)))
+                elif ln[0] == "R":
+                    _, j, h, i, full = ln.split()
+                    rotated.setdefault((int(j), int(h)), []).append((int(i), int(full)))
+                    heads.setdefault(int(j), []).append(int(h))
             for j, steps in plain.items():
-                got = rotated.get(j, [])
-                assert any(got == steps[k:] + steps[:k] for k in range(len(steps))), \
-                    f"{ctx}: kv block {j}'s rotated walk {got} is not a turn of {steps}"
-                turned += got != steps
-            assert set(rotated) <= set(plain), f"{ctx}: a rotated walk visits a kv block the plain one skips"
+                assert heads[j] == sorted(heads[j]), f"{ctx}: kv block {j}'s rotated walk goes back to an earlier head"
+                for h in (0, 1):
+                    got = rotated.get((j, h), [])
+                    assert any(got == steps[k:] + steps[:k] for k in range(len(steps))), \
+                        f"{ctx}: kv block {j}, head {h}: rotated walk {got} is not a turn of {steps}"
+                    turned += got != steps
+            assert {j for j, _ in rotated} <= set(plain), f"{ctx}: a rotated walk visits a kv block the plain one skips"
             for line in lines:
                 if line.startswith("W "):
                     wasted = int(line.split()[1])
                     continue
-                if line[0] in "fbR":
+                if line[0] == "R":
                     continue
                 kind, a, b, full = line.split()
                 a, b, full = int(a), int(b), int(full)

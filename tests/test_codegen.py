@@ -93,16 +93,13 @@ def test_macros(rendered):
         return {m.group(1): int(m.group(2)) for m in re.finditer(r"#define ATTNGEN_(\w+) (\d)", text)}
 
     plain = {"SCORE_HEAD_SCALE": 0, "SCORE_REL": 0, "SCORE_REL_LOADS": 0, "KV_PARTS": 0, "Q_PARTS": 0,
-             "KV_WALK_SCANS": 0, "Q_WALK_SCANS": 0,
              "NUM_SUMMARIES": 0, "TILES_READ_HEAD": 0, "GRAD_DIAG_SITES": 0}
     assert macros(rendered["causal"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 0, **plain,
                                           "NUM_GRAD_SITES": 0}
     assert macros(rendered["softcap"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 0, "NEEDS_CLASSIFIER": 0, **plain,
                                            "NUM_GRAD_SITES": 0}
-    # the hand-built document predicates have ranges that do not move with the block: both walks scan
     assert macros(rendered["document"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 1, **plain,
-                                            "NUM_GRAD_SITES": 0, "NUM_SUMMARIES": 4, "KV_WALK_SCANS": 1,
-                                            "Q_WALK_SCANS": 1}
+                                            "NUM_GRAD_SITES": 0, "NUM_SUMMARIES": 4}
     assert macros(rendered["compound"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 1, **plain,
                                             "NUM_GRAD_SITES": 1}  # the fp16 per-head bias t1[h, q % 160]
 

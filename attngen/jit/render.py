@@ -131,7 +131,7 @@ def decode_source(dtype, head_dim: int, arch: str, tiles=None, template_dir: Pat
 # The Python that turns a traced variant into a binary besides the templates: its derivation, printing and build
 # flags. Part of cache keys, so that a change to any of them (not only to a template) rebuilds.
 GENERATOR_SOURCES = ("trace.py", "predicates.py", "summaries.py", "symbols.py", "ir.py", "mods.py", "codegen.py",
-                     "printer.py", "gradients.py", "jit/render.py", "jit/ninja.py", "jit/tiles.py")
+                     "printer.py", "gradients.py", "jit/render.py", "jit/ninja.py", "jit/tiles.py", "abi.py")
 
 
 @lru_cache(maxsize=None)

@@ -143,6 +143,11 @@ class Sm90BwdTiles:
     # kv blocks sharing one range (a document's) do not add into the same dQ tiles in step (0: no rotation)
     walk_shift: int = 0
 
+    def __post_init__(self):
+        if not 0 <= self.walk_shift <= 1024:
+            raise BuildError(f"Sm90BwdTiles.walk_shift must be in [0, 1024] (q-blocks per kv block of rotation), "
+                             f"got {self.walk_shift}")
+
     def smem_bytes(self, head_dim: int) -> int:
         """K, V; the Q / dO ring; two dS^T buffers; the row statistics per stage; mbarriers; the consumers' staged
         dQ (64 rows of a split of the head dim each, sm90_bwd_layout.cuh); alignment slack. Not counted: the

@@ -20,15 +20,6 @@ ATTNGEN_DEV_INLINE int first_in_parts(const int (&lo)[P], const int (&hi)[P], in
   return next;
 }
 
-// Whether block x lies inside some part's [lo, hi).
-template <int P>
-ATTNGEN_DEV_INLINE bool in_parts(const int (&lo)[P], const int (&hi)[P], int x) {
-  bool in = false;
-#pragma unroll
-  for (int k = 0; k < P; ++k) in |= lo[k] <= x && x < hi[k];
-  return in;
-}
-
 // One FULL run [f_lo, f_hi) from the parts' FULL ranges: overlapping or adjacent ones are merged, otherwise
 // the widest stands (blocks of the other runs are then classified by tile_all, as any other tile).
 template <int P>

@@ -2,22 +2,16 @@
 // (no mask_mod), from the tile-level predicates of variant.inc (docs/kernel-interface.md); score_kv_tile
 // (score_mask.cuh) treats the rest as PARTIAL; a union mask also skips the tiles outside every one of its
 // parts (block_parts.cuh). Shared by the kernels: every thread that walks the kv tiles (the sm80 kernel's,
-// and the sm90 producer and consumers) computes the same sequence, on its own or with its warp. Include
-// after variant.inc.
+// and the sm90 producer and consumers) computes the same sequence on its own. Include after variant.inc.
 #pragma once
 
 #include "attngen_common.cuh"
 #include "block_parts.cuh"
-#include "block_scan.cuh"
 
 namespace attngen {
 
 // The kv tiles of q-block i of a (BQ x BK)-tiled kernel: [j_begin, j_end) less the classifier-EMPTY
 // ones (and those outside every part's [lo, hi)) are visited, [f_lo, f_hi) are known FULL.
-// Whether the kv walk asks the classifier with a whole warp (block_scan.cuh): the range does not move with the
-// q-block, so it may cross many EMPTY tiles (variant.inc). A kernel's producer then walks with a warp, too.
-constexpr bool kKvWalkScans = ATTNGEN_HAS_MASK && ATTNGEN_KV_WALK_SCANS;
-
 struct KvRange {
   int j_begin, j_end, f_lo, f_hi;
 #if ATTNGEN_KV_PARTS
@@ -53,41 +47,20 @@ ATTNGEN_DEV_INLINE KvRange kv_range(const CapturedArgs& C, const TileArgs& t, in
 // The first tile to visit at or after j (j_end when none): tiles outside every part of r (union masks)
 // and tiles proven EMPTY by the classifier are skipped; tiles in the FULL range [f_lo, f_hi) never are.
 // (The range's bounds come as plain ints, copies the caller keeps: reading them from r gives other SASS.)
-// kWarp: the calling warp asks the classifier about 32 candidates at once (block_scan.cuh; every lane calls,
-// converged); otherwise each thread asks about one at a time.
-template <int BQ, int BK, bool kWarp = false>
+template <int BQ, int BK>
 ATTNGEN_DEV_INLINE int next_kv_tile(const CapturedArgs& C, const TileArgs& t, int i, int j, int j_end, int f_lo,
                                     int f_hi, const KvRange& r) {
-#if ATTNGEN_HAS_MASK && ATTNGEN_NEEDS_CLASSIFIER
-  if constexpr (kWarp) {
-    const auto skip = [&](int x) {
-#if ATTNGEN_KV_PARTS
-      return first_in_parts(r.lo, r.hi, x, j_end);
-#else
-      return x;
-#endif
-    };
-    const auto visit = [&](int x) {
-#if ATTNGEN_KV_PARTS
-      if (!in_parts(r.lo, r.hi, x)) return false;
-#endif
-      return (x >= f_lo && x < f_hi) || tile_any<BQ, BK>(C, t, i, x);
-    };
-    return warp_first(j, j_end, skip, visit);
-  } else {
-#if ATTNGEN_KV_PARTS
-    j = first_in_parts(r.lo, r.hi, j, j_end);
-#endif
-    while (j < j_end && !(j >= f_lo && j < f_hi) && !tile_any<BQ, BK>(C, t, i, j)) {
-#if ATTNGEN_KV_PARTS
-      j = first_in_parts(r.lo, r.hi, j + 1, j_end);
-#else
-      ++j;
-#endif
-    }
-  }
-#elif ATTNGEN_HAS_MASK && ATTNGEN_KV_PARTS
+#if ATTNGEN_HAS_MASK && ATTNGEN_KV_PARTS
   j = first_in_parts(r.lo, r.hi, j, j_end);
+#endif
+#if ATTNGEN_HAS_MASK && ATTNGEN_NEEDS_CLASSIFIER
+  while (j < j_end && !(j >= f_lo && j < f_hi) && !tile_any<BQ, BK>(C, t, i, j)) {
+#if ATTNGEN_KV_PARTS
+    j = first_in_parts(r.lo, r.hi, j + 1, j_end);
+#else
+    ++j;
+#endif
+  }
 #endif
   return j;
 }

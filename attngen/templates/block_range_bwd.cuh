@@ -2,17 +2,13 @@
 // ones skipped) and which are known FULL (no mask_mod), from variant.inc's q_block_lo/q_block_hi/q_full_lo/
 // q_full_hi and the classifier tile_any/tile_all (docs/kernel-interface.md), over the query heads that
 // share one kv head; a union mask also skips the blocks outside every one of its parts (block_parts.cuh).
-// Every thread computes the same sequence, on its own or with its warp. Include after variant.inc.
+// Every thread computes the same sequence on its own. Include after variant.inc.
 #pragma once
 
 #include "attngen_common.cuh"
 #include "block_parts.cuh"
-#include "block_scan.cuh"
 
 namespace attngen {
-
-// Whether the q walk asks the classifier with a whole warp (block_scan.cuh), as block_range.cuh's kKvWalkScans.
-constexpr bool kQWalkScans = ATTNGEN_HAS_MASK && ATTNGEN_Q_WALK_SCANS;
 
 // Where the walk stands: query head h (h == the end head: done), q-block i of that head's range
 // [.., i_end), whose FULL range is [f_lo, f_hi).
@@ -27,7 +23,7 @@ struct QStep {
 // [start, hi), then [lo, start). The kv blocks that share a range (a document's) then add into different dQ
 // tiles at any one time rather than all into the same one (shift 0: no rotation).
 ATTNGEN_DEV_INLINE int walk_rotation(int shift, int j, int lo, int hi) {
-  return shift > 0 && hi - lo > 1 ? (shift * j) % (hi - lo) : 0;
+  return shift > 0 && hi - lo > 1 ? (int)((long long)shift * j % (hi - lo)) : 0;
 }
 
 // Head t.h's range of q blocks for kv-block j (clamped to [0, nqb)), starting the walk at its first block, or
@@ -61,43 +57,24 @@ ATTNGEN_DEV_INLINE QStep q_range(const CapturedArgs& C, const TileArgs& t, int j
 
 // The first tile to visit at or after s (s itself when it is not proven EMPTY), moving on to the next heads
 // up to h_end; s.h == h_end when none is left. tile_any / tile_all are symmetric in (i, j): the same
-// classifier as the forward's. kWarp: the calling warp asks about 32 candidates at once (block_scan.cuh; every
-// lane calls, converged); otherwise each thread asks about one at a time. shift: the walk's rotation
-// (walk_rotation), as q_range was given it: the second lap, [lo, start), follows the first.
-template <int BQ, int BK, bool kWarp = false>
+// classifier as the forward's. shift: the walk's rotation (walk_rotation), the one q_range was given for s (a
+// plain range walked with shift > 0 would visit its first blocks twice): the second lap, [lo, start), follows the
+// first.
+template <int BQ, int BK>
 ATTNGEN_DEV_INLINE QStep next_q_tile(const CapturedArgs& C, TileArgs t, int j, QStep s, int h_end, int shift = 0) {
   while (s.h < h_end) {
+#if ATTNGEN_HAS_MASK && ATTNGEN_Q_PARTS
+    s.i = first_in_parts(s.lo, s.hi, s.i, s.i_end);
+#endif
 #if ATTNGEN_HAS_MASK && ATTNGEN_NEEDS_CLASSIFIER
     t.h = s.h;
-    if constexpr (kWarp) {
-      const auto skip = [&](int x) {
+    while (s.i < s.i_end && !(s.i >= s.f_lo && s.i < s.f_hi) && !tile_any<BQ, BK>(C, t, s.i, j)) {
 #if ATTNGEN_Q_PARTS
-        return first_in_parts(s.lo, s.hi, x, s.i_end);
+      s.i = first_in_parts(s.lo, s.hi, s.i + 1, s.i_end);
 #else
-        return x;
+      ++s.i;
 #endif
-      };
-      const auto visit = [&](int x) {
-#if ATTNGEN_Q_PARTS
-        if (!in_parts(s.lo, s.hi, x)) return false;
-#endif
-        return (x >= s.f_lo && x < s.f_hi) || tile_any<BQ, BK>(C, t, x, j);
-      };
-      s.i = warp_first(s.i, s.i_end, skip, visit);
-    } else {
-#if ATTNGEN_Q_PARTS
-      s.i = first_in_parts(s.lo, s.hi, s.i, s.i_end);
-#endif
-      while (s.i < s.i_end && !(s.i >= s.f_lo && s.i < s.f_hi) && !tile_any<BQ, BK>(C, t, s.i, j)) {
-#if ATTNGEN_Q_PARTS
-        s.i = first_in_parts(s.lo, s.hi, s.i + 1, s.i_end);
-#else
-        ++s.i;
-#endif
-      }
     }
-#elif ATTNGEN_HAS_MASK && ATTNGEN_Q_PARTS
-    s.i = first_in_parts(s.lo, s.hi, s.i, s.i_end);
 #endif
     if (s.i < s.i_end) return s;
     if (shift > 0) {  // a rotated walk's first lap ends at the range's end; the second ends where the first began

@@ -4,9 +4,9 @@
 // (ceil(Lk / BK), Hkv, B), low kv blocks first (under causal-like masks they see the most q blocks).
 // Warpgroup 0 is the producer: one thread loads K and V once, then for each q-block the mask does not prove
 // EMPTY (block_range_bwd.cuh, over the query heads that share the kv head) its Q and dO tiles (TMA, 128-byte
-// swizzle) and its row statistics (bulk copies) into a STAGES-deep ring, with the help of its warp in finding
-// them where the walk scans (block_scan.cuh); its warps 1 and 2 are the consumers' dQ writers
-// (write_dq). Warpgroups 1 and 2 each own 64 kv rows and, per q-block of BQ = 64 rows, with wgmma:
+// swizzle) and its row statistics (bulk copies) into a STAGES-deep ring; its warps 1 and 2 are the consumers'
+// dQ writers (write_dq). Warpgroups 1 and 2 each own 64 kv
+// rows and, per q-block of BQ = 64 rows, with wgmma:
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory), then in registers P^T and
 //   dS^T = P^T (dP^T - delta) [* d score_mod / d score] (bwd_probs.cuh, one pass);
 //   dV += P^T dO and dK += dS^T Q (A from registers, B = dO / Q read MN-major);
@@ -55,59 +55,48 @@ __device__ __forceinline__ BwdCta bwd_cta(const AttngenBwdArgs& a) {
   return c;
 }
 
-// The walk (each warp together where it scans, kQWalkScans: the producer's warp and every consumer warp call these
-// converged).
 // The walk is rotated by WALK_SHIFT (block_range_bwd.cuh walk_rotation), except in deterministic mode, whose
 // turns would then wait on kv blocks that reach the tile late in their walks.
 __device__ __forceinline__ int walk_shift(const AttngenBwdArgs& a) { return a.dq_semaphore != nullptr ? 0 : WALK_SHIFT; }
 
 __device__ __forceinline__ QStep first_q_tile(const AttngenBwdArgs& a, const BwdCta& c) {
   const int shift = walk_shift(a);
-  return next_q_tile<BQ, BK, kQWalkScans>(a.captured, c.t, c.j, q_range<BQ, BK>(a.captured, c.t, c.j, shift),
-                                          c.h_end, shift);
+  return next_q_tile<BQ, BK>(a.captured, c.t, c.j, q_range<BQ, BK>(a.captured, c.t, c.j, shift), c.h_end, shift);
 }
 
 __device__ __forceinline__ QStep following_q_tile(const AttngenBwdArgs& a, const BwdCta& c, QStep s) {
   ++s.i;
-  return next_q_tile<BQ, BK, kQWalkScans>(a.captured, c.t, c.j, s, c.h_end, walk_shift(a));
+  return next_q_tile<BQ, BK>(a.captured, c.t, c.j, s, c.h_end, walk_shift(a));
 }
 
 // ------------------------------------------------------------------------------------------- producer
-// Thread 0 (warp 0 when the walk scans, kQWalkScans, lane 0 issuing the copies): K and V
-// once, then Q, dO and the statistics of every visited q-block once its slot is free.
+// One thread: K and V once, then Q, dO and the statistics of every visited q-block once its slot is free.
 __device__ __forceinline__ void produce(const AttngenBwdArgs& a, const CUtensorMap& tm_q, const CUtensorMap& tm_do,
-                                        const CUtensorMap& tm_k, const CUtensorMap& tm_v, const BwdSmem& sm,
-                                        int lane) {
+                                        const CUtensorMap& tm_k, const CUtensorMap& tm_v, const BwdSmem& sm) {
+  tma_prefetch_map(&tm_q);
+  tma_prefetch_map(&tm_do);
   const BwdCta c = bwd_cta(a);
-  const bool leader = !kQWalkScans || lane == 0;
-  if (leader) {
-    tma_prefetch_map(&tm_q);
-    tma_prefetch_map(&tm_do);
-    mbar_arrive_expect_tx(sm.bar_kv(), 2 * KV_BYTES);
+  mbar_arrive_expect_tx(sm.bar_kv(), 2 * KV_BYTES);
 #pragma unroll
-    for (int db = 0; db < DB; ++db) {
-      tma_load_4d(sm.k() + db * KV_BLOCK_BYTES, &tm_k, sm.bar_kv(), db * 64, c.j * BK, c.kvh, c.b);
-      tma_load_4d(sm.v() + db * KV_BLOCK_BYTES, &tm_v, sm.bar_kv(), db * 64, c.j * BK, c.kvh, c.b);
-    }
+  for (int db = 0; db < DB; ++db) {
+    tma_load_4d(sm.k() + db * KV_BLOCK_BYTES, &tm_k, sm.bar_kv(), db * 64, c.j * BK, c.kvh, c.b);
+    tma_load_4d(sm.v() + db * KV_BLOCK_BYTES, &tm_v, sm.bar_kv(), db * 64, c.j * BK, c.kvh, c.b);
   }
   const int Lq_pad = (a.Lq + BQ - 1) / BQ * BQ;
   int stage = 0;
   uint32_t phase = 0;
   for (QStep s = first_q_tile(a, c); s.h < c.h_end; s = following_q_tile(a, c, s)) {
-    if (leader) {
-      mbar_wait(sm.empty(stage), phase ^ 1u);
-      const uint32_t full = sm.full(stage);
-      mbar_arrive_expect_tx(full, 2 * Q_BYTES + STATS_BYTES);
+    mbar_wait(sm.empty(stage), phase ^ 1u);
+    const uint32_t full = sm.full(stage);
+    mbar_arrive_expect_tx(full, 2 * Q_BYTES + STATS_BYTES);
 #pragma unroll
-      for (int db = 0; db < DB; ++db) {
-        tma_load_4d(sm.q(stage) + db * Q_BLOCK_BYTES, &tm_q, full, db * 64, s.i * BQ, s.h, c.b);
-        tma_load_4d(sm.dout(stage) + db * Q_BLOCK_BYTES, &tm_do, full, db * 64, s.i * BQ, s.h, c.b);
-      }
-      const long long row = ((long long)c.b * a.Hq + s.h) * Lq_pad + (long long)s.i * BQ;
-      bulk_load_1d(sm.stats(stage), a.lse_log2 + row, BQ * 4, full);
-      bulk_load_1d(sm.stats(stage) + BQ * 4, a.delta + row, BQ * 4, full);
+    for (int db = 0; db < DB; ++db) {
+      tma_load_4d(sm.q(stage) + db * Q_BLOCK_BYTES, &tm_q, full, db * 64, s.i * BQ, s.h, c.b);
+      tma_load_4d(sm.dout(stage) + db * Q_BLOCK_BYTES, &tm_do, full, db * 64, s.i * BQ, s.h, c.b);
     }
-    if (kQWalkScans) __syncwarp();
+    const long long row = ((long long)c.b * a.Hq + s.h) * Lq_pad + (long long)s.i * BQ;
+    bulk_load_1d(sm.stats(stage), a.lse_log2 + row, BQ * 4, full);
+    bulk_load_1d(sm.stats(stage) + BQ * 4, a.delta + row, BQ * 4, full);
     advance(stage, phase);
   }
 }
@@ -167,7 +156,7 @@ __device__ __forceinline__ int dq_turn(const CapturedArgs& C, const TileArgs& t,
 // in its slot (the tile (b, h, i) and the deterministic turn), one bulk reduction adds it to the tiled dQ_acc, and
 // the buffer goes back once the reduction has read it; dq_done ends the loop. The hand-overs are mbarriers
 // (dq_full, dq_done: the consumer's 4 warps; dq_empty: the writer), whose arrive / wait order the slot too. The
-// writer takes no part in the walk (the classifier's registers stay with the producer warp); in deterministic
+// writer takes no part in the walk (the classifier's registers stay with the producer thread); in deterministic
 // mode it, not the consumer, waits for the tile's turn (dq_turn).
 __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem& sm, int cw, int lane) {
   const uint32_t buf = sm.dq(cw);
@@ -400,7 +389,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
       write_dq(a, sm, warp - 1, (int)threadIdx.x & 31);
       return;
     }
-    if (kQWalkScans ? warp == 0 : threadIdx.x == 0) produce(a, tm_q, tm_do, tm_k, tm_v, sm, (int)threadIdx.x & 31);
+    if (threadIdx.x == 0) produce(a, tm_q, tm_do, tm_k, tm_v, sm);
     return;
   }
   setmaxnreg_inc<CONSUMER_REGS>();

@@ -50,8 +50,7 @@ __device__ __forceinline__ bool ascending_q_blocks(const AttngenFwdArgs& a) {
 }
 
 // ------------------------------------------------------------------------------------------- producer
-// One thread (warp 0 when the walk scans, kKvWalkScans: lane 0 issues, the warp walks): for
-// each work tile, Q once its buffer is free (one buffer: the consumers release it after
+// One thread: for each work tile, Q once its buffer is free (one buffer: the consumers release it after
 // their last Q K^T of the previous tile, so this load runs under that tile's last P V and epilogue; a
 // persistent CTA's second buffer lets it run under the previous tile's last kv tiles), then K and V of
 // every visited kv tile. K and V slots are
@@ -59,13 +58,10 @@ __device__ __forceinline__ bool ascending_q_blocks(const AttngenFwdArgs& a) {
 // (docs/performance.md). Work tiles are decoded here and in each consumer after setmaxnreg.
 __device__ __forceinline__ void produce(const AttngenFwdArgs& a, const CUtensorMap& tm_q, const CUtensorMap& tm_k,
                                         const CUtensorMap& tm_v, const Smem& sm, unsigned int* tile_counter,
-                                        int heads_per_kv, int lane) {
-  const bool leader = !kKvWalkScans || lane == 0;
-  if (leader) {
-    tma_prefetch_map(&tm_q);
-    tma_prefetch_map(&tm_k);
-    tma_prefetch_map(&tm_v);
-  }
+                                        int heads_per_kv) {
+  tma_prefetch_map(&tm_q);
+  tma_prefetch_map(&tm_k);
+  tma_prefetch_map(&tm_v);
   const CapturedArgs& C = a.captured;
   const int ntiles = num_tiles<BQ>(a);
   int stage = 0;
@@ -74,24 +70,21 @@ __device__ __forceinline__ void produce(const AttngenFwdArgs& a, const CUtensorM
   int w = (int)blockIdx.x;  // every CTA's first tile (a persistent grid has at most one CTA per tile)
   const bool ascending = ascending_q_blocks(a);
   while (true) {
-    if (PERSISTENT && leader) sm.mailbox().announce(w, n & 1u);
+    if (PERSISTENT) sm.mailbox().announce(w, n & 1u);
     if (w < 0) break;
     int i;
     const TileArgs t = tile_args<BQ>(a, w, i, ascending);
     const KvRange r = kv_range<BQ, BK>(C, t, i);
     const int qb = q_buffer(n);
-    if (leader) {
-      mbar_wait(sm.bar_q_empty(qb), q_parity(n) ^ 1u);
-      mbar_arrive_expect_tx(sm.bar_q(qb), Q_BYTES);
+    mbar_wait(sm.bar_q_empty(qb), q_parity(n) ^ 1u);
+    mbar_arrive_expect_tx(sm.bar_q(qb), Q_BYTES);
 #pragma unroll
-      for (int db = 0; db < DB; ++db)
-        tma_load_4d(sm.q(qb) + db * Q_BLOCK_BYTES, &tm_q, sm.bar_q(qb), db * 64, i * BQ, t.h, t.b);
-    }
+    for (int db = 0; db < DB; ++db)
+      tma_load_4d(sm.q(qb) + db * Q_BLOCK_BYTES, &tm_q, sm.bar_q(qb), db * 64, i * BQ, t.h, t.b);
     ++n;
     const int kvh = t.h / heads_per_kv;  // GQA / MQA: consecutive query heads share a kv head
-    for (int j = next_kv_tile<BQ, BK, kKvWalkScans>(C, t, i, r.j_begin, r.j_end, r.f_lo, r.f_hi, r); j < r.j_end;
-         j = next_kv_tile<BQ, BK, kKvWalkScans>(C, t, i, j + 1, r.j_end, r.f_lo, r.f_hi, r)) {
-      if (!leader) continue;
+    for (int j = next_kv_tile<BQ, BK>(C, t, i, r.j_begin, r.j_end, r.f_lo, r.f_hi, r); j < r.j_end;
+         j = next_kv_tile<BQ, BK>(C, t, i, j + 1, r.j_end, r.f_lo, r.f_hi, r)) {
       mbar_wait(sm.empty_k(stage), phase ^ 1u);
       const uint32_t k_dst = sm.k(stage), v_dst = sm.v(stage);
       mbar_arrive_expect_tx(sm.full_k(stage), KV_BYTES);
@@ -108,10 +101,9 @@ __device__ __forceinline__ void produce(const AttngenFwdArgs& a, const CUtensorM
         phase ^= 1u;
       }
     }
-    if (leader) w = next_work_tile<PERSISTENT>(tile_counter, sm.mailbox(), ntiles);
-    if (kKvWalkScans) w = __shfl_sync(0xffffffffu, w, 0);
+    w = next_work_tile<PERSISTENT>(tile_counter, sm.mailbox(), ntiles);
   }
-  if (PERSISTENT && leader && tile_counter != nullptr) counter_done(tile_counter);
+  if (PERSISTENT && tile_counter != nullptr) counter_done(tile_counter);
 }
 
 // ------------------------------------------------------------------------------------------- consumers
@@ -254,12 +246,12 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
 
     mbar_wait(sm.bar_q(qb), qpar);
     bool q_released = false;
-    int j = next_kv_tile<BQ, BK, kKvWalkScans>(C, t, i, tr.j_begin, j_end, f_lo, f_hi, tr);
+    int j = next_kv_tile<BQ, BK>(C, t, i, tr.j_begin, j_end, f_lo, f_hi, tr);
     if (OVERLAP) {
       if (j < j_end) {
         step<true, false>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
         while (true) {
-          const int jn = next_kv_tile<BQ, BK, kKvWalkScans>(C, t, i, j + 1, j_end, f_lo, f_hi, tr);
+          const int jn = next_kv_tile<BQ, BK>(C, t, i, j + 1, j_end, f_lo, f_hi, tr);
           if (jn >= j_end) break;
           int nstage = stage;
           uint32_t nphase = phase;
@@ -276,7 +268,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
         advance(stage, phase);  // the next work tile starts at the next slot
       }
     } else {
-      for (; j < j_end; j = next_kv_tile<BQ, BK, kKvWalkScans>(C, t, i, j + 1, j_end, f_lo, f_hi, tr)) {
+      for (; j < j_end; j = next_kv_tile<BQ, BK>(C, t, i, j + 1, j_end, f_lo, f_hi, tr)) {
         step<true, false>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
         step<false, true>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
         advance(stage, phase);
@@ -323,8 +315,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
   if (wg == 0) {
     setmaxnreg_dec<PRODUCER_REGS>();
-    if (kKvWalkScans ? threadIdx.x < 32 : threadIdx.x == 0)
-      produce(a, tm_q, tm_k, tm_v, sm, tile_counter, heads_per_kv, (int)threadIdx.x & 31);
+    if (threadIdx.x == 0) produce(a, tm_q, tm_k, tm_v, sm, tile_counter, heads_per_kv);
     return;
   }
   setmaxnreg_inc<CONSUMER_REGS>();

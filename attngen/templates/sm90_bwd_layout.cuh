@@ -1,5 +1,5 @@
 // sm90_bwd_layout.cuh: the static facts of the sm90 backward kernel (bwd_sm90.cuh) that follow from its
-// configuration: warpgroup roles (producer warp, dQ writer warps, consumers) and register budgets, accumulator
+// configuration: warpgroup roles (producer thread, dQ writer warps, consumers) and register budgets, accumulator
 // sizes, how dQ is split between the consumers and where it goes, the shared-memory layout with its mbarriers,
 // and the checks that the configuration fits.
 // Configuration (Elem, D, BQ, BK, STAGES, PRODUCER_REGS, CONSUMER_REGS) from the including attngen_bwd.cu.
