@@ -4,6 +4,7 @@ only: tile policy, which family a signature gets, rendering, real nvcc builds fo
 (q_block_lo/q_block_hi/q_full_lo/q_full_hi) computed by g++ against BlockPredicates and a brute-force map."""
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 import subprocess
@@ -80,6 +81,13 @@ def test_sm90_backward_family_and_tiles():
     assert attngen.compile(causal=True, backend="sm80").backward_kernels(128, 0) == (BWD_KERNEL,)
     src = render.render_sources("", torch.float16, 64, "sm_90a", kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
     assert '#include "bwd_sm90.cuh"' in src and "constexpr int STAGES = 2;" in src and "{{" not in src
+    # the walk's rotation: off unless asked for, and bounded
+    assert "constexpr int WALK_SHIFT = 0;" in src
+    shifted = dataclasses.replace(tiles.SM90_BWD_TILES[64], walk_shift=2)
+    assert "constexpr int WALK_SHIFT = 2;" in render.render_sources(
+        "", torch.float16, 64, "sm_90a", tiles=shifted, kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
+    with pytest.raises(attngen.BuildError, match="walk_shift"):
+        tiles.Sm90BwdTiles(walk_shift=-1)
 
 
 def test_prebuild_plans_the_backward_each_arch_runs():
