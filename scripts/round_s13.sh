@@ -19,6 +19,10 @@
 # varlen, runtime parameters, negative indices), and the learnable relative-position table's step beside flex.
 # It showed racecheck's 10 hazards all the statistics' (as since session 10), relpos learnable 1.49x flex, and
 # opcheck failing on two backward runs that differ by rounding (E, by hand: the test's tolerance mended, 3 passed).
+# F (prepared, not run: the session's device time was spent) = the suites no round reached on this ABI
+# (test_gpu_api.py with its rank-2 documents and 16-slot variant, test_negative_index.py, test_params_gpu.py whole),
+# and session 12's racecheck probe: whether racecheck follows an mbarrier hand-over from generic reads to a bulk copy
+# (the row statistics' hazard).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -53,4 +57,10 @@ case "$1" in
       tests/gpu/test_negative_index.py
     timeout 110 python benchmarks/bench_training.py --variants relpos_learnable --out "$R" 2>&1 \
       | grep -E "^\[|TFLOP|vs flex|rror|kernel_options" ;;
+  F)
+    nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I attngen/templates scripts/racecheck_bulk_probe.cu \
+      -o /tmp/probe && timeout 30 compute-sanitizer --tool racecheck --print-limit 4 /tmp/probe \
+      > "$R/racecheck_probe.log" 2>&1
+    grep -E "values|RACECHECK SUMMARY" "$R/racecheck_probe.log"
+    run_tests rest 400 tests/gpu/test_gpu_api.py tests/gpu/test_negative_index.py tests/gpu/test_params_gpu.py ;;
 esac
