@@ -29,11 +29,11 @@ from .mods import as_mask_mod, as_score_mod, as_variant
 _AUTO_CHUNK_ELEMENTS = 1 << 24
 
 
-
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The precision of attngen's float sums (the reference, the LSE, merges and gradient accumulators):
     float64 for float64 inputs, float32 otherwise."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
 
 def _mods(variant):
     v = as_variant(variant)

@@ -38,9 +38,10 @@ def main(argv=None):
     q, k, v, dout = (torch.randn(B, H, S, D, generator=gen).to(device=device, dtype=torch.bfloat16)
                      for _ in range(4))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
+
     # the ladder a build (and every call's cache key) reads: one rung, this setting
     def fields(setting):
-        return {k: int(v) for k, v in (kv.split("=") for kv in setting.split(","))}
+        return {name: int(value) for name, value in (f.split("=") for f in setting.split(","))}
 
     ladders = {s: (lambda hd, f=fields(s): (replace(SM90_BWD_TILES[hd], **f),)) for s in args.settings}
 

@@ -2,9 +2,12 @@
 (bench_training.py's) under torch.profiler, each kernel's mean time per step, beside the 64 x 128 tiles that hold a
 kept element (blockmap.block_map on the CPU: what an exact backward walk visits), per kv head, the partial ones
 among them, and each backward kernel's time over that count. Sliding windows of several widths (--windows) give the same kernels
-over walks of several lengths, which separates a CTA's fixed cost from a tile's. Needs a GPU.
+over walks of several lengths, which separates a CTA's fixed cost from a tile's. Needs a GPU, except --fit,
+which reads a table this script printed and fits the backward's time to a tile cost and a CTA cost (least
+squares over the rows of --fit-rows).
 
     python scripts/step_kernel_times.py [--variants causal full document document_aligned] [--windows 256 1024 4096]
+    python scripts/step_kernel_times.py --fit TABLE.md [--fit-rows full "sliding_window(4096)" ...]
 """
 import argparse
 import sys
@@ -56,18 +59,45 @@ def tiles(variant_mask, S):
     return int((bm > 0).sum()), int((bm == 1).sum())
 
 
+B, H, S, D = 2, 16, 8192, 128
+CTAS = S // 128 * B * H  # the sm90 backward's grid: one CTA per kv block of 128 rows, kv head and batch
+SMS = 132  # the H200's
+
+
+def fit(table: str, names) -> str:
+    """time = a * tiles + b * CTAs over attngen's backward rows of ``names`` in a table main() printed."""
+    import torch
+
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 7 and cells[1] == "attngen" and cells[2] == "attngen_bwd_kernel" and cells[0] in names:
+            rows[cells[0]] = (float(cells[4]) * B * H, float(cells[3]) * 1e3)  # tiles, ns
+    if len(rows) < 2:
+        raise SystemExit(f"--fit needs two or more backward rows of {list(names)}, found {sorted(rows)}")
+    x = torch.tensor([[t, CTAS] for t, _ in rows.values()], dtype=torch.float64)
+    y = torch.tensor([ns for _, ns in rows.values()], dtype=torch.float64)[:, None]
+    a, b = torch.linalg.lstsq(x, y).solution.flatten().tolist()
+    return (f"rows {sorted(rows)}: {a:.2f} ns per tile, {b:.1f} ns per CTA of the whole GPU "
+            f"({b * SMS / 1e3:.2f} µs of one SM, {b / a:.2f} tiles' worth)")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", nargs="+", default=["causal", "full", "document", "document_aligned", "prefix_lm"])
     p.add_argument("--windows", nargs="*", type=int, default=[256, 1024, 4096])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--no-flex", action="store_true")
+    p.add_argument("--fit", metavar="TABLE.md", help="fit a printed table's backward times instead of running")
+    p.add_argument("--fit-rows", nargs="+", default=["full", "sliding_window(4096)", "sliding_window(1024)"])
     args = p.parse_args(argv)
+    if args.fit:
+        print(fit(Path(args.fit).read_text(), args.fit_rows))
+        return
     import torch
 
     from attngen import variants as V
 
-    B, H, S, D = 2, 16, 8192, 128
     device = torch.device("cuda")
     gen = torch.Generator(device="cpu").manual_seed(0)
     q, k, v, dout = (torch.randn(B, H, S, D, generator=gen).to(device=device, dtype=torch.bfloat16)

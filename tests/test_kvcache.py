@@ -592,11 +592,14 @@ def test_shared_write_check_agrees_with_slot_by_slot():
     from attngen.kvcache import _check_no_shared_writes, _contiguous_layout, _paged_layout
 
     def brute(locate, starts, L_new, U):
-        slots = [set((locate(b, torch.arange(s + L_new))[0] * U + locate(b, torch.arange(s + L_new))[1]).tolist())
-                 for b, s in enumerate(starts)]
+        def slot_of(b, positions):
+            major, minor = locate(b, positions)
+            return major * U + minor
+
+        slots = [set(slot_of(b, torch.arange(s + L_new)).tolist()) for b, s in enumerate(starts)]
         for b, s in enumerate(starts):
             for pos in range(s, s + L_new):
-                slot = int(locate(b, torch.tensor([pos]))[0] * U + locate(b, torch.tensor([pos]))[1])
+                slot = int(slot_of(b, torch.tensor([pos])))
                 others = [o for o in range(len(starts)) if o != b and slot in slots[o]]
                 if others:
                     return b, pos, others[0]
