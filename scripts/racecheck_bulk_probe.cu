@@ -71,12 +71,13 @@ __global__ void probe_reuse(const float* src, float* dst) {
 // with SYNCWARP, release it per warp after __syncwarp alone. If racecheck reports hazards here but not in
 // probe_reuse, it does not follow a named barrier over part of the block (or per-warp releases), and the
 // backward's hazards are the tool's.
-template <bool SYNCWARP>
+// PER_THREAD (SYNCWARP ignored): every reader thread arrives itself, as with Sm90BwdTiles.release_per_thread.
+template <bool SYNCWARP, bool PER_THREAD = false>
 __global__ void probe_partial(const float* src, float* dst) {
   __shared__ __align__(128) float buf[64];
   __shared__ __align__(8) uint64_t full, empty;
   const uint32_t f = smem_addr(&full), e = smem_addr(&empty);
-  init_slot_bars(f, e, 2);  // one arrival per reader warp
+  init_slot_bars(f, e, PER_THREAD ? 64 : 2);  // one arrival per reader thread, or per reader warp
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   if (warp == 0) {
     if (lane == 0) {
@@ -92,6 +93,10 @@ __global__ void probe_partial(const float* src, float* dst) {
   for (int it = 0; it < 2; ++it) {
     mbar_wait(f, it & 1);
     dst[it * 64 + r] = buf[r];
+    if (PER_THREAD) {
+      mbar_arrive(e);
+      continue;
+    }
     if (SYNCWARP) __syncwarp();
     else named_bar_sync(1, 64);
     if (lane == 0) mbar_arrive(e);
@@ -129,5 +134,10 @@ int main() {
                 syncwarp ? "per warp after __syncwarp" : "after a named barrier of 64 of 96 threads",
                 bad ? "WRONG VALUES" : "values ok");
   }
+  std::fflush(stdout);
+  probe_partial<false, true><<<1, 96>>>(src, dst);
+  cudaMemcpy(host, dst, sizeof(host), cudaMemcpyDeviceToHost);
+  for (int i = 0; i < 128; ++i) bad += host[i] != (float)i;
+  std::printf("racecheck_bulk_probe (producer warp, every reader thread arrives): %s\n", bad ? "WRONG VALUES" : "values ok");
   return bad != 0;
 }

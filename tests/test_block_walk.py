@@ -75,7 +75,8 @@ def _brute(mask, q_len, kv_len, q_off, BQ, BK):
 
 def _program(name, shapes, setup):
     """A host program walking both directions for each (q_len, kv_len, q_off, BQ, BK): lines 'F i j full'
-    (forward visits), 'B j i full' (backward visits) and 'R j h i full' (the backward's walk rotated,
+    (forward visits), 'B j i full' (backward visits), 'V j i' (the tiles q_tile_visited says kv block j's walk
+    visits: the sm90 backward counts dQ's additions by it) and 'R j h i full' (the backward's walk rotated,
     block_range_bwd.cuh walk_rotation with shift 3, over two query heads of one kv head), then 'END'."""
     body = []
     for q_len, kv_len, q_off, BQ, BK in shapes:
@@ -100,6 +101,8 @@ def _program(name, shapes, setup):
         ++s.i;
         s = next_q_tile<{BQ}, {BK}>(c, t, j, s, 1);
       }}
+      for (int i = 0; i < nqb; ++i)
+        if (q_tile_visited<{BQ}, {BK}>(c, t, i, j)) printf("V %d %d\\n", j, i);
       for (QStep s = next_q_tile<{BQ}, {BK}>(c, t, j, q_range<{BQ}, {BK}>(c, t, j, 3), 2, 3); s.h < 2;) {{
         printf("R %d %d %d %d\\n", j, s.h, s.i, (int)!q_tile_masked<{BQ}, {BK}>(c, t, s, j));
         ++s.i;
@@ -171,9 +174,12 @@ def test_tile_walks_visit_every_kept_tile_and_only_prove_full_tiles(tmp_path):
             lines = blocks[n * len(shapes) + s].strip().splitlines()
             # a rotated backward walk: per kv block and head (the masks do not read h), the plain walk's steps
             # turned around, head 0's before head 1's
-            plain, rotated, heads = {}, {}, {}
+            plain, rotated, heads, said_visited = {}, {}, {}, set()
             for ln in lines:
-                if ln[0] == "B":
+                if ln[0] == "V":
+                    _, j, i = ln.split()
+                    said_visited.add((int(j), int(i)))
+                elif ln[0] == "B":
                     _, j, i, full = ln.split()
                     plain.setdefault(int(j), []).append((int(i), int(full)))
                 elif ln[0] == "R":
@@ -188,11 +194,14 @@ def test_tile_walks_visit_every_kept_tile_and_only_prove_full_tiles(tmp_path):
                         f"{ctx}: kv block {j}, head {h}: rotated walk {got} is not a turn of {steps}"
                     turned += got != steps
             assert {j for j, _ in rotated} <= set(plain), f"{ctx}: a rotated walk visits a kv block the plain one skips"
+            walked = {(j, i) for j, steps in plain.items() for i, _ in steps}
+            assert said_visited == walked, \
+                f"{ctx}: q_tile_visited and the walk disagree on {sorted(said_visited ^ walked)[:5]}"
             for line in lines:
                 if line.startswith("W "):
                     wasted = int(line.split()[1])
                     continue
-                if line[0] == "R":
+                if line[0] in "RV":
                     continue
                 kind, a, b, full = line.split()
                 a, b, full = int(a), int(b), int(full)

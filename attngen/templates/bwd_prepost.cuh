@@ -1,7 +1,8 @@
 // bwd_prepost.cuh: the launches around a backward main kernel (bwd_sm80.cuh, bwd_sm90.cuh), on its stream:
-//  preprocess, one warp per q row: delta = rowsum(dO * O) (fp32), lse in the log2 domain (+inf for rows with
-//  nothing kept and for the padding of the last q-block, so P = 0 there), the fp32 dQ accumulator zeroed;
-//  postprocess: dQ = dQ_acc * scale in the input dtype, read in the main kernel's layout of dQ_acc.
+//  preprocess, a block per q-block: delta = rowsum(dO * O) (fp32), lse in the log2 domain (+inf for rows with
+//  nothing kept and for the padding of the last q-block, so P = 0 there), the fp32 dQ accumulator zeroed, and the
+//  counters of a main kernel that converts dQ itself;
+//  postprocess (the others): dQ = dQ_acc * scale in the input dtype, read in the main kernel's layout of dQ_acc.
 //  Configuration (Elem, D) from the including attngen_bwd.cu.
 #pragma once
 
@@ -37,35 +38,75 @@ __device__ __forceinline__ float dot8(const uint4& x, const uint4& y) {
   return acc;
 }
 
-constexpr int PRE_THREADS = 256;  // 8 rows per block, one warp each
+constexpr int PRE_THREADS = 256;
+// Each row takes PRE_LANES lanes (an aligned group of its warp), PRE_PIECES of them with 16 bytes of O and dO.
+constexpr int PRE_PIECES = D / 8;
+constexpr int PRE_LANES = PRE_PIECES <= 8 ? 8 : PRE_PIECES <= 16 ? 16 : 32;
+constexpr int PRE_ROWS = PRE_THREADS / PRE_LANES;  // rows per step of a block
+static_assert(D % 8 == 0 && PRE_PIECES <= 32, "the preprocess reads a row in at most 32 pieces of 8 elements");
 
-// Row r of (b, h) for r < Lq_pad: delta, lse_log2 (+inf for rows with nothing kept and padding), dQ_acc zeroed.
+// What the preprocess does for a main kernel that leaves dQ to the postprocess (bwd_sm80.cuh): nothing more.
+// A kernel that converts dQ itself (bwd_sm90.cuh) brings its own: kCounters counters per q-block, each set to
+// minus the kAdds additions of every kv block whose walk visits it (visits: the warp's count, in every lane).
+struct NoDqCounts {
+  static constexpr int kCounters = 0;
+  static constexpr int kAdds = 0;
+  __device__ static int visits(const AttngenBwdArgs&, int, int, int, int) { return 0; }
+};
+
+// Block `tile` = (b * Hq + h) * nqb + i: the bq rows of q-block i of head (b, h), rows past Lq padding:
+// delta, lse_log2 (+inf for rows with nothing kept and padding), the rows of dQ_acc zeroed (whichever layout the
+// main kernel keeps in a q-block's bq * D floats); with Counts, the q-block's counters, and dQ written as zeros
+// where no kv block visits the q-block (no addition will ever convert it).
+template <class Counts>
 __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __grid_constant__ AttngenBwdArgs a,
-                                                                      int Lq_pad) {
-  const long long row_id = ((long long)blockIdx.x * PRE_THREADS + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (row_id >= (long long)a.B * a.Hq * Lq_pad) return;
-  const long long bh = row_id / Lq_pad;
-  const int r = (int)(row_id - bh * Lq_pad);
+                                                                      int bq) {
+  const int nqb = (a.Lq + bq - 1) / bq;
+  const long long tile = blockIdx.x;
+  const long long bh = tile / nqb;
+  const int i = (int)(tile - bh * nqb);
   const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);
-  float delta = 0.f, lse2 = INFINITY;
-  if (r < a.Lq) {
-    const uint4* o = reinterpret_cast<const uint4*>(static_cast<const Elem*>(a.o) + b * a.o_stride[0] +
-                                                    h * a.o_stride[1] + r * a.o_stride[2]);
-    const uint4* d = reinterpret_cast<const uint4*>(static_cast<const Elem*>(a.dout) + b * a.do_stride[0] +
-                                                    h * a.do_stride[1] + r * a.do_stride[2]);
-    for (int c = lane; c < D / 8; c += 32) delta += dot8(o[c], d[c]);
+  const int piece = threadIdx.x % PRE_LANES;
+  for (int step = 0; step < bq; step += PRE_ROWS) {  // the same steps for every warp: the shuffles take all lanes
+    const int rr = step + (int)threadIdx.x / PRE_LANES;
+    const int r = i * bq + rr;
+    const bool real = rr < bq && r < a.Lq;
+    float delta = 0.f;
+    if (real && piece < PRE_PIECES) {
+      const uint4* o = reinterpret_cast<const uint4*>(static_cast<const Elem*>(a.o) + b * a.o_stride[0] +
+                                                      h * a.o_stride[1] + r * a.o_stride[2]);
+      const uint4* d = reinterpret_cast<const uint4*>(static_cast<const Elem*>(a.dout) + b * a.do_stride[0] +
+                                                      h * a.do_stride[1] + r * a.do_stride[2]);
+      delta = dot8(o[piece], d[piece]);
+    }
 #pragma unroll
-    for (int m = 16; m >= 1; m >>= 1) delta += __shfl_xor_sync(0xffffffffu, delta, m);
-    const float lse = a.lse[bh * a.Lq + r];
-    lse2 = lse == -INFINITY ? INFINITY : lse * LOG2E;
+    for (int m = PRE_LANES / 2; m >= 1; m >>= 1) delta += __shfl_xor_sync(0xffffffffu, delta, m);
+    if (rr >= bq) continue;
+    const long long row_id = bh * nqb * bq + r;
+    if (piece < PRE_PIECES) {
+      float4* acc = reinterpret_cast<float4*>(a.dq_accum + row_id * D) + 2 * piece;
+      acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    if (piece == 0) {
+      float lse2 = INFINITY;
+      if (real) {
+        const float lse = a.lse[bh * a.Lq + r];
+        lse2 = lse == -INFINITY ? INFINITY : lse * LOG2E;
+      }
+      a.delta[row_id] = real ? delta : 0.f;
+      a.lse_log2[row_id] = lse2;
+    }
   }
-  // dQ_acc holds B * Hq * Lq_pad rows of D floats; zeroed whole, whichever layout the main kernel keeps in it
-  float4* acc = reinterpret_cast<float4*>(a.dq_accum + row_id * D);
-  for (int c = lane; c < D / 4; c += 32) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (lane == 0) {
-    a.delta[row_id] = delta;
-    a.lse_log2[row_id] = lse2;
+  if (Counts::kCounters > 0 && threadIdx.x < 32) {
+    const int n = Counts::visits(a, b, h, i, (int)threadIdx.x);
+    if ((int)threadIdx.x < Counts::kCounters) a.dq_count[2 * tile + threadIdx.x] = -n * Counts::kAdds;
+    if (n == 0) {
+      Elem* dq = static_cast<Elem*>(a.dq) + b * a.dq_stride[0] + h * a.dq_stride[1];
+      for (int x = (int)threadIdx.x; x < bq * PRE_PIECES; x += 32) {
+        const int r = i * bq + x / PRE_PIECES;
+        if (r < a.Lq) st_global_16(dq + r * a.dq_stride[2] + (x % PRE_PIECES) * 8, make_uint4(0u, 0u, 0u, 0u));
+      }
+    }
   }
 }
 
@@ -104,14 +145,11 @@ __global__ void __launch_bounds__(POST_THREADS) attngen_bwd_post_kernel(const __
   }
 }
 
-// The preprocess over every row of the q-blocks of BQ rows (Lq_pad = whole q-blocks).
-inline void launch_bwd_pre(const AttngenBwdArgs& a, int BQ, cudaStream_t stream) {
-  const int Lq_pad = (a.Lq + BQ - 1) / BQ * BQ;
-  const long long rows = (long long)a.B * a.Hq * Lq_pad;
-  if (rows > 0) {
-    const long long blocks = (rows * 32 + PRE_THREADS - 1) / PRE_THREADS;
-    attngen_bwd_pre_kernel<<<(unsigned)blocks, PRE_THREADS, 0, stream>>>(a, Lq_pad);
-  }
+// The preprocess over every q-block of bq rows (a block each), with the main kernel's counters (NoDqCounts: none).
+template <class Counts = NoDqCounts>
+inline void launch_bwd_pre(const AttngenBwdArgs& a, int bq, cudaStream_t stream) {
+  const long long tiles = (long long)a.B * a.Hq * ((a.Lq + bq - 1) / bq);
+  if (tiles > 0) attngen_bwd_pre_kernel<Counts><<<(unsigned)tiles, PRE_THREADS, 0, stream>>>(a, bq);
 }
 
 // The postprocess, at most 16 blocks per SM (each loops).

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Session 14's device calls, one step per call (each part cut by `timeout` so that the call returns its logs):
+# A = dQ converted inside the sm90 backward (the last addition to a chunk of a q-block hands it to a finisher
+# warp; the preprocess sets the counters; no postprocess; bwd ABI 6): the racecheck probe with every reader thread
+# arriving, the backward's smoke cases, the backward / deterministic / captured-gradient suites, and the anchors'
+# training steps beside flex and cuDNN;
+# B = memcheck and racecheck on the backward's small cases, the Q / dO slot released by every consumer thread
+# (Sm90BwdTiles.release_per_thread) beside by warp, the step kernel by kernel, and the suites A did not reach.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/device_step.sh  # environment, $R, run_tests
+case "$1" in
+  A)
+    nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I attngen/templates scripts/racecheck_bulk_probe.cu \
+      -o /tmp/probe && timeout 30 compute-sanitizer --tool racecheck --print-limit 4 /tmp/probe \
+      > "$R/racecheck_probe.log" 2>&1
+    grep -E "values|RACECHECK SUMMARY|Error" "$R/racecheck_probe.log"
+    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
+    timeout 60 python scripts/sanitize_case.py --backward > "$R/smoke.log" 2>&1
+    tail -n 2 "$R/smoke.log"
+    grep -q "SANITIZE CASES DONE ok" "$R/smoke.log" || exit 1
+    run_tests bwd 230 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py \
+      tests/gpu/test_captured_grads_gpu.py
+    timeout 200 python benchmarks/bench_training.py --out "$R" 2>&1 | grep -E "^\||rror" ;;
+  B)
+    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
+    timeout 80 compute-sanitizer --tool racecheck --print-limit 20 python scripts/sanitize_case.py --backward \
+      > "$R/racecheck.log" 2>&1
+    echo "racecheck rc=$?"; grep -E "^========= (Error|RACECHECK)" "$R/racecheck.log" | head -n 8
+    timeout 80 compute-sanitizer --tool memcheck python scripts/sanitize_case.py --backward > "$R/memcheck.log" 2>&1
+    echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|SANITIZE" "$R/memcheck.log" | head -n 4
+    timeout 150 python scripts/bwd_tiles_ab.py --set release_per_thread=0 release_per_thread=1 2>&1 \
+      | tee "$R/bwd_tiles_ab.log" | grep -v "max |grad"
+    timeout 60 python scripts/step_kernel_times.py --no-flex 2>&1 | tee "$R/step_kernel_times.md" \
+      | grep -vE "^\| .* \| triton_"
+    run_tests rest 200 tests/gpu/test_autograd_gpu.py tests/gpu/test_kernel_sm90.py tests/gpu/test_gpu_api.py ;;
+esac
