@@ -4,8 +4,12 @@
 # warp; the preprocess sets the counters; no postprocess; bwd ABI 6): the racecheck probe with every reader thread
 # arriving, the backward's smoke cases, the backward / deterministic / captured-gradient suites, and the anchors'
 # training steps beside flex and cuDNN;
-# B = memcheck and racecheck on the backward's small cases, the Q / dO slot released by every consumer thread
-# (Sm90BwdTiles.release_per_thread) beside by warp, the step kernel by kernel, and the suites A did not reach.
+# training steps 0.84-0.98x of session 12's: the writers' per-reduction wait, proxy fence and atomic round trip
+# (suspected) held the consumers;
+# B = the writers count their reductions in batches of 4 (one wait, one fence and one atomic per lane per batch):
+# the step kernel by kernel, the Q / dO slot released by every consumer thread (Sm90BwdTiles.release_per_thread)
+# beside by warp, the anchors' training steps, the backward suites;
+# C = memcheck and racecheck on the backward's small cases, and the suites A and B did not reach.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -24,14 +28,23 @@ case "$1" in
     timeout 200 python benchmarks/bench_training.py --out "$R" 2>&1 | grep -E "^\||rror" ;;
   B)
     python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
+    timeout 60 python scripts/sanitize_case.py --backward > "$R/smoke.log" 2>&1
+    tail -n 2 "$R/smoke.log"
+    grep -q "SANITIZE CASES DONE ok" "$R/smoke.log" || exit 1
+    timeout 60 python scripts/step_kernel_times.py --variants causal full --windows 1024 --no-flex 2>&1 \
+      | tee "$R/step_kernel_times.md" | grep -vE "^\| .* \| triton_"
+    timeout 150 python scripts/bwd_tiles_ab.py --set release_per_thread=0 release_per_thread=1 2>&1 \
+      | tee "$R/bwd_tiles_ab.log" | grep -v "max |grad"
+    timeout 170 python benchmarks/bench_training.py --out "$R" 2>&1 | grep -E "^\||rror"
+    run_tests bwd 100 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py \
+      tests/gpu/test_captured_grads_gpu.py ;;
+  C)
+    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
     timeout 80 compute-sanitizer --tool racecheck --print-limit 20 python scripts/sanitize_case.py --backward \
       > "$R/racecheck.log" 2>&1
     echo "racecheck rc=$?"; grep -E "^========= (Error|RACECHECK)" "$R/racecheck.log" | head -n 8
     timeout 80 compute-sanitizer --tool memcheck python scripts/sanitize_case.py --backward > "$R/memcheck.log" 2>&1
     echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|SANITIZE" "$R/memcheck.log" | head -n 4
-    timeout 150 python scripts/bwd_tiles_ab.py --set release_per_thread=0 release_per_thread=1 2>&1 \
-      | tee "$R/bwd_tiles_ab.log" | grep -v "max |grad"
-    timeout 60 python scripts/step_kernel_times.py --no-flex 2>&1 | tee "$R/step_kernel_times.md" \
-      | grep -vE "^\| .* \| triton_"
-    run_tests rest 200 tests/gpu/test_autograd_gpu.py tests/gpu/test_kernel_sm90.py tests/gpu/test_gpu_api.py ;;
+    run_tests rest 300 tests/gpu/test_autograd_gpu.py tests/gpu/test_kernel_sm90.py tests/gpu/test_gpu_api.py \
+      tests/gpu/test_varlen_gpu.py ;;
 esac

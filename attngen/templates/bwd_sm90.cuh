@@ -165,39 +165,51 @@ __device__ __forceinline__ void push_finished(const BwdSmem& sm, long long item)
   mbar_arrive(sm.fin_full(slot));
 }
 
-// One addition to chunk cc of dQ tile `tile` is complete (its writes fenced for the generic proxy): count it; the
-// last one (the counter back at 0, every other kv block's reductions performed before their counts) hands the
-// chunk to the finisher.
-__device__ __forceinline__ void count_dq(const AttngenBwdArgs& a, const BwdSmem& sm, long long tile, int cc) {
-  int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(old) : "l"(a.dq_count + 2 * tile + cc) : "memory");
-  if (old == -1) push_finished(sm, 2 * tile + cc);
+// The writer's reductions not yet counted: lane k of the warp holds the k-th one's tile (`pending`, `n` of them).
+// count_dq counts all of them once every reduction but the newest KEEP of this thread's (lane 0's) is complete:
+// one wait, one proxy fence (the async proxy's writes, for the generic proxy's release) and one atomic per lane for
+// the batch, rather than a round trip per reduction on the writer's path. The addition that brings a counter back to
+// 0 (every other kv block's reductions performed before their counts) hands the chunk to the finisher.
+template <int KEEP>
+__device__ __forceinline__ void count_dq(const AttngenBwdArgs& a, const BwdSmem& sm, long long pending, int& n,
+                                         int cc, int lane) {
+  if (n == 0) return;
+  if (lane == 0) {
+    bulk_wait<KEEP>();
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  }
+  __syncwarp();
+  int old = 0;
+  if (lane < n)
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n"
+                 : "=r"(old) : "l"(a.dq_count + 2 * pending + cc) : "memory");
+  for (uint32_t last = __ballot_sync(0xffffffffu, lane < n && old == -1); last != 0; last &= last - 1) {
+    const long long tile = __shfl_sync(0xffffffffu, pending, __ffs(last) - 1);
+    if (lane == 0) push_finished(sm, 2 * tile + cc);
+  }
+  n = 0;
 }
+
+constexpr int DQ_COUNT_BATCH = 4;  // reductions a writer counts at once (at most 32: a lane each)
 
 // Warp 1 + cw of the producer warpgroup: each time consumer cw has staged a q-block's dQ and named it
 // in its slot (the tile (b, h, i) and the deterministic turn), one bulk reduction adds it to the tiled dQ_acc, and
 // the buffer goes back once the reduction has read it; dq_done ends the loop. The hand-overs are mbarriers
 // (dq_full, dq_done: the consumer's 4 warps; dq_empty: the writer), whose arrive / wait order the slot too. The
 // writer takes no part in the walk (the classifier's registers stay with the producer thread); in deterministic
-// mode it, not the consumer, waits for the tile's turn (dq_turn). A reduction is counted (count_dq) once it is
-// complete: at once in deterministic mode, which waits for that anyway; otherwise after the next one is under way,
-// or at the end.
+// mode it, not the consumer, waits for the tile's turn (dq_turn). Reductions are counted (count_dq) in batches of
+// DQ_COUNT_BATCH once they are complete, the one just issued left for the next batch, and the rest at the end.
 __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem& sm, int cw, int lane) {
   const uint32_t buf = sm.dq(cw);
   const int cc = DQ_SPLIT_D ? cw : 0;  // the counter of this writer's chunk
-  long long pending = -1;  // lane 0: the tile of a reduction not yet counted
+  long long pending = -1;  // lane k: the tile of the k-th reduction not yet counted
+  int n_pending = 0;
   for (uint32_t phase = 0;; phase ^= 1u) {
     // the next staged dQ, or the end of the consumer's walk (signalled once the last reduction was handed back)
     while (!mbar_try_wait(sm.dq_full(cw), phase)) {
       if (mbar_try_wait(sm.dq_done(cw), 0)) {
-        if (lane == 0) {
-          bulk_wait_all();
-          if (pending >= 0) {
-            asm volatile("fence.proxy.async.global;\n" ::: "memory");
-            count_dq(a, sm, pending, cc);
-          }
-          push_finished(sm, -1);
-        }
+        count_dq<0>(a, sm, pending, n_pending, cc, lane);
+        if (lane == 0) push_finished(sm, -1);
         return;
       }
     }
@@ -227,19 +239,10 @@ __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem&
       }
     }
     __syncwarp();  // the warp together again before lane 0 hands the buffer back
-    if (lane == 0) {
-      mbar_arrive(sm.dq_empty(cw));
-      if (a.dq_semaphore != nullptr) {
-        count_dq(a, sm, tile, cc);
-      } else {
-        if (pending >= 0) {
-          bulk_wait<1>();  // the previous reduction, not the one just issued
-          asm volatile("fence.proxy.async.global;\n" ::: "memory");
-          count_dq(a, sm, pending, cc);
-        }
-        pending = tile;
-      }
-    }
+    if (lane == 0) mbar_arrive(sm.dq_empty(cw));
+    if (n_pending == DQ_COUNT_BATCH) count_dq<1>(a, sm, pending, n_pending, cc, lane);
+    if (lane == n_pending) pending = tile;
+    ++n_pending;
   }
 }
 
