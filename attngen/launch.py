@@ -530,14 +530,13 @@ def check_debug_record(record: torch.Tensor, captured) -> None:
 # --------------------------------------------------------------------------------------------------
 # backward (templates/bwd_sm80.cuh; the ABI of templates/attngen_bwd_abi.cuh and host_abi_bwd.cuh)
 
-BWD_ABI_VERSION = 6  # ATTNGEN_BWD_ABI_VERSION
+BWD_ABI_VERSION = 5  # ATTNGEN_BWD_ABI_VERSION
 # AttngenBwdArgs: 12 pointers, 8x3 int64 strides, 6 int32, float, int32, then CapturedArgs (_PACK_TAIL), then
-# the captured tensors' gradient buffers, the deterministic mode's semaphores and the dQ counters
-# (_PACK_BWD_OPTIONS).
+# the captured tensors' gradient buffers and the deterministic mode's semaphores (_PACK_BWD_OPTIONS).
 _PACK_BWD_HEAD = struct.Struct("<12Q24q6ifi")
-_PACK_BWD_OPTIONS = struct.Struct(f"<{MAX_CAPTURED}QQQ")
+_PACK_BWD_OPTIONS = struct.Struct(f"<{MAX_CAPTURED}QQ")
 _BWD_ARGS_SIZE = _PACK_BWD_HEAD.size + _PACK_TAIL.size + _PACK_BWD_OPTIONS.size
-assert _PACK_BWD_HEAD.size == 320 and _BWD_ARGS_SIZE == 912
+assert _PACK_BWD_HEAD.size == 320 and _BWD_ARGS_SIZE == 904
 
 
 class BwdKernelLibrary(_Library):
@@ -593,9 +592,8 @@ def backward(
     ``out`` the forward's output and ``lse`` its (B, Hq, Lq) float32 natural-log LSE (``forward(...,
     return_lse=True)``), ``dout`` the gradient of ``out`` (any layout: copied when the kernel cannot read it).
     ``scale`` / ``q_offset`` / ``captured`` as in the forward call; ``summaries``: BlockPredicates.summaries
-    computed for lib.block_q / lib.block_k; ``params`` as in the forward. Returns (dq, dk, dv), contiguous, in
-    q's dtype; rows with nothing kept get zero gradients. Allocates the workspaces (fp32 dQ accumulator, delta,
-    lse in log2; int32 dQ counters) per call.
+    computed for lib.block_q / lib.block_k; ``params`` as in the forward. Returns (dq, dk, dv), contiguous, in q's dtype; rows with nothing
+    kept get zero gradients. Allocates the fp32 workspaces (dQ accumulator, delta, lse in log2) per call.
     ``captured_grads``: one bool per captured tensor (missing ones False), whether to sum its gradient in the
     kernel (the sm90 family; the portable one answers ERROR_BWD_OPTION); given, the call returns (dq, dk,
     dv, dcaptured) with dcaptured[i] a float32 tensor shaped like captured[i] where asked for, else None.
@@ -626,11 +624,9 @@ def backward(
     if B * Hq == 0:
         return (dq, dk.zero_(), dv.zero_()) + ((dcaptured,) if captured_grads is not None else ())
     lq_pad = -(-Lq // lib.block_q) * lib.block_q
-    # lse_log2, delta, then two dQ counters per q block (int32, the preprocess sets them): one allocation
-    n_stats = B * Hq * lq_pad
-    stats = torch.empty(2 * n_stats + 2 * B * Hq * (lq_pad // lib.block_q), dtype=torch.float32, device=q.device)
+    stats = torch.empty((2, B, Hq, lq_pad), dtype=torch.float32, device=q.device)  # lse_log2, delta
     dq_acc = torch.empty((B, Hq, lq_pad, D), dtype=torch.float32, device=q.device)  # layout: the kernel's
-    lse_log2, delta, dq_count = stats[:n_stats], stats[n_stats:2 * n_stats], stats[2 * n_stats:].view(torch.int32)
+    lse_log2, delta = stats[0], stats[1]
     qs, ks, vs, os_, ds = q.stride(), k.stride(), v.stride(), out.stride(), dout.stride()
     head = _PACK_BWD_HEAD.pack(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
@@ -643,8 +639,7 @@ def backward(
     # one turn counter per (b, h, q-block), zeroed: bwd_sm90.cuh's dq_turn
     sem = torch.zeros((B, Hq, lq_pad // lib.block_q), dtype=torch.int32, device=q.device) if deterministic else None
     options = _PACK_BWD_OPTIONS.pack(*[0 if g is None else g.data_ptr() for g in dcaptured],
-                                     *[0] * (MAX_CAPTURED - len(dcaptured)), 0 if sem is None else sem.data_ptr(),
-                                     dq_count.data_ptr())
+                                     *[0] * (MAX_CAPTURED - len(dcaptured)), 0 if sem is None else sem.data_ptr())
     rc = call_on(dev, lib._bwd, head + tail + options)
     if rc != 0:
         raise launch_failed(lib, "attention backward kernel", rc,

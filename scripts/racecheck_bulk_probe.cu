@@ -3,7 +3,9 @@
 // ordinary loads after mbar_wait on the slot's barrier; racecheck reports hazards between the two. This kernel is
 // that pattern and nothing else, correct by construction: `probe` one copy, one barrier phase, every reader waiting
 // on it; `probe_reuse` the slot refilled after its readers released it; `probe_partial` with a producer warp beside
-// the readers, as in the kernel. Hazards here are the tool's.
+// the readers, as in the kernel. Hazards here are the tool's. Session 14 (H200, compute-sanitizer of CUDA 13.0):
+// probe and probe_reuse clean; probe_partial, released per warp (after a named barrier of the readers only, or
+// after __syncwarp), one hazard each; released by every reader thread, clean. The backward releases per thread.
 //
 //   nvcc -std=c++17 -arch=sm_90a -I attngen/templates scripts/racecheck_bulk_probe.cu -o /tmp/probe
 //   compute-sanitizer --tool racecheck /tmp/probe
@@ -71,7 +73,7 @@ __global__ void probe_reuse(const float* src, float* dst) {
 // with SYNCWARP, release it per warp after __syncwarp alone. If racecheck reports hazards here but not in
 // probe_reuse, it does not follow a named barrier over part of the block (or per-warp releases), and the
 // backward's hazards are the tool's.
-// PER_THREAD (SYNCWARP ignored): every reader thread arrives itself, as with Sm90BwdTiles.release_per_thread.
+// PER_THREAD (SYNCWARP ignored): every reader thread arrives itself, as the backward's consumers do.
 template <bool SYNCWARP, bool PER_THREAD = false>
 __global__ void probe_partial(const float* src, float* dst) {
   __shared__ __align__(128) float buf[64];

@@ -88,13 +88,6 @@ def test_sm90_backward_family_and_tiles():
         "", torch.float16, 64, "sm_90a", tiles=shifted, kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
     with pytest.raises(attngen.BuildError, match="walk_shift"):
         tiles.Sm90BwdTiles(walk_shift=-1)
-    # the slot's release by every consumer thread: off unless asked for
-    assert "constexpr bool RELEASE_PER_THREAD = 0;" in src
-    per_thread = dataclasses.replace(tiles.SM90_BWD_TILES[64], release_per_thread=1)
-    assert "constexpr bool RELEASE_PER_THREAD = 1;" in render.render_sources(
-        "", torch.float16, 64, "sm_90a", tiles=per_thread, kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
-    with pytest.raises(attngen.BuildError, match="release_per_thread"):
-        tiles.Sm90BwdTiles(release_per_thread=2)
 
 
 def test_prebuild_plans_the_backward_each_arch_runs():

@@ -142,31 +142,24 @@ class Sm90BwdTiles:
     # kv-block j starts its walk (walk_shift * j) % n q-blocks into its range of n and wraps around, so that the
     # kv blocks sharing one range (a document's) do not add into the same dQ tiles in step (0: no rotation)
     walk_shift: int = 0
-    # 1: every consumer thread releases a Q / dO slot on its mbarrier itself (128 arrivals per consumer) rather
-    # than lane 0 of each warp after __syncwarp; the same order, which compute-sanitizer's racecheck follows only
-    # from the threads that read the slot's statistics to the bulk copy that refills it
-    release_per_thread: int = 0
 
     def __post_init__(self):
         if not 0 <= self.walk_shift <= 1024:
             raise BuildError(f"Sm90BwdTiles.walk_shift must be in [0, 1024] (q-blocks per kv block of rotation), "
                              f"got {self.walk_shift}")
-        if self.release_per_thread not in (0, 1):
-            raise BuildError(f"Sm90BwdTiles.release_per_thread must be 0 or 1, got {self.release_per_thread}")
 
     def smem_bytes(self, head_dim: int) -> int:
         """K, V; the Q / dO ring; two dS^T buffers; the row statistics per stage; mbarriers; the consumers' staged
-        dQ (64 rows of a split of the head dim each, sm90_bwd_layout.cuh); the finisher's queue and its conversion
-        buffer (one staged dQ's size); alignment slack. Not counted: the consumers' slots (32 bytes) and a
-        variant's gradient bins (up to 26 KB with codegen.GRAD_DIAG_SITES = 3 diagonal sites), which the kernel
-        makes room for by converting in smaller pieces, and checks against the limit at build time."""
+        dQ (64 rows of a split of the head dim each, sm90_bwd_layout.cuh); alignment slack. Not counted: the
+        consumers' slots (32 bytes) and a variant's gradient bins (up to 26 KB with codegen.GRAD_DIAG_SITES = 3
+        diagonal sites), which the kernel's static_assert checks against the limit at build time."""
         kv = self.block_k * head_dim * 2
         q = self.block_q * head_dim * 2
         consumers = self.block_k // 64
         dq_n = head_dim // consumers if (head_dim // consumers) % 64 == 0 else head_dim
         return 1024 + 2 * kv + 2 * self.stages * q + 2 * self.block_k * self.block_q * 2 \
-            + self.stages * 2 * self.block_q * 4 + 8 * (1 + 2 * self.stages + 3 * consumers + 2 * 4 + 1) \
-            + consumers * 64 * dq_n * 4 + 8 * 4 + 8 + 64 * dq_n * 4
+            + self.stages * 2 * self.block_q * 4 + 8 * (1 + 2 * self.stages + 3 * consumers) \
+            + consumers * 64 * dq_n * 4
 
 
 # Head dim 256 has no sm90 backward (dK + dV of 64 rows x 256 columns take the consumers' registers): the sm80

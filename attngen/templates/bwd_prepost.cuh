@@ -1,8 +1,7 @@
 // bwd_prepost.cuh: the launches around a backward main kernel (bwd_sm80.cuh, bwd_sm90.cuh), on its stream:
 //  preprocess, a block per q-block: delta = rowsum(dO * O) (fp32), lse in the log2 domain (+inf for rows with
-//  nothing kept and for the padding of the last q-block, so P = 0 there), the fp32 dQ accumulator zeroed, and the
-//  counters of a main kernel that converts dQ itself;
-//  postprocess (the others): dQ = dQ_acc * scale in the input dtype, read in the main kernel's layout of dQ_acc.
+//  nothing kept and for the padding of the last q-block, so P = 0 there), the fp32 dQ accumulator zeroed;
+//  postprocess: dQ = dQ_acc * scale in the input dtype, read in the main kernel's layout of dQ_acc.
 //  Configuration (Elem, D) from the including attngen_bwd.cu.
 #pragma once
 
@@ -45,20 +44,9 @@ constexpr int PRE_LANES = PRE_PIECES <= 8 ? 8 : PRE_PIECES <= 16 ? 16 : 32;
 constexpr int PRE_ROWS = PRE_THREADS / PRE_LANES;  // rows per step of a block
 static_assert(D % 8 == 0 && PRE_PIECES <= 32, "the preprocess reads a row in at most 32 pieces of 8 elements");
 
-// What the preprocess does for a main kernel that leaves dQ to the postprocess (bwd_sm80.cuh): nothing more.
-// A kernel that converts dQ itself (bwd_sm90.cuh) brings its own: kCounters counters per q-block, each set to
-// minus the kAdds additions of every kv block whose walk visits it (visits: the warp's count, in every lane).
-struct NoDqCounts {
-  static constexpr int kCounters = 0;
-  static constexpr int kAdds = 0;
-  __device__ static int visits(const AttngenBwdArgs&, int, int, int, int) { return 0; }
-};
-
 // Block `tile` = (b * Hq + h) * nqb + i: the bq rows of q-block i of head (b, h), rows past Lq padding:
 // delta, lse_log2 (+inf for rows with nothing kept and padding), the rows of dQ_acc zeroed (whichever layout the
-// main kernel keeps in a q-block's bq * D floats); with Counts, the q-block's counters, and dQ written as zeros
-// where no kv block visits the q-block (no addition will ever convert it).
-template <class Counts>
+// main kernel keeps in a q-block's bq * D floats).
 __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __grid_constant__ AttngenBwdArgs a,
                                                                       int bq) {
   const int nqb = (a.Lq + bq - 1) / bq;
@@ -95,17 +83,6 @@ __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __gr
       }
       a.delta[row_id] = real ? delta : 0.f;
       a.lse_log2[row_id] = lse2;
-    }
-  }
-  if (Counts::kCounters > 0 && threadIdx.x < 32) {
-    const int n = Counts::visits(a, b, h, i, (int)threadIdx.x);
-    if ((int)threadIdx.x < Counts::kCounters) a.dq_count[2 * tile + threadIdx.x] = -n * Counts::kAdds;
-    if (n == 0) {
-      Elem* dq = static_cast<Elem*>(a.dq) + b * a.dq_stride[0] + h * a.dq_stride[1];
-      for (int x = (int)threadIdx.x; x < bq * PRE_PIECES; x += 32) {
-        const int r = i * bq + x / PRE_PIECES;
-        if (r < a.Lq) st_global_16(dq + r * a.dq_stride[2] + (x % PRE_PIECES) * 8, make_uint4(0u, 0u, 0u, 0u));
-      }
     }
   }
 }
@@ -145,11 +122,10 @@ __global__ void __launch_bounds__(POST_THREADS) attngen_bwd_post_kernel(const __
   }
 }
 
-// The preprocess over every q-block of bq rows (a block each), with the main kernel's counters (NoDqCounts: none).
-template <class Counts = NoDqCounts>
+// The preprocess over every q-block of bq rows, a block each.
 inline void launch_bwd_pre(const AttngenBwdArgs& a, int bq, cudaStream_t stream) {
   const long long tiles = (long long)a.B * a.Hq * ((a.Lq + bq - 1) / bq);
-  if (tiles > 0) attngen_bwd_pre_kernel<Counts><<<(unsigned)tiles, PRE_THREADS, 0, stream>>>(a, bq);
+  if (tiles > 0) attngen_bwd_pre_kernel<<<(unsigned)tiles, PRE_THREADS, 0, stream>>>(a, bq);
 }
 
 // The postprocess, at most 16 blocks per SM (each loops).

@@ -1,12 +1,11 @@
-// bwd_sm90.cuh: attention backward for sm_90a (Hopper), FlashAttention-3 style, warp specialized, in two
-// launches on one stream: bwd_prepost.cuh's preprocess (delta, lse in log2, dQ_acc zeroed, the dQ counters set)
-// and the main kernel, which also converts dQ (dQ = dQ_acc * scale: the last addition to a chunk of a q-block
-// hands it to the finisher warp, below). A CTA owns kv-block j (BK = 128 rows) of one kv head: grid
+// bwd_sm90.cuh: attention backward for sm_90a (Hopper), FlashAttention-3 style, warp specialized, in three
+// launches on one stream: bwd_prepost.cuh's preprocess (delta, lse in log2, dQ_acc zeroed), the main kernel,
+// the postprocess (dQ = dQ_acc * scale). A CTA owns kv-block j (BK = 128 rows) of one kv head: grid
 // (ceil(Lk / BK), Hkv, B), low kv blocks first (under causal-like masks they see the most q blocks).
 // Warpgroup 0 is the producer: one thread loads K and V once, then for each q-block the mask does not prove
 // EMPTY (block_range_bwd.cuh, over the query heads that share the kv head) its Q and dO tiles (TMA, 128-byte
 // swizzle) and its row statistics (bulk copies) into a STAGES-deep ring; its warps 1 and 2 are the consumers'
-// dQ writers (write_dq), warp 3 the finisher (finish_dq). Warpgroups 1 and 2 each own 64 kv
+// dQ writers (write_dq). Warpgroups 1 and 2 each own 64 kv
 // rows and, per q-block of BQ = 64 rows, with wgmma:
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory), then in registers P^T and
 //   dS^T = P^T (dP^T - delta) [* d score_mod / d score] (bwd_probs.cuh, one pass);
@@ -15,7 +14,7 @@
 //   for warp 1 + consumer of warpgroup 0 to add to the fp32 dQ_acc with one bulk reduction;
 //   sm90_bwd_layout.cuh says how dQ is split;
 //   the gradients of captured tensors the call asks for summed per tile (bwd_grad_sites.cuh) under dQ's product.
-// dK is scaled once at the end, dQ where it is converted. Configuration (Elem, D, BQ, BK, STAGES, kDtypeCode,
+// dK is scaled once at the end, dQ in the postprocess. Configuration (Elem, D, BQ, BK, STAGES, kDtypeCode,
 // kArch) and variant.inc come from the including attngen_bwd.cu (templates/attngen_bwd.cu.j2).
 #pragma once
 
@@ -152,64 +151,20 @@ __device__ __forceinline__ int dq_turn(const CapturedArgs& C, const TileArgs& t,
   return 2 * (p + 1);
 }
 
-// ------------------------------------------------------------------------------------------- dQ writers and finisher
-
-// The finisher's queue (lane 0 of a writer): chunk names wait in FIN_SLOTS slots taken in ticket order, a slot
-// reused once the finisher has read it. Each writer has at most one name in hand, so no ticket is ever more than
-// one round of the ring ahead of the slot's parity.
-__device__ __forceinline__ void push_finished(const BwdSmem& sm, long long item) {
-  const int ticket = atomicAdd(sm.fin_ticket(), 1);
-  const int slot = ticket % FIN_SLOTS;
-  mbar_wait(sm.fin_empty(slot), ((uint32_t)(ticket / FIN_SLOTS) & 1u) ^ 1u);
-  asm volatile("st.shared.s64 [%0], %1;\n" ::"r"(sm.fin_slot(slot)), "l"(item) : "memory");
-  mbar_arrive(sm.fin_full(slot));
-}
-
-// The writer's reductions not yet counted: lane k of the warp holds the k-th one's tile (`pending`, `n` of them).
-// count_dq counts all of them once every reduction but the newest KEEP of this thread's (lane 0's) is complete:
-// one wait, one proxy fence (the async proxy's writes, for the generic proxy's release) and one atomic per lane for
-// the batch, rather than a round trip per reduction on the writer's path. The addition that brings a counter back to
-// 0 (every other kv block's reductions performed before their counts) hands the chunk to the finisher.
-template <int KEEP>
-__device__ __forceinline__ void count_dq(const AttngenBwdArgs& a, const BwdSmem& sm, long long pending, int& n,
-                                         int cc, int lane) {
-  if (n == 0) return;
-  if (lane == 0) {
-    bulk_wait<KEEP>();
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
-  }
-  __syncwarp();
-  int old = 0;
-  if (lane < n)
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n"
-                 : "=r"(old) : "l"(a.dq_count + 2 * pending + cc) : "memory");
-  for (uint32_t last = __ballot_sync(0xffffffffu, lane < n && old == -1); last != 0; last &= last - 1) {
-    const long long tile = __shfl_sync(0xffffffffu, pending, __ffs(last) - 1);
-    if (lane == 0) push_finished(sm, 2 * tile + cc);
-  }
-  n = 0;
-}
-
-constexpr int DQ_COUNT_BATCH = 4;  // reductions a writer counts at once (at most 32: a lane each)
-
+// ------------------------------------------------------------------------------------------- dQ writers
 // Warp 1 + cw of the producer warpgroup: each time consumer cw has staged a q-block's dQ and named it
 // in its slot (the tile (b, h, i) and the deterministic turn), one bulk reduction adds it to the tiled dQ_acc, and
 // the buffer goes back once the reduction has read it; dq_done ends the loop. The hand-overs are mbarriers
 // (dq_full, dq_done: the consumer's 4 warps; dq_empty: the writer), whose arrive / wait order the slot too. The
 // writer takes no part in the walk (the classifier's registers stay with the producer thread); in deterministic
-// mode it, not the consumer, waits for the tile's turn (dq_turn). Reductions are counted (count_dq) in batches of
-// DQ_COUNT_BATCH once they are complete, the one just issued left for the next batch, and the rest at the end.
+// mode it, not the consumer, waits for the tile's turn (dq_turn).
 __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem& sm, int cw, int lane) {
   const uint32_t buf = sm.dq(cw);
-  const int cc = DQ_SPLIT_D ? cw : 0;  // the counter of this writer's chunk
-  long long pending = -1;  // lane k: the tile of the k-th reduction not yet counted
-  int n_pending = 0;
   for (uint32_t phase = 0;; phase ^= 1u) {
     // the next staged dQ, or the end of the consumer's walk (signalled once the last reduction was handed back)
     while (!mbar_try_wait(sm.dq_full(cw), phase)) {
       if (mbar_try_wait(sm.dq_done(cw), 0)) {
-        count_dq<0>(a, sm, pending, n_pending, cc, lane);
-        if (lane == 0) push_finished(sm, -1);
+        if (lane == 0) bulk_wait_all();
         return;
       }
     }
@@ -240,89 +195,8 @@ __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem&
     }
     __syncwarp();  // the warp together again before lane 0 hands the buffer back
     if (lane == 0) mbar_arrive(sm.dq_empty(cw));
-    if (n_pending == DQ_COUNT_BATCH) count_dq<1>(a, sm, pending, n_pending, cc, lane);
-    if (lane == n_pending) pending = tile;
-    ++n_pending;
   }
 }
-
-// Chunk cc of q-block `tile` ((b * Hq + h) * q-blocks + i) has all its additions: dQ = dQ_acc * scale in Elem,
-// rows past Lq left alone. The chunk comes into the conversion buffer by bulk copies of CONV_BYTES (after the
-// acquire that ordered the other CTAs' additions, a proxy fence for the async proxy's read), each lane then
-// converting whole float4s of the accumulator's thread order (sm90_bwd_layout.cuh, as stage_dq wrote them).
-__device__ __forceinline__ void convert_dq(const AttngenBwdArgs& a, const BwdSmem& sm, long long tile, int cc,
-                                           uint32_t& phase, int lane) {
-  const int nqb = (a.Lq + BQ - 1) / BQ;
-  const long long bh = tile / nqb;
-  const int q0 = (int)(tile - bh * nqb) * BQ;
-  const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);
-  const float* src = a.dq_accum + tile * (BQ * D) + DQ_CHUNK * cc * 64 * DQ_N;
-  Elem* out = static_cast<Elem*>(a.dq) + b * a.dq_stride[0] + h * a.dq_stride[1] + (long long)q0 * a.dq_stride[2] +
-              DQ_CHUNK * cc * DQ_N;
-  const int rows = a.Lq - q0;
-  const float f = a.scale;
-#pragma unroll 1
-  for (int piece = 0; piece < DQ_STAGE_BYTES / CONV_BYTES; ++piece) {
-    if (lane == 0) {
-      asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-      asm volatile("fence.proxy.async.global;\n" ::: "memory");
-      mbar_arrive_expect_tx(sm.conv_bar(), CONV_BYTES);
-      bulk_load_1d(sm.conv(), src + piece * (CONV_BYTES / 4), CONV_BYTES, sm.conv_bar());
-    }
-    mbar_wait(sm.conv_bar(), phase);
-    phase ^= 1u;
-#pragma unroll 2
-    for (int k = lane; k < CONV_BYTES / 16; k += 32) {
-      const int idx = piece * (CONV_BYTES / 16) + k;  // float4 v of thread t: idx = v * 128 + t
-      const int v = idx / 128, t = idx % 128;
-      const int r = 16 * (t / 32) + (t % 32) / 4;
-      const int col = 8 * v + 2 * (t % 4);
-      float x0, x1, x2, x3;
-      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=f"(x0), "=f"(x1), "=f"(x2), "=f"(x3) : "r"(sm.conv() + 16u * (uint32_t)k) : "memory");
-      if (r < rows) *reinterpret_cast<uint32_t*>(out + (long long)r * a.dq_stride[2] + col) = pack2<Elem>(x0 * f, x1 * f);
-      if (r + 8 < rows)
-        *reinterpret_cast<uint32_t*>(out + (long long)(r + 8) * a.dq_stride[2] + col) = pack2<Elem>(x2 * f, x3 * f);
-    }
-    __syncwarp();  // every lane's reads of the buffer before the next piece is loaded into it
-  }
-}
-
-// Warp NUM_CONSUMERS + 1 of the producer warpgroup: converts the chunks the writers hand over, in the order they
-// come, until both writers have ended.
-__device__ __forceinline__ void finish_dq(const AttngenBwdArgs& a, const BwdSmem& sm, int lane) {
-  uint32_t conv_phase = 0;
-  for (int k = 0, ended = 0; ended < NUM_CONSUMERS; ++k) {
-    const int slot = k % FIN_SLOTS;
-    mbar_wait(sm.fin_full(slot), (uint32_t)(k / FIN_SLOTS) & 1u);
-    long long item;
-    asm volatile("ld.shared.s64 %0, [%1];\n" : "=l"(item) : "r"(sm.fin_slot(slot)) : "memory");
-    __syncwarp();
-    if (lane == 0) mbar_arrive(sm.fin_empty(slot));
-    if (item < 0) ++ended;
-    else convert_dq(a, sm, item >> 1, (int)(item & 1), conv_phase, lane);
-  }
-}
-
-// The preprocess's share (bwd_prepost.cuh): q-block i of head (b, h) receives DQ_ADDS additions per counter from
-// each kv block whose walk visits it (block_range_bwd.cuh q_tile_visited: the walk's own test).
-struct Sm90DqCounts {
-  static constexpr int kCounters = DQ_COUNTERS;
-  static constexpr int kAdds = DQ_ADDS;
-  __device__ static int visits(const AttngenBwdArgs& a, int b, int h, int i, int lane) {
-    TileArgs t;
-    t.QLEN = a.Lq;
-    t.KVLEN = a.Lk;
-    t.QOFF = a.q_offset;
-    t.b = b;
-    t.h = h;
-    int n = 0;
-    for (int j = lane; j < (a.Lk + BK - 1) / BK; j += 32) n += q_tile_visited<BQ, BK>(a.captured, t, i, j) ? 1 : 0;
-#pragma unroll
-    for (int m = 16; m >= 1; m >>= 1) n += __shfl_xor_sync(0xffffffffu, n, m);
-    return n;
-  }
-};
 
 // A finished dK or dV fragment (times f) to global memory, rows past KVLEN skipped.
 __device__ __forceinline__ void store_kv_grad(void* out, const long long (&st)[3], int b, int kvh, int row0,
@@ -461,14 +335,10 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
     fence_regs(dq);
     fence_regs(pa);
     fence_regs(da);
-    // Q, dO and the statistics of this slot are read: released by each thread, or by lane 0 once every lane's
-    // reads of the statistics are done
-    if (RELEASE_PER_THREAD) {
-      mbar_arrive(sm.empty(stage));
-    } else {
-      __syncwarp();
-      if (lane == 0) mbar_arrive(sm.empty(stage));
-    }
+    // Q, dO and the statistics of this slot are read: each thread releases it, so that compute-sanitizer's
+    // racecheck sees every read of the statistics ordered before the bulk copy that refills the slot (it does not
+    // follow a __syncwarp then one lane's arrival: scripts/racecheck_bulk_probe.cu)
+    mbar_arrive(sm.empty(stage));
     mbar_wait(sm.dq_empty(cw), dq_phase ^ 1u);  // the writer's last reduction has read the buffer
     stage_dq(sm.dq(cw), dq, tid);
     if (tid == 0) {
@@ -502,19 +372,13 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     mbar_init(sm.bar_kv(), 1);
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(sm.full(s), 1);                       // the producer's arrive.expect_tx (+ the copies' bytes)
-      mbar_init(sm.empty(s), (RELEASE_PER_THREAD ? 128 : 4) * NUM_CONSUMERS);  // per consumer thread or warp
+      mbar_init(sm.empty(s), 128 * NUM_CONSUMERS);    // one arrival per consumer thread
     }
     for (int cw = 0; cw < NUM_CONSUMERS; ++cw) {
       mbar_init(sm.dq_full(cw), 4);   // one arrival per warp of the consumer
       mbar_init(sm.dq_empty(cw), 1);  // its writer's lane 0
       mbar_init(sm.dq_done(cw), 4);   // the consumer's warps, once
     }
-    for (int k = 0; k < FIN_SLOTS; ++k) {
-      mbar_init(sm.fin_full(k), 1);   // the writer that took the slot's ticket
-      mbar_init(sm.fin_empty(k), 1);  // the finisher's lane 0
-    }
-    mbar_init(sm.conv_bar(), 1);      // the finisher's arrive.expect_tx (+ the copy's bytes)
-    *sm.fin_ticket() = 0;
     mbar_fence_init();
   }
   __syncthreads();
@@ -525,10 +389,6 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
     if (warp >= 1 && warp <= NUM_CONSUMERS) {
       write_dq(a, sm, warp - 1, (int)threadIdx.x & 31);
-      return;
-    }
-    if (warp == NUM_CONSUMERS + 1) {
-      finish_dq(a, sm, (int)threadIdx.x & 31);
       return;
     }
     if (threadIdx.x == 0) produce(a, tm_q, tm_do, tm_k, tm_v, sm);
@@ -558,12 +418,13 @@ int launch_bwd(const AttngenBwdArgs& a, cudaStream_t stream) {
       tma_encode_bhld_memo(memo_k, &tm_k, a.k, bf16, D, a.B, a.Hkv, a.Lk, a.k_stride, BK) != CUDA_SUCCESS ||
       tma_encode_bhld_memo(memo_v, &tm_v, a.v, bf16, D, a.B, a.Hkv, a.Lk, a.v_stride, BK) != CUDA_SUCCESS)
     return ATTNGEN_ERROR_SM90_TMA_LAYOUT;
-  launch_bwd_pre<Sm90DqCounts>(a, BQ, stream);  // with no kv block, every q-block's dQ is written zero there
+  launch_bwd_pre(a, BQ, stream);
   const int nkb = (a.Lk + BK - 1) / BK;
   if (nkb > 0) {
     const dim3 grid((unsigned)nkb, (unsigned)a.Hkv, (unsigned)a.B);
     attngen_bwd_kernel<<<grid, NTHREADS, SMEM_BYTES, stream>>>(a, tm_q, tm_do, tm_k, tm_v);
   }
+  launch_bwd_post<DqAccTiled>(a, sms, stream);
   return (int)cudaGetLastError();
 }
 

@@ -31,8 +31,7 @@ extern "C" ATTNGEN_EXPORT int attngen_bwd(const AttngenBwdArgs* a, void* stream)
   if (a->B == 0 || a->Hq == 0) return (int)cudaSuccess;  // nothing to write
   if (a->Hkv <= 0 || a->Hq % a->Hkv != 0) return (int)cudaErrorInvalidValue;
   if (a->B > 65535 || a->Hkv > 65535) return (int)cudaErrorInvalidConfiguration;  // the main grid's z / y limits
-  if (a->lse == nullptr || a->dq_accum == nullptr || a->delta == nullptr || a->lse_log2 == nullptr ||
-      a->dq_count == nullptr)
+  if (a->lse == nullptr || a->dq_accum == nullptr || a->delta == nullptr || a->lse_log2 == nullptr)
     return (int)cudaErrorInvalidValue;
   const void* vec[] = {a->q, a->k, a->v, a->o, a->dout, a->dq, a->dk, a->dv, a->dq_accum, a->delta, a->lse_log2};
   for (const void* p : vec)

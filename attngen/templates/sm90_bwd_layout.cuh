@@ -42,23 +42,15 @@ constexpr int NDQ = DQ_N / 2;
 // reduction (per-thread reductions queue on the load/store unit). dQ_acc is tiled: q-block i of head (b, h) is
 // BQ * D contiguous floats at ((b * Hq + h) * Lq_pad + i * BQ) * D, in which chunk c (a consumer's DQ_N columns;
 // 0 at D = 64) is 64 * DQ_N floats in the accumulator's thread order, [DQ_N / 8][128 threads][4]: float4 v of
-// thread t holds rows r (x, y), r + 8 (z, w) (r = 16 (t / 32) + t % 32 / 4) at columns c DQ_N + 8 v + 2 (t % 4)
-// + {0, 1} (bwd_sm90.cuh: stage_dq writes it, convert_dq reads it).
+// thread t holds rows r, r + 8 (r = 16 (t / 32) + t % 32 / 4) at columns c DQ_N + 8 v + 2 (t % 4) + {0, 1}
+// (dq_tile_offset).
 constexpr int DQ_STAGE_BYTES = 64 * DQ_N * 4;  // one consumer's staged dQ
 constexpr int DQ_CHUNK = DQ_SPLIT_D ? 1 : 0;   // the chunk of consumer cw is DQ_CHUNK * cw
-
-// dQ_acc to dQ without a postprocess: a counter per chunk of a q-block (dq_count, 2 per q-block in the ABI), set
-// by the preprocess to minus the additions the chunk will receive (DQ_ADDS per kv block whose walk visits the
-// q-block); a writer adds 1 once each of its reductions is complete, and the one that brings it to 0 hands the
-// chunk to the finisher warp, which converts it through a buffer of CONV_BYTES (bwd_sm90.cuh).
-constexpr int DQ_COUNTERS = DQ_SPLIT_D ? NUM_CONSUMERS : 1;
-constexpr int DQ_ADDS = DQ_SPLIT_D ? 1 : NUM_CONSUMERS;
-constexpr int FIN_SLOTS = 4;  // the finisher's queue: more than the two writers can have waiting at once
 
 // Shared memory (offsets from a 1024-byte aligned base; tiles are multiples of 1024 bytes, so every 8-row
 // swizzle atom is 1024-aligned as the descriptors' base offset 0 requires):
 //   K | V | Q [STAGES] | dO [STAGES] | dS^T [2] | row statistics [STAGES] | gradient bins | turns | mbarriers
-//   | staged dQ [NUM_CONSUMERS] | the finisher's queue | its conversion buffer
+//   | staged dQ [NUM_CONSUMERS]
 // dS^T is double-buffered so that one consumer may write the next q-block's while the other still reads
 // this one's in dQ = dS K. The gradient bins (bwd_grad_sites.cuh; none without diagonal sites) are too, per
 // consumer: a tile's bins are emptied after the barrier that follows it, the next tile fills the other ones.
@@ -73,16 +65,10 @@ constexpr int BINS_BYTES = kGradDiagSites * GRAD_SITE_FLOATS * 4;  // one consum
 constexpr int OFF_TURN = OFF_BINS + NUM_CONSUMERS * 2 * BINS_BYTES;  // each consumer's turn and dQ slot (16 B)
 constexpr int OFF_BAR = OFF_TURN + 16 * NUM_CONSUMERS;
 // K and V loaded; per stage: Q, dO, statistics loaded / released; per consumer: its staged dQ written / read, its
-// walk over; per slot of the finisher's queue: filled / emptied; the conversion buffer loaded
-constexpr int NUM_MBARS = 1 + 2 * STAGES + 3 * NUM_CONSUMERS + 2 * FIN_SLOTS + 1;
+// walk over
+constexpr int NUM_MBARS = 1 + 2 * STAGES + 3 * NUM_CONSUMERS;
 constexpr int OFF_DQ = (OFF_BAR + NUM_MBARS * 8 + 127) / 128 * 128;  // the consumers' staged dQ
-constexpr int OFF_FIN = OFF_DQ + NUM_CONSUMERS * DQ_STAGE_BYTES;  // FIN_SLOTS chunk names (int64), the ticket
-constexpr int OFF_CONV = (OFF_FIN + 8 * FIN_SLOTS + 8 + 127) / 128 * 128;
-constexpr int CONV_ROOM = SMEM_LIMIT - 1024 - OFF_CONV;
-// A chunk is converted in one piece where it fits, else in 2 or 4 (the gradient bins of 3 diagonal sites).
-constexpr int CONV_BYTES = CONV_ROOM >= DQ_STAGE_BYTES ? DQ_STAGE_BYTES
-                           : CONV_ROOM >= DQ_STAGE_BYTES / 2 ? DQ_STAGE_BYTES / 2 : DQ_STAGE_BYTES / 4;
-constexpr int SMEM_BYTES = 1024 /* alignment slack */ + OFF_CONV + CONV_BYTES;
+constexpr int SMEM_BYTES = 1024 /* alignment slack */ + OFF_DQ + NUM_CONSUMERS * DQ_STAGE_BYTES;
 
 constexpr uint32_t BAR_DS = 1;  // named barrier (0 is __syncthreads): dS^T written (+ consumer index at D = 64)
 constexpr uint32_t BAR_BINS = 3;  // + consumer index: the gradient bins zeroed before the first tile
@@ -98,10 +84,6 @@ static_assert(STATS_BYTES % 16 == 0 && (BQ * 4) % 16 == 0, "bulk copies move mul
 static_assert(OFF_STATS % 16 == 0 && OFF_TURN % 8 == 0 && OFF_BAR % 8 == 0,
               "alignment of the statistics, the slots and the mbarriers");
 static_assert(OFF_DQ % 16 == 0 && DQ_STAGE_BYTES % 16 == 0, "bulk reductions read 16-byte aligned sources");
-static_assert(DQ_COUNTERS <= 2, "the ABI's dq_count has two counters per q-block");
-static_assert(NUM_CONSUMERS + 2 <= 4, "warp 0 produces, warps 1 .. NUM_CONSUMERS write dQ, the next finishes it");
-static_assert(OFF_CONV % 128 == 0 && (CONV_BYTES / 16) % 32 == 0 && DQ_STAGE_BYTES % CONV_BYTES == 0,
-              "the conversion buffer: whole float4s per lane, whole pieces of a chunk");
 static_assert(GRAD_ROWS == 64 && GRAD_ROWS + BQ - 1 <= GRAD_BINS, "a diagonal bin per diagonal of a consumer's tile");
 static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0 && DS_BYTES % 1024 == 0, "1024-aligned swizzle atoms");
 static_assert(SMEM_BYTES <= SMEM_LIMIT,
@@ -146,13 +128,40 @@ struct BwdSmem {
   __device__ uint32_t dq_full(int consumer) const { return bar(1 + 2 * STAGES + consumer); }
   __device__ uint32_t dq_empty(int consumer) const { return bar(1 + 2 * STAGES + NUM_CONSUMERS + consumer); }
   __device__ uint32_t dq_done(int consumer) const { return bar(1 + 2 * STAGES + 2 * NUM_CONSUMERS + consumer); }
-  __device__ uint32_t fin_full(int slot) const { return bar(1 + 2 * STAGES + 3 * NUM_CONSUMERS + slot); }
-  __device__ uint32_t fin_empty(int slot) const { return bar(1 + 2 * STAGES + 3 * NUM_CONSUMERS + FIN_SLOTS + slot); }
-  __device__ uint32_t conv_bar() const { return bar(NUM_MBARS - 1); }
-  // the finisher's queue: slot k holds (tile << 1 | chunk), or -1 (a writer's end); the writers' ticket after it
-  __device__ uint32_t fin_slot(int slot) const { return base + OFF_FIN + 8u * (uint32_t)slot; }
-  __device__ int* fin_ticket() const { return reinterpret_cast<int*>(ptr + OFF_FIN + 8 * FIN_SLOTS); }
-  __device__ uint32_t conv() const { return base + OFF_CONV; }
+};
+
+// Float offset in a tiled dQ_acc q-block of the element at tile row r (< 64), column col.
+__host__ __device__ constexpr int dq_tile_offset(int r, int col) {
+  const int c = DQ_SPLIT_D ? col / DQ_N : 0, cl = col - c * DQ_N;
+  const int t = (r / 16) * 32 + (r % 8) * 4 + (cl % 8) / 2;
+  return ((c * (DQ_N / 8) + cl / 8) * 128 + t) * 4 + ((r / 8) % 2) * 2 + cl % 2;
+}
+
+// dq_tile_offset inverts the staging order (bwd_sm90.cuh stage_dq, the writer's chunk offset): float k of float4 v
+// of thread t of chunk c, the accumulator's element at row 16 (t / 32) + t % 32 / 4 + 8 (k / 2), column
+// c DQ_N + 8 v + 2 (t % 4) + k % 2, lies at c 64 DQ_N + (v 128 + t) 4 + k. Checked whole at build time.
+constexpr bool dq_tile_offset_inverts_staging() {
+  for (int c = 0; c < (DQ_SPLIT_D ? NUM_CONSUMERS : 1); ++c)
+    for (int t = 0; t < 128; ++t)
+      for (int v = 0; v < DQ_N / 8; ++v)
+        for (int k = 0; k < 4; ++k) {
+          const int r = 16 * (t / 32) + (t % 32) / 4 + 8 * (k / 2), col = c * DQ_N + 8 * v + 2 * (t % 4) + k % 2;
+          if (dq_tile_offset(r, col) != c * 64 * DQ_N + (v * 128 + t) * 4 + k) return false;
+        }
+  return true;
+}
+static_assert(dq_tile_offset_inverts_staging(), "the postprocess reads dQ_acc where the staging did not put it");
+
+// The postprocess's view of a tiled dQ_acc (bwd_prepost.cuh): row r, columns col .. col + 7 of head bh.
+struct DqAccTiled {
+  __device__ static void load8(const float* acc, long long bh, int r, int col, int Lq, float (&x)[8]) {
+    const float* tile = acc + (bh * ((Lq + BQ - 1) / BQ) + r / BQ) * BQ * D;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const float2 u = *reinterpret_cast<const float2*>(tile + dq_tile_offset(r % BQ, col + 2 * p));
+      x[2 * p] = u.x, x[2 * p + 1] = u.y;
+    }
+  }
 };
 
 // The next slot of the Q / dO ring (stage) and the parity of its use (phase; sm90_mbarrier.cuh).

@@ -88,12 +88,8 @@ template <int N>
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
-// This thread's bulk async-groups, all but the newest N, are complete: their global writes are performed.
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void bulk_wait_all() { bulk_wait<0>(); }
+// This thread's bulk async-groups are complete: their global writes are performed.
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 // Pull a tensor map (kernel parameter) into the TMA unit's descriptor cache ahead of the first copy.
 __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* tmap) {
