@@ -47,8 +47,8 @@ __device__ void init_slot_bars(uint32_t full, uint32_t empty, uint32_t releases)
 
 // The ring's reuse: the slot is read (generic loads), released on an "empty" mbarrier, and only then refilled by
 // the next bulk copy (write after read across proxies, ordered by the barrier's arrive / wait). BY_WARP releases it
-// as the backward does: the readers meet at a named barrier, then lane 0 of each warp arrives (the empty barrier
-// counts warps, not threads).
+// as the backward did until session 14: the readers meet at a named barrier, then lane 0 of each warp arrives (the
+// empty barrier counts warps, not threads).
 template <bool BY_WARP>
 __global__ void probe_reuse(const float* src, float* dst) {
   __shared__ __align__(128) float buf[64];
@@ -68,11 +68,11 @@ __global__ void probe_reuse(const float* src, float* dst) {
   }
 }
 
-// The backward's own arrangement: a producer warp (its lane 0 fills the slot and waits for it to be released)
-// beside two reader warps that are the only members of the named barrier (a thread count below the block's) or,
-// with SYNCWARP, release it per warp after __syncwarp alone. If racecheck reports hazards here but not in
-// probe_reuse, it does not follow a named barrier over part of the block (or per-warp releases), and the
-// backward's hazards are the tool's.
+// The backward's arrangement until session 14: a producer warp (its lane 0 fills the slot and waits for it to be
+// released) beside two reader warps that are the only members of the named barrier (a thread count below the
+// block's) or, with SYNCWARP, release it per warp after __syncwarp alone. If racecheck reports hazards here but not
+// in probe_reuse, it does not follow a named barrier over part of the block (or per-warp releases), and those
+// hazards are the tool's.
 // PER_THREAD (SYNCWARP ignored): every reader thread arrives itself, as the backward's consumers do.
 template <bool SYNCWARP, bool PER_THREAD = false>
 __global__ void probe_partial(const float* src, float* dst) {
@@ -105,6 +105,20 @@ __global__ void probe_partial(const float* src, float* dst) {
   }
 }
 
+// One case: dst poisoned (NaN) before the launch, so a kernel that writes nothing fails; n values checked.
+template <class Launch>
+int run_case(const char* what, float* dst, int n, Launch launch) {
+  std::fflush(stdout);
+  cudaMemset(dst, 0xff, 128 * sizeof(float));
+  launch();
+  float host[128];
+  cudaMemcpy(host, dst, n * sizeof(float), cudaMemcpyDeviceToHost);
+  int bad = 0;
+  for (int i = 0; i < n; ++i) bad += host[i] != (float)i;
+  std::printf("racecheck_bulk_probe (%s): %s\n", what, bad ? "WRONG VALUES" : "values ok");
+  return bad;
+}
+
 int main() {
   float *src, *dst;
   cudaMalloc(&src, 128 * sizeof(float));
@@ -112,34 +126,14 @@ int main() {
   float host[128];
   for (int i = 0; i < 128; ++i) host[i] = (float)i;
   cudaMemcpy(src, host, sizeof(host), cudaMemcpyHostToDevice);
-  int bad = 0;
-  probe<<<1, 64>>>(src, dst);
-  cudaMemcpy(host, dst, 64 * sizeof(float), cudaMemcpyDeviceToHost);
-  for (int i = 0; i < 64; ++i) bad += host[i] != (float)i;
-  std::printf("racecheck_bulk_probe (one copy): %s\n", bad ? "WRONG VALUES" : "values ok");
-  for (int by_warp = 0; by_warp < 2; ++by_warp) {
-    std::fflush(stdout);
-    if (by_warp) probe_reuse<true><<<1, 64>>>(src, dst);
-    else probe_reuse<false><<<1, 64>>>(src, dst);
-    cudaMemcpy(host, dst, sizeof(host), cudaMemcpyDeviceToHost);
-    for (int i = 0; i < 128; ++i) bad += host[i] != (float)i;
-    std::printf("racecheck_bulk_probe (slot reused%s): %s\n", by_warp ? ", released by warp" : "",
-                bad ? "WRONG VALUES" : "values ok");
-  }
-  for (int syncwarp = 0; syncwarp < 2; ++syncwarp) {
-    std::fflush(stdout);
-    if (syncwarp) probe_partial<true><<<1, 96>>>(src, dst);
-    else probe_partial<false><<<1, 96>>>(src, dst);
-    cudaMemcpy(host, dst, sizeof(host), cudaMemcpyDeviceToHost);
-    for (int i = 0; i < 128; ++i) bad += host[i] != (float)i;
-    std::printf("racecheck_bulk_probe (producer warp, readers released %s): %s\n",
-                syncwarp ? "per warp after __syncwarp" : "after a named barrier of 64 of 96 threads",
-                bad ? "WRONG VALUES" : "values ok");
-  }
-  std::fflush(stdout);
-  probe_partial<false, true><<<1, 96>>>(src, dst);
-  cudaMemcpy(host, dst, sizeof(host), cudaMemcpyDeviceToHost);
-  for (int i = 0; i < 128; ++i) bad += host[i] != (float)i;
-  std::printf("racecheck_bulk_probe (producer warp, every reader thread arrives): %s\n", bad ? "WRONG VALUES" : "values ok");
+  int bad = run_case("one copy", dst, 64, [&] { probe<<<1, 64>>>(src, dst); });
+  bad += run_case("slot reused", dst, 128, [&] { probe_reuse<false><<<1, 64>>>(src, dst); });
+  bad += run_case("slot reused, released by warp", dst, 128, [&] { probe_reuse<true><<<1, 64>>>(src, dst); });
+  bad += run_case("producer warp, readers released after a named barrier of 64 of 96 threads", dst, 128,
+                  [&] { probe_partial<false><<<1, 96>>>(src, dst); });
+  bad += run_case("producer warp, readers released per warp after __syncwarp", dst, 128,
+                  [&] { probe_partial<true><<<1, 96>>>(src, dst); });
+  bad += run_case("producer warp, every reader thread arrives", dst, 128,
+                  [&] { probe_partial<false, true><<<1, 96>>>(src, dst); });
   return bad != 0;
 }

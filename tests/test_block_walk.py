@@ -76,7 +76,7 @@ def _brute(mask, q_len, kv_len, q_off, BQ, BK):
 def _program(name, shapes, setup):
     """A host program walking both directions for each (q_len, kv_len, q_off, BQ, BK): lines 'F i j full'
     (forward visits), 'B j i full' (backward visits), 'V j i' (the tiles q_tile_visited says kv block j's walk
-    visits: the sm90 backward counts dQ's additions by it) and 'R j h i full' (the backward's walk rotated,
+    visits: the deterministic backward orders dQ's additions by it) and 'R j h i full' (the backward's walk rotated,
     block_range_bwd.cuh walk_rotation with shift 3, over two query heads of one kv head), then 'END'."""
     body = []
     for q_len, kv_len, q_off, BQ, BK in shapes:

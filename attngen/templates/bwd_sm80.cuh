@@ -1,7 +1,7 @@
 // bwd_sm80.cuh: attention backward for sm80+ (the portable kernel, also run on H100/H200), FlashAttention-2
 // style, in three launches on one stream:
-//  1. preprocess, one warp per q row: delta = rowsum(dO * O) (fp32), lse in the log2 domain (+inf for rows
-//     with nothing kept and for the padding of the last q-block), the row of the fp32 dQ accumulator zeroed;
+//  1. preprocess, a block per q-block (bwd_prepost.cuh): delta = rowsum(dO * O) (fp32), lse in the log2 domain
+//     (+inf for rows with nothing kept and for the padding of the last q-block), the fp32 dQ accumulator zeroed;
 //  2. the main kernel, one CTA per (kv-block j of BK rows, kv head, batch), grid (ceil(Lk/BK), Hkv, B): K and V
 //     resident in shared memory; for each query head of the kv head (GQA / MQA: dK and dV are summed over
 //     them in registers) and each q-block of BQ rows the mask does not prove EMPTY (block_range_bwd.cuh), Q,
