@@ -10,11 +10,11 @@
 # the step kernel by kernel, the Q / dO slot released by every consumer thread (Sm90BwdTiles.release_per_thread)
 # beside by warp, the anchors' training steps, the backward suites;
 # it showed the backward kernel itself 18-36% slower per visited tile than session 13's (causal 3407.8 µs against
-# 2599.4, full 5895.9 against 5008.8, window 1024 1060.0 against 776.7) for a preprocess of 67.7 µs (causal; 76.3 before)
-# and no postprocess (~72): the fused conversion was taken out again (not understood: the consumers' code is the
-# same but for register names), keeping the preprocess's new shape (a block per q-block, a row per 8, 16 or 32 lanes)
-# and the slot released by every consumer thread (racecheck-clean in the probe; the A/B: causal -0.7%, full +1.4%,
-# window and document within 0.6%);
+# 2599.4, full 5895.9 against 5008.8, window 1024 1060.0 against 776.7) for a preprocess of 67.7 µs (causal; 76.3
+# before) and no postprocess (~72): the fused conversion was taken out again (not understood: the consumers' code
+# is the same but for register names), keeping the preprocess's new shape (a block per q-block, a row per 8, 16 or
+# 32 lanes) and the slot released by every consumer thread (racecheck-clean in the probe; the A/B: causal -0.7%,
+# full +1.4%, window and document within 0.6%);
 # (A and B ran on the trees named in the results README; on a later tree B's `release_per_thread` setting no longer
 # exists, so B does not run there.)
 # C (prepared, not run: the session's device time was spent) = sanitizers and the suites A, B and D did not reach
