@@ -1,6 +1,7 @@
 # scripts/device_step.sh: sourced (from the repo root) by a session's device-call scripts (scripts/round_s*.sh):
 # the environment of one call, the device line in $OUT/device.txt, and run_tests: one pytest run of GPU tests under
-# a time limit, its log and failures under $OUT, its counts, failed tests and last lines printed.
+# a time limit, its log and failures under $OUT, its counts, failed tests and last lines printed; smoke_backward
+# and sanitize_backward: the backward's small cases (scripts/sanitize_case.py) run plainly or under a sanitizer.
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache ATTNGEN_TEST_BUILD_JOBS=14
 R="$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$R/device.txt"
@@ -11,4 +12,15 @@ run_tests() {  # name timeout files...
   echo "tests $name rc=$? $(grep -cE ' PASSED' "$R/tests_$name.log") passed, $(grep -cE ' FAILED' "$R/tests_$name.log") failed"
   grep -E ' FAILED' "$R/tests_$name.log" | head -n 20
   tail -n 3 "$R/tests_$name.log"
+}
+smoke_backward() {  # [timeout]: the backward's small sanitizer cases built, then run once; false when one fails
+  python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
+  timeout "${1:-60}" python scripts/sanitize_case.py --backward > "$R/smoke.log" 2>&1
+  tail -n 2 "$R/smoke.log"
+  grep -q "SANITIZE CASES DONE ok" "$R/smoke.log"
+}
+sanitize_backward() {  # tool timeout: compute-sanitizer on the backward's small cases (built), its summary lines
+  timeout "$2" compute-sanitizer --tool "$1" --print-limit 20 python scripts/sanitize_case.py --backward \
+    > "$R/$1.log" 2>&1
+  echo "$1 rc=$?"; grep -E "^========= (Error|RACECHECK|ERROR SUMMARY)|SANITIZE" "$R/$1.log" | head -n 8
 }

@@ -26,10 +26,7 @@ case "$1" in
     timeout 250 python benchmarks/bench_training.py --variants causal full softcap_causal document --out "$R" 2>&1 \
       | grep -E "^\[|TFLOP|vs flex|rror|kernel_options" ;;
   B)
-    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
-    timeout 60 python scripts/sanitize_case.py --backward > "$R/smoke.log" 2>&1
-    tail -n 8 "$R/smoke.log"
-    grep -q "SANITIZE CASES DONE ok" "$R/smoke.log" || exit 1
+    smoke_backward 60 || exit 1
     run_tests bwd 210 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_captured_grads_gpu.py \
       tests/gpu/test_autograd_gpu.py
     timeout 220 python benchmarks/bench_training.py --variants causal full softcap_causal document --out "$R" 2>&1 \
@@ -46,10 +43,7 @@ case "$1" in
     timeout 80 python benchmarks/bench_training.py --deterministic --variants causal --out "$R" 2>&1 \
       | grep -E "^\[|TFLOP|vs flex|rror|kernel_options" ;;
   D)
-    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
-    timeout 60 python scripts/sanitize_case.py --backward > "$R/smoke.log" 2>&1
-    tail -n 2 "$R/smoke.log"
-    grep -q "SANITIZE CASES DONE ok" "$R/smoke.log" || exit 1
+    smoke_backward 60 || exit 1
     timeout 100 compute-sanitizer --tool racecheck --print-limit 20 python scripts/sanitize_case.py --backward \
       > "$R/racecheck.log" 2>&1
     echo "racecheck rc=$?"; grep -E "^========= (Error|RACECHECK)" "$R/racecheck.log" | head -n 8
@@ -58,10 +52,7 @@ case "$1" in
     timeout 110 python benchmarks/bench_training.py --variants causal full --out "$R" 2>&1 \
       | grep -E "^\[|TFLOP|vs flex|rror|kernel_options" ;;
   E)
-    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
-    timeout 60 python scripts/sanitize_case.py --backward > "$R/smoke.log" 2>&1
-    tail -n 2 "$R/smoke.log"
-    grep -q "SANITIZE CASES DONE ok" "$R/smoke.log" || exit 1
+    smoke_backward 60 || exit 1
     run_tests det 110 tests/gpu/test_deterministic_gpu.py "tests/gpu/test_params_gpu.py::test_backward_kernel_takes_the_values" \
       "tests/gpu/test_integrations_gpu.py::test_flex_and_module_on_cuda" ;;
   F)

@@ -31,10 +31,7 @@ case "$1" in
     timeout 300 python scripts/step_kernel_times.py 2>&1 | tee "$R/step_kernel_times.md" | grep -vE "^\| .* \| triton_" 
     timeout 200 python scripts/bwd_tiles_ab.py --set stages=2 stages=3 2>&1 | tee "$R/bwd_tiles_ab.log" | grep -v "^\[.*max |grad" ;;
   B)
-    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
-    timeout 60 python scripts/sanitize_case.py --backward > "$R/smoke.log" 2>&1
-    tail -n 2 "$R/smoke.log"
-    grep -q "SANITIZE CASES DONE ok" "$R/smoke.log" || exit 1
+    smoke_backward 60 || exit 1
     run_tests walk 230 tests/gpu/test_bwd_gpu.py tests/gpu/test_kernel_sm90.py tests/gpu/test_mask_zoo_gpu.py \
       tests/gpu/test_decode_gpu.py
     timeout 60 python scripts/step_kernel_times.py --variants document document_aligned --windows 1024 --no-flex \
@@ -49,10 +46,8 @@ case "$1" in
     run_tests abi 200 tests/gpu/test_decode_gpu.py tests/gpu/test_deterministic_gpu.py \
       tests/gpu/test_captured_grads_gpu.py tests/gpu/test_autograd_gpu.py ;;
   D)
-    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
-    timeout 100 compute-sanitizer --tool racecheck --print-limit 20 python scripts/sanitize_case.py --backward \
-      > "$R/racecheck.log" 2>&1
-    echo "racecheck rc=$?"; grep -E "^========= (Error|RACECHECK)" "$R/racecheck.log" | head -n 8
+    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1  # outside the sanitizer
+    sanitize_backward racecheck 100
     run_tests rest 150 tests/gpu/test_autograd_gpu.py tests/gpu/test_varlen_gpu.py tests/gpu/test_params_gpu.py \
       tests/gpu/test_negative_index.py
     timeout 110 python benchmarks/bench_training.py --variants relpos_learnable --out "$R" 2>&1 \

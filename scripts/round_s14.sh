@@ -30,18 +30,12 @@ case "$1" in
       -o /tmp/probe && timeout 30 compute-sanitizer --tool racecheck --print-limit 4 /tmp/probe \
       > "$R/racecheck_probe.log" 2>&1
     grep -E "values|RACECHECK SUMMARY|Error" "$R/racecheck_probe.log"
-    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
-    timeout 60 python scripts/sanitize_case.py --backward > "$R/smoke.log" 2>&1
-    tail -n 2 "$R/smoke.log"
-    grep -q "SANITIZE CASES DONE ok" "$R/smoke.log" || exit 1
+    smoke_backward 60 || exit 1
     run_tests bwd 230 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py \
       tests/gpu/test_captured_grads_gpu.py
     timeout 200 python benchmarks/bench_training.py --out "$R" 2>&1 | grep -E "^\||rror" ;;
   B)
-    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
-    timeout 60 python scripts/sanitize_case.py --backward > "$R/smoke.log" 2>&1
-    tail -n 2 "$R/smoke.log"
-    grep -q "SANITIZE CASES DONE ok" "$R/smoke.log" || exit 1
+    smoke_backward 60 || exit 1
     timeout 60 python scripts/step_kernel_times.py --variants causal full --windows 1024 --no-flex 2>&1 \
       | tee "$R/step_kernel_times.md" | grep -vE "^\| .* \| triton_"
     timeout 150 python scripts/bwd_tiles_ab.py --set release_per_thread=0 release_per_thread=1 2>&1 \
@@ -50,24 +44,15 @@ case "$1" in
     run_tests bwd 100 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py \
       tests/gpu/test_captured_grads_gpu.py ;;
   C)
-    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
-    timeout 80 compute-sanitizer --tool racecheck --print-limit 20 python scripts/sanitize_case.py --backward \
-      > "$R/racecheck.log" 2>&1
-    echo "racecheck rc=$?"; grep -E "^========= (Error|RACECHECK)" "$R/racecheck.log" | head -n 8
-    timeout 80 compute-sanitizer --tool memcheck python scripts/sanitize_case.py --backward > "$R/memcheck.log" 2>&1
-    echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|SANITIZE" "$R/memcheck.log" | head -n 4
+    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1  # outside the sanitizer
+    sanitize_backward racecheck 80
+    sanitize_backward memcheck 80
     run_tests rest 300 tests/gpu/test_autograd_gpu.py tests/gpu/test_kernel_sm90.py tests/gpu/test_gpu_api.py \
       tests/gpu/test_varlen_gpu.py ;;
   D)
-    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
-    timeout 50 python scripts/sanitize_case.py --backward > "$R/smoke.log" 2>&1
-    tail -n 2 "$R/smoke.log"
-    grep -q "SANITIZE CASES DONE ok" "$R/smoke.log" || exit 1
-    timeout 70 compute-sanitizer --tool racecheck --print-limit 20 python scripts/sanitize_case.py --backward \
-      > "$R/racecheck.log" 2>&1
-    echo "racecheck rc=$?"; grep -E "^========= (Error|RACECHECK)|SANITIZE" "$R/racecheck.log" | head -n 8
-    timeout 60 compute-sanitizer --tool memcheck python scripts/sanitize_case.py --backward > "$R/memcheck.log" 2>&1
-    echo "memcheck rc=$?"; grep -E "ERROR SUMMARY|SANITIZE" "$R/memcheck.log" | head -n 4
+    smoke_backward 50 || exit 1
+    sanitize_backward racecheck 70
+    sanitize_backward memcheck 60
     timeout 210 python benchmarks/bench_training.py --out "$R" 2>&1 | grep -E "^\||rror"
     run_tests bwd 100 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py \
       tests/gpu/test_captured_grads_gpu.py ;;

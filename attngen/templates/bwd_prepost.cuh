@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __gr
         const float lse = a.lse[bh * a.Lq + r];
         lse2 = lse == -INFINITY ? INFINITY : lse * LOG2E;
       }
-      a.delta[row_id] = real ? delta : 0.f;
+      a.delta[row_id] = delta;  // 0 for padding rows
       a.lse_log2[row_id] = lse2;
     }
   }
