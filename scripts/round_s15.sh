@@ -17,5 +17,12 @@ case "$1" in
       tests/gpu/test_captured_grads_gpu.py
     timeout 60 python scripts/step_kernel_times.py --variants causal full --windows 1024 --no-flex 2>&1 \
       | tee "$R/step_kernel_times.md" | grep -vE "^\| .* \| triton_"
-    timeout 210 python benchmarks/bench_training.py --out "$R" 2>&1 | grep -E "^\||rror" ;;
+    timeout 210 python benchmarks/bench_training.py --out "$R" 2>&1 | grep -E "^\||rror"
+    # the causal backward's warp states and scheduler under ncu (one kernel, clocks left alone)
+    printf '%s\n' 'import torch, attngen' 'attn = attngen.compile(causal=True)' \
+      'x = [torch.randn(2, 16, 8192, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(4)]' \
+      'attn(x[0], x[1], x[2]).backward(x[3].detach())' 'torch.cuda.synchronize()' > /tmp/one_step.py
+    timeout 150 ncu --clock-control none -k regex:attngen_bwd_kernel -c 1 --section WarpStateStats \
+      --section SchedulerStats python /tmp/one_step.py > "$R/ncu_bwd.txt" 2>&1
+    grep -E "Stall|Warp Cycles|Issued|Eligible|Duration" "$R/ncu_bwd.txt" | head -n 30 ;;
 esac
