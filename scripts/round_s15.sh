@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Session 15's device calls (prepared in session 14 on branch next/post-tiled, not yet run):
+# (A: about 520 s on a fresh machine; B, the ncu report, in a call of its own)
 # A = the sm90 backward's own postprocess, reading the tiled dQ_acc in its staging order (a warp reads 512
 # contiguous bytes; session 13's read 8-byte pieces 16 bytes apart, 72 µs a step for 201 MB): the backward's smoke
 # cases, the backward / deterministic / captured-gradient suites (dq poisoned: a missed element fails), the step
@@ -17,7 +18,8 @@ case "$1" in
       tests/gpu/test_captured_grads_gpu.py
     timeout 60 python scripts/step_kernel_times.py --variants causal full --windows 1024 --no-flex 2>&1 \
       | tee "$R/step_kernel_times.md" | grep -vE "^\| .* \| triton_"
-    timeout 210 python benchmarks/bench_training.py --out "$R" 2>&1 | grep -E "^\||rror"
+    timeout 210 python benchmarks/bench_training.py --out "$R" 2>&1 | grep -E "^\||rror" ;;
+  B)
     # the causal backward's warp states and scheduler under ncu (one kernel, clocks left alone)
     printf '%s\n' 'import torch, attngen' 'attn = attngen.compile(causal=True)' \
       'x = [torch.randn(2, 16, 8192, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(4)]' \
