@@ -3,13 +3,15 @@
 
 __version__ = "0.1.0"  # the package version: part of every kernel's cache key
 
-ABI_VERSION = 3  # ATTNGEN_ABI_VERSION
+ABI_VERSION = 4  # ATTNGEN_ABI_VERSION
 MAX_CAPTURED = 8  # ATTNGEN_MAX_CAPTURED: captured-tensor slots of CapturedArgs
 MAX_SUMMARIES = 16  # ATTNGEN_MAX_SUMMARIES: per-block summary slots of CapturedArgs
 MAX_PARAMS = 8  # ATTNGEN_MAX_PARAMS: runtime-parameter slots of CapturedArgs (iparam / fparam)
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)  # ATTNGEN_HEAD_DIMS
-DTYPE_CODES = {0: "float16", 1: "bfloat16"}  # AttngenKernelInfo.dtype
+DTYPE_CODES = {0: "float16", 1: "bfloat16", 2: "float8_e4m3fn"}  # AttngenKernelInfo.dtype
+FP8_DTYPE = "float8_e4m3fn"  # code 2: the sm90 forward only, bfloat16 output, V passed as V^T (attngen/fp8.py)
+FP8_HEAD_DIMS = (128,)  # sm90_layout.cuh: the FP8 forward's head dims
 
 # Return codes of attngen_fwd beyond cudaError_t (ATTNGEN_ERROR_*).
 ERROR_SM90_TMA_LAYOUT = 9001  # q/k/v cannot be described by a TMA tensor map

@@ -15,6 +15,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from . import autograd as _autograd
+from . import fp8 as _fp8
 from .abi import SM90_FALLBACK_CODES
 from .analysis_cache import variant_facts
 from .errors import InputError, KernelLaunchError
@@ -197,22 +198,32 @@ class CompiledAttention:
         return lib
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optional[float] = None,
-                 return_lse: bool = False, q_offset: int = 0):
+                 return_lse: bool = False, q_offset: int = 0, q_descale=None, k_descale=None, v_descale=None):
+        """``out = attn(q, k, v)``: q (B, Hq, Lq, D), k / v (B, Hkv, Lk, D). FP8 inputs (torch.float8_e4m3fn, the sm90
+        forward, attngen/fp8.py) take ``q_descale`` / ``k_descale`` / ``v_descale`` of shape (B, Hkv) and return
+        bfloat16."""
         # Hot path: a library already loaded for this dtype, head dim and device, and no autograd graph to
         # record; forward() checks the rest. Anything unusual (not a tensor, CPU tensors, a first call,
-        # gradients, torch.compile tracing) takes the full path below.
+        # gradients, torch.compile tracing, FP8) takes the full path below.
         try:
             lib = self._ready.get((q.dtype, q.shape[-1], q.get_device()))
         except (AttributeError, IndexError, TypeError):
             lib = None
         if lib is not None and q_offset.__class__ is int and q_offset >= 0 and not _compiling() and not (
                 _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
-                                     or any(t.requires_grad for t in self._captured_tensors))):
+                                     or any(t.requires_grad for t in self._captured_tensors))) \
+                and q_descale is None and k_descale is None and v_descale is None:
             return self._run(lib, q, k, v, scale, return_lse, q_offset)
         if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
             raise InputError("q, k, v must be torch tensors of shape (B, H, L, D)")
         if q_offset.__class__ is not int or q_offset < 0:
             q_offset = _check_offset(q_offset)
+        descales = (q_descale, k_descale, v_descale)
+        if q.dtype == _fp8.FP8:
+            return self._fp8(q, k, v, descales, scale, return_lse, q_offset)
+        if any(d is not None for d in descales):
+            raise InputError(f"q_descale / k_descale / v_descale are for torch.float8_e4m3fn inputs (the FP8 forward), "
+                             f"got q in {q.dtype}: drop them, or pass q, k and v quantised to e4m3")
         if _compiling() or (_grad_enabled() and _autograd.needs_grad(self, q, k, v)):
             # the custom ops: differentiable, and one opaque node in a torch.compile graph (autograd.py)
             return _autograd.attention(self, q, k, v, scale=scale, return_lse=return_lse, q_offset=q_offset)
@@ -222,6 +233,35 @@ class CompiledAttention:
             raise InputError(f"q must have shape (B, H, L, D), got {tuple(q.shape)}")
         dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
         return self._run(self.library(q.dtype, q.shape[-1], dev), q, k, v, scale, return_lse, q_offset)
+
+    def _fp8(self, q, k, v, descales, scale, return_lse, q_offset):
+        """The FP8 forward (attngen/fp8.py): the e4m3 sm90 kernel, or its reference on the CPU / backend='reference'.
+        Inference only: no autograd, no torch.compile graph."""
+        if _compiling():
+            raise InputError("the FP8 forward runs eagerly: call it outside the torch.compile'd region (wrap the call "
+                             "in torch.compiler.disable), or use bfloat16 inputs inside it")
+        if _grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise InputError("the FP8 forward is inference-only: q, k, v require grad; run it under torch.no_grad(), "
+                             "or train with bfloat16 inputs")
+        if q.dim() == 4 and k.dim() == 4 and self.facts.captured:
+            check_extents(self.facts.captured, [c.tensor for c in self.facts.captured], q.shape[0], q.shape[1],
+                          q.shape[2], k.shape[2], q_offset)
+        if self.backend == "reference" or not q.is_cuda:
+            return _fp8.reference_forward(self.variant, q, k, v, descales, scale=scale, return_lse=return_lse,
+                                          q_offset=q_offset)
+        if self.backend == "sm80":
+            raise InputError("backend='sm80' has no FP8 kernel (the FP8 forward is the sm90 kernel's): compile with "
+                             "backend='auto', or pass bfloat16 inputs")
+        _fp8.check_inputs(q, k, v)
+        dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        lib = self._load(_fp8.FP8, q.shape[-1], dev, None, load_library)
+        if not self.facts.captured:
+            return _fp8.forward(lib, q, k, v, descales, scale=scale, q_offset=q_offset, return_lse=return_lse,
+                                params=self._param_fields())
+        captured = self.captured_on(q.device)
+        summaries = self._summaries.get(self, captured, lib, q.shape[2], k.shape[2], int(q_offset))
+        return _fp8.forward(lib, q, k, v, descales, scale=scale, q_offset=int(q_offset), return_lse=return_lse,
+                            captured=captured, summaries=summaries, params=self._param_fields())
 
     def _reference(self, q, k, v, scale, return_lse, q_offset):
         """The call on the reference implementation (CPU tensors, or backend='reference')."""

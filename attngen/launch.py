@@ -65,6 +65,7 @@ class AttngenFwdArgs(ctypes.Structure):
         ("scale", ctypes.c_float),
         ("q_offset", ctypes.c_int),
         ("captured", CapturedArgs),
+        ("descale", ctypes.c_void_p),  # FP8 libraries only (attngen/fp8.py)
     ]
 
 
@@ -78,13 +79,16 @@ class AttngenKernelInfo(ctypes.Structure):
 
 # The same layout as one struct.pack call: 5 pointers, 4x3 int64 strides, 6 int32, float, int32,
 # 8 captured pointers, 8x4 int64 captured strides, 16 summary pointers, 8 int32 and 8 float32 runtime
-# parameters. Little-endian, no padding (every field is already naturally aligned).
-_PACK = struct.Struct("<5Q12q6ifi8Q32q16Q8i8f")
+# parameters, the descale pointer. Little-endian, no padding (every field is already naturally aligned).
+_PACK = struct.Struct("<5Q12q6ifi8Q32q16Q8i8fQ")
 _PACK_HEAD = struct.Struct("<5Q12q6ifi")   # everything before `captured`
 _PACK_TAIL = struct.Struct("<8Q32q16Q8i8f")  # CapturedArgs
-assert _PACK.size == _PACK_HEAD.size + _PACK_TAIL.size == ctypes.sizeof(AttngenFwdArgs) == 680
+_PACK_DESCALE = struct.Struct("<Q")  # descale: 0 (NULL) for 16-bit libraries
+assert _PACK.size == _PACK_HEAD.size + _PACK_TAIL.size + _PACK_DESCALE.size == ctypes.sizeof(AttngenFwdArgs) == 688
 assert _PACK_HEAD.size == AttngenFwdArgs.captured.offset
-_ZERO_TAIL = bytes(_PACK_TAIL.size)
+assert _PACK_HEAD.size + _PACK_TAIL.size == AttngenFwdArgs.descale.offset
+_NO_DESCALE = _PACK_DESCALE.pack(0)
+_ZERO_TAIL = bytes(_PACK_TAIL.size)  # CapturedArgs of a call without captures, summaries, parameters
 _NO_PARAMS = (0,) * MAX_PARAMS + (0.0,) * MAX_PARAMS  # iparam, fparam of a variant without runtime parameters
 
 
@@ -454,9 +458,10 @@ def forward(
         B, Hq, Hkv, Lq, Lk, D, float(scale), q_offset,
     )
     if captured or summaries or params:
-        packed = head + _PACK_TAIL.pack(*_captured_fields(q.device, captured, summaries, params or _NO_PARAMS))
+        packed = head + _PACK_TAIL.pack(*_captured_fields(q.device, captured, summaries, params or _NO_PARAMS)) \
+            + _NO_DESCALE
     else:
-        packed = head + _ZERO_TAIL
+        packed = head + _ZERO_TAIL + _NO_DESCALE
     rc = call_on(dev, lib._fwd, packed)  # lib._fwd is lib.launch without the method call: the per-call hot path
     if rc == ERROR_SCALE_NOT_POSITIVE:
         # The SM90 kernel of a variant without score_mod takes the row max over raw q.k (the scale is

@@ -45,7 +45,7 @@ for step in "${steps[@]}"; do
   case "$step" in
     tests1|tests2)
       # the suite in two device calls (cold, the whole of it takes longer than one): tests1 = the API, training,
-      # integration and small files; tests2 = the kernel suites, the mask zoo, decode and the API suite on sm80
+      # integration and small files; tests2 = the kernel suites, the mask zoo, decode, FP8 and the API suite on sm80
       if [ "$step" = tests1 ]; then
         files="tests/gpu/test_autograd_gpu.py tests/gpu/test_gpu_api.py tests/gpu/test_integrations_gpu.py
                tests/gpu/test_bwd_gpu.py tests/gpu/test_codegen_gpu.py tests/gpu/test_mod_checks_gpu.py
@@ -53,7 +53,8 @@ for step in "${steps[@]}"; do
                tests/gpu/test_captured_grads_gpu.py tests/gpu/test_deterministic_gpu.py"
       else
         files="tests/gpu/test_kernel_gpu.py tests/gpu/test_kernel_sm90.py tests/gpu/test_mask_zoo_gpu.py
-               tests/gpu/test_decode_gpu.py tests/gpu/test_llama_decode_gpu.py tests/gpu/test_varlen_gpu.py"
+               tests/gpu/test_decode_gpu.py tests/gpu/test_llama_decode_gpu.py tests/gpu/test_varlen_gpu.py
+               tests/gpu/test_fp8_gpu.py"
       fi
       # -v names each test as it starts, so a call cut short by TESTS_TIMEOUT still says where it was
       ATTNGEN_TEST_FAILURES="$RES/gpu_test_failures_$step.txt" timeout "${TESTS_TIMEOUT:-900}" \

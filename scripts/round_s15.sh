@@ -5,6 +5,9 @@
 # contiguous bytes; session 13's read 8-byte pieces 16 bytes apart, 72 µs a step for 201 MB): the backward's smoke
 # cases, the backward / deterministic / captured-gradient suites (dq poisoned: a missed element fails), the step
 # kernel by kernel (bwd_post against session 13's 70.3-72.6 µs), the anchors' training steps beside flex and cuDNN.
+# F = the FP8 (e4m3) forward: its GPU suite (tests/gpu/test_fp8_gpu.py), the sm90 forward suite (the ABI and TMA
+# encoding it shares changed), the backward's smoke cases (its TMA encoding call changed), and benchmarks/bench_fp8.py
+# (FP8 beside bf16, flex and cuDNN at B2 H16 S8192 D128, full and causal, with the errors against float64).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -27,4 +30,9 @@ case "$1" in
     timeout 150 ncu --clock-control none -k regex:attngen_bwd_kernel -c 1 --section WarpStateStats \
       --section SchedulerStats python /tmp/one_step.py > "$R/ncu_bwd.txt" 2>&1
     grep -E "Stall|Warp Cycles|Issued|Eligible|Duration" "$R/ncu_bwd.txt" | head -n 30 ;;
+  F)
+    run_tests fp8 150 tests/gpu/test_fp8_gpu.py
+    smoke_backward 60 || echo "backward smoke FAILED"
+    timeout 200 python benchmarks/bench_fp8.py --out "$R" 2>&1 | grep -E "^\||rror|!!"
+    run_tests fwd 170 tests/gpu/test_kernel_sm90.py ;;
 esac

@@ -336,12 +336,13 @@ def test_python_integer_semantics(tmp_path):
 
 def test_abi_struct_layout():
     A = launch.AttngenFwdArgs
-    assert ctypes.sizeof(A) == 680 and ctypes.sizeof(launch.CapturedArgs) == 512
-    assert (A.q.offset, A.q_stride.offset, A.B.offset, A.scale.offset, A.q_offset.offset, A.captured.offset) == \
-        (0, 40, 136, 160, 164, 168)
+    assert ctypes.sizeof(A) == 688 and ctypes.sizeof(launch.CapturedArgs) == 512
+    assert (A.q.offset, A.q_stride.offset, A.B.offset, A.scale.offset, A.q_offset.offset, A.captured.offset,
+            A.descale.offset) == (0, 40, 136, 160, 164, 168, 680)
     # the packed bytes the hot path sends decode to the same fields through the ctypes mirror
     vals = (1, 2, 3, 4, 5, *range(10, 22), 7, 8, 4, 100, 200, 128, 0.125, -3,
-            *range(1000, 1008), *range(2000, 2032), *range(3000, 3016), *range(-4, 4), *[k / 4 for k in range(8)])
+            *range(1000, 1008), *range(2000, 2032), *range(3000, 3016), *range(-4, 4), *[k / 4 for k in range(8)],
+            4096)
     a = A.from_buffer_copy(launch._PACK.pack(*vals))
     assert (a.q, a.k, a.v, a.o, a.lse) == (1, 2, 3, 4, 5)
     assert list(a.q_stride) == [10, 11, 12] and list(a.o_stride) == [19, 20, 21]
@@ -350,7 +351,9 @@ def test_abi_struct_layout():
     assert list(a.captured.stride[1]) == [2004, 2005, 2006, 2007]
     assert list(a.captured.summary) == list(range(3000, 3016))
     assert list(a.captured.iparam) == list(range(-4, 4)) and list(a.captured.fparam) == [k / 4 for k in range(8)]
-    assert launch._PACK_HEAD.pack(*vals[:25]) + launch._PACK_TAIL.pack(*vals[25:]) == launch._PACK.pack(*vals)
+    assert a.descale == 4096
+    assert launch._PACK_HEAD.pack(*vals[:25]) + launch._PACK_TAIL.pack(*vals[25:-1]) + launch._PACK_DESCALE.pack(
+        vals[-1]) == launch._PACK.pack(*vals)
 
 
 def test_forward_rejects_cpu_tensors(compiled):

@@ -218,7 +218,7 @@ def test_kernel_info_and_abi(compiled):
 
 def _packed_args(q=16, k=16, v=16, o=16, B=1, Hq=2, Hkv=1, Lq=8, Lk=8, D=128, strides=None):
     st = strides or [Hq * Lq * D, Lq * D, D] * 4
-    return launch._PACK.pack(q, k, v, o, 0, *st, B, Hq, Hkv, Lq, Lk, D, 0.1, 0, *([0] * (8 + 32 + launch.MAX_SUMMARIES)), *launch._NO_PARAMS)
+    return launch._PACK.pack(q, k, v, o, 0, *st, B, Hq, Hkv, Lq, Lk, D, 0.1, 0, *([0] * (8 + 32 + launch.MAX_SUMMARIES)), *launch._NO_PARAMS, 0)
 
 
 def test_attngen_fwd_argument_checks_without_gpu(compiled):

@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Tuple
 
-from ..abi import SUPPORTED_HEAD_DIMS
+from ..abi import FP8_DTYPE, FP8_HEAD_DIMS, SUPPORTED_HEAD_DIMS
 from ..errors import BuildError
 from .tiles import SM90_BWD_TILES, SM90_TILES, bwd_tile_config, decode_tile_config, tile_config
 from .toolchain import arch_number
@@ -24,6 +24,8 @@ KERNELS = ("sm80", "sm90", "sm80_bwd", "sm90_bwd")
 DECODE_SOURCE = "attngen_decode.cu"
 
 _DTYPES = {
+    "float8_e4m3fn": ("attngen::fp8_e4m3", 2, "float8_e4m3fn"),  # the sm90 forward only (bfloat16 output)
+    "fp8": ("attngen::fp8_e4m3", 2, "float8_e4m3fn"),
     "bfloat16": ("__nv_bfloat16", 1, "bfloat16"),
     "bf16": ("__nv_bfloat16", 1, "bfloat16"),
     "float16": ("__half", 0, "float16"),
@@ -36,7 +38,8 @@ def dtype_info(dtype) -> Tuple[str, int, str]:
     """(C element type, AttngenKernelInfo.dtype code, name) of a torch dtype or its name."""
     key = str(dtype).replace("torch.", "")
     if key not in _DTYPES:
-        raise BuildError(f"dtype {dtype} is not supported by the kernels: expected torch.bfloat16 or torch.float16")
+        raise BuildError(f"dtype {dtype} is not supported by the kernels: expected torch.bfloat16 or torch.float16 "
+                         "(or torch.float8_e4m3fn for the sm90 forward)")
     return _DTYPES[key]
 
 
@@ -82,8 +85,13 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise BuildError(f"head dim {head_dim} is not supported: expected one of {list(SUPPORTED_HEAD_DIMS)}")
     elem_type, dtype_code, dtype_name = dtype_info(dtype)
-    params = dict(kernel=kernel, elem_type=elem_type, dtype_code=dtype_code, dtype_name=dtype_name,
-                  head_dim=head_dim, variant_include=VARIANT_INCLUDE)
+    fp8 = dtype_name == FP8_DTYPE
+    if fp8 and (kernel != "sm90" or head_dim not in FP8_HEAD_DIMS):
+        raise BuildError(f"FP8 ({FP8_DTYPE}) inputs have the sm90 forward kernel at head dim "
+                         f"{' or '.join(map(str, FP8_HEAD_DIMS))} only, got kernel {kernel!r}, head dim {head_dim}; "
+                         "use bfloat16 inputs")
+    params = dict(kernel=kernel, elem_type=elem_type, out_type="__nv_bfloat16" if fp8 else elem_type,
+                  dtype_code=dtype_code, dtype_name=dtype_name, head_dim=head_dim, variant_include=VARIANT_INCLUDE)
     if kernel == "sm80_bwd":
         t = tiles or bwd_tile_config(head_dim, arch)
         params.update(family="sm80", block_q=t.block_q, block_k=t.block_k, num_warps=t.num_warps,
@@ -113,6 +121,8 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
         params.update(block_q=t.block_q, block_k=t.block_k, num_warps=t.num_warps, min_blocks=t.min_blocks,
                       arch_number=arch_number(arch))
     text = _render(KERNEL_TEMPLATE, template_dir, **params)
+    if fp8:  # no KV-cache kernel for FP8 inputs
+        return {KERNEL_SOURCE: text, VARIANT_INCLUDE: variant_inc, **headers(template_dir)}
     return {KERNEL_SOURCE: text, DECODE_SOURCE: decode_source(dtype, head_dim, arch, template_dir=template_dir),
             VARIANT_INCLUDE: variant_inc, **headers(template_dir)}
 
@@ -122,7 +132,8 @@ def decode_source(dtype, head_dim: int, arch: str, tiles=None, template_dir: Pat
     default jit.tiles.decode_tile_config) and fwd_decode.cuh, compiled as a second unit beside the forward's."""
     elem_type, dtype_code, dtype_name = dtype_info(dtype)
     t = tiles or decode_tile_config(head_dim, arch)
-    return _render(KERNEL_TEMPLATE, template_dir, kernel="decode", elem_type=elem_type, dtype_code=dtype_code,
+    return _render(KERNEL_TEMPLATE, template_dir, kernel="decode", elem_type=elem_type, out_type=elem_type,
+                   dtype_code=dtype_code,
                    dtype_name=dtype_name, head_dim=head_dim, variant_include=VARIANT_INCLUDE, block_q=t.block_q,
                    block_k=t.block_k, num_warps=t.num_warps, stages=t.stages, min_blocks=t.min_blocks,
                    arch_number=arch_number(arch))

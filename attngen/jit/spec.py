@@ -20,14 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence, Tuple
 
-from ..abi import SUPPORTED_HEAD_DIMS, __version__
+from ..abi import FP8_DTYPE, FP8_HEAD_DIMS, SUPPORTED_HEAD_DIMS, __version__
 from ..analysis_cache import VariantFacts
 from ..cache import cache_key, default_cache
 from ..errors import BuildError, InputError
 from ..ir import BlockPredicates, TracedVariant
 from .ninja import BWD_LIBRARY_NAME, LIBRARY_NAME, ptxas_spill_bytes, run_ninja, write_build_ninja
 from .render import dtype_info, generator_hash, render_sources, template_hash
-from .tiles import SM90_BWD_TILES, bwd_tile_config, decode_tile_config, sm90_bwd_ladder, sm90_ladder, tile_config
+from .tiles import (SM90_BWD_TILES, bwd_tile_config, decode_tile_config, sm90_bwd_ladder, sm90_fp8_ladder, sm90_ladder,
+                    tile_config)
 from .toolchain import NVCC_HELP, find_nvcc, nvcc_version
 
 KERNEL_CHOICES = ("auto", "sm80", "sm90")
@@ -90,8 +91,17 @@ class KernelSpec:
         """``create`` from a variant's facts; ``analysis`` runs only if the library has to be built."""
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise InputError(f"head dim {head_dim} is not supported: expected one of {list(SUPPORTED_HEAD_DIMS)}")
-        if str(dtype).replace("torch.", "") not in ("bfloat16", "float16"):
-            raise InputError(f"the kernels take torch.bfloat16 or torch.float16, got {dtype}")
+        dtype_name = str(dtype).replace("torch.", "")
+        if dtype_name == FP8_DTYPE:
+            if kernel not in ("auto", "sm90") or arch != "sm_90a":
+                raise InputError(f"FP8 ({FP8_DTYPE}) inputs run on the sm90 forward only (arch sm_90a, H100/H200), got "
+                                 f"arch {arch}, kernel {kernel!r}; convert q, k, v to torch.bfloat16 elsewhere")
+            if head_dim not in FP8_HEAD_DIMS:
+                raise InputError(f"the FP8 forward takes head dim {' or '.join(map(str, FP8_HEAD_DIMS))}, got {head_dim}; "
+                                 "use bfloat16 inputs at this head dim")
+        elif dtype_name not in ("bfloat16", "float16"):
+            raise InputError(f"the kernels take torch.bfloat16 or torch.float16 (or torch.float8_e4m3fn for the sm90 "
+                             f"forward), got {dtype}")
         if kernel == SM90_BWD_KERNEL and head_dim not in SM90_BWD_TILES:
             raise InputError(f"the sm90 backward takes head dims {sorted(SM90_BWD_TILES)}, got {head_dim}; use "
                              f"kernel='{BWD_KERNEL}'")
@@ -108,6 +118,8 @@ class KernelSpec:
 
     def tile_choices(self):
         """sm90: the ladder of tile settings the build tries (all of it changes the binary); sm80: one setting."""
+        if self.kernel == "sm90" and self.dtype == FP8_DTYPE:
+            return sm90_fp8_ladder(self.facts.has_mask, self.facts.has_score_mod)
         if self.kernel == "sm90":
             return sm90_ladder(self.head_dim, self.facts.has_mask, self.facts.has_score_mod)
         if self.kernel == BWD_KERNEL:
@@ -128,7 +140,8 @@ class KernelSpec:
             "kernel": self.kernel,
             "tiles": repr(self.tile_choices()),
             # a forward library also holds the KV-cache kernel (jit.render.DECODE_SOURCE)
-            **({} if self.kernel in BWD_KERNELS else {"decode_tiles": repr(decode_tile_config(self.head_dim, self.arch))}),
+            **({} if self.kernel in BWD_KERNELS or self.dtype == FP8_DTYPE
+               else {"decode_tiles": repr(decode_tile_config(self.head_dim, self.arch))}),
             "fast_math": self.fast_math,
             "templates": template_hash(),
             "generator": generator_hash(),
@@ -141,7 +154,7 @@ class KernelSpec:
     @property
     def uri(self) -> str:
         """Readable name of the library: every key field a person would look for."""
-        dt = {"bfloat16": "bf16", "float16": "fp16"}[self.dtype]
+        dt = {"bfloat16": "bf16", "float16": "fp16", FP8_DTYPE: "fp8"}[self.dtype]
         return f"{self.name} {dt} hd{self.head_dim} {self.arch} {self.kernel}" + (" debug" if self.debug else "")
 
     def variant_inc(self) -> str:

@@ -196,12 +196,13 @@ class Sm90Tiles:
     # > 0: keep a row's running max while it grows by at most this (log2 units) and skip rescaling O
     rescale_threshold: float = 0.0
     block_q: int = 128
+    elem_bytes: int = 2  # 1: FP8 (e4m3) inputs
 
     def smem_bytes(self, head_dim: int) -> int:
         """Dynamic shared memory: 1 KiB alignment slack, the Q tile (two on the persistent grid where they
         fit: sm90_layout.cuh), the K/V ring, mbarriers, the tile id."""
-        q = self.block_q * head_dim * 2
-        kv = self.block_k * head_dim * 2
+        q = self.block_q * head_dim * self.elem_bytes
+        kv = self.block_k * head_dim * self.elem_bytes
 
         def size(q_bufs):
             return 1024 + q_bufs * q + 2 * self.stages * kv + 8 * (2 * q_bufs + 4 * self.stages + 2) + 8
@@ -241,3 +242,17 @@ def sm90_ladder(head_dim: int, has_mask: bool, has_score_mod: bool) -> tuple:
     wide = SM90_WIDE.get(head_dim)
     ladder = ((wide,) if wide is not None else ()) + SM90_LADDER[head_dim]
     return ladder if has_score_mod else tuple(replace(t, persistent=True) for t in ladder)
+
+
+# FP8 (e4m3) inputs, head dim 128: BK is one 128-byte row of V^T (sm90_layout.cuh); the tiles take half the
+# bytes of 16-bit ones, so the ring is deeper.
+SM90_FP8_LADDER = (Sm90Tiles(128, 3, rescale_threshold=_RT, elem_bytes=1),
+                   Sm90Tiles(128, 2, rescale_threshold=_RT, elem_bytes=1),
+                   Sm90Tiles(128, 2, overlap=False, rescale_threshold=_RT, elem_bytes=1))
+
+
+def sm90_fp8_ladder(has_mask: bool, has_score_mod: bool) -> tuple:
+    """The FP8 forward's tile settings, best first, on the grid sm90_ladder gives a variant of this kind."""
+    if has_mask:
+        return tuple(replace(t, persistent=True, persistent_max_kv=MASKED_PERSISTENT_MAX_KV) for t in SM90_FP8_LADDER)
+    return SM90_FP8_LADDER if has_score_mod else tuple(replace(t, persistent=True) for t in SM90_FP8_LADDER)

@@ -12,7 +12,7 @@
 
 // The ABI's facts, also stated in attngen/abi.py (tests/test_abi.py checks they agree).
 // Bump ATTNGEN_ABI_VERSION whenever AttngenFwdArgs, CapturedArgs or AttngenKernelInfo change layout or meaning.
-#define ATTNGEN_ABI_VERSION 3
+#define ATTNGEN_ABI_VERSION 4
 #define ATTNGEN_MAX_CAPTURED 8
 #define ATTNGEN_MAX_SUMMARIES 16
 #define ATTNGEN_MAX_PARAMS 8
@@ -41,6 +41,11 @@ constexpr bool attngen_head_dim_supported(int d) {
 }
 
 namespace attngen {
+// An e4m3 floating-point byte (torch.float8_e4m3fn): the element type of the FP8 forward, which only moves
+// these bytes (TMA, wgmma) and converts floats to them (cvt.rn.satfinite.e4m3x2.f32).
+struct fp8_e4m3 {
+  unsigned char bits;
+};
 // The kernels' softmax runs in the log2 domain (ex2.approx); LSE is reported in natural log.
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
@@ -69,7 +74,8 @@ struct TileArgs {
 //   offset 160  scale (float32), q_offset (int32)
 //   offset 168  captured                   CapturedArgs (512 bytes: 448 of tensors and summaries, then
 //                                          8 int32 and 8 float32 runtime parameters)
-//   size   680
+//   offset 680  descale                    pointer (FP8 libraries only; NULL elsewhere)
+//   size   688
 struct AttngenFwdArgs {
   const void* q;        // (B, Hq, Lq, D), last dim contiguous
   const void* k;        // (B, Hkv, Lk, D)
@@ -84,6 +90,10 @@ struct AttngenFwdArgs {
   float scale;
   int q_offset;
   CapturedArgs captured;
+  // FP8 (e4m3) libraries only: (3, B, Hkv) float32 contiguous, the q, k and v descale factors of each (batch, kv
+  // head); their v is V^T, (B, Hkv, D, ceil16(Lk)) with the kv columns of every 16 permuted (fp8_v_position,
+  // fwd_sm90.cuh) and v_stride its (batch, head, d-row) strides. 16-bit libraries ignore it.
+  const float* descale;
 };
 
 // What a compiled library was built for; read once by launch.py at load time.
@@ -91,7 +101,7 @@ struct AttngenKernelInfo {
   int abi_version;
   int args_size;        // sizeof(AttngenFwdArgs): launch.py refuses a library whose layout differs
   int head_dim;
-  int dtype;            // 0 = float16, 1 = bfloat16
+  int dtype;            // 0 = float16, 1 = bfloat16, 2 = float8_e4m3fn (bfloat16 output)
   int block_q;          // BQ: q rows per CTA (q-axis summaries have ceil(Lq / block_q) entries)
   int block_k;          // BK: kv rows per tile (kv-axis summaries have ceil(Lk / block_k) entries)
   int num_threads;
@@ -102,7 +112,7 @@ struct AttngenKernelInfo {
 #if defined(__cplusplus) && !defined(__CUDACC_RTC__)
 static_assert(sizeof(CapturedArgs) == 512, "CapturedArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(CapturedArgs, iparam) == 448, "CapturedArgs layout is part of the C ABI");
-static_assert(sizeof(AttngenFwdArgs) == 680, "AttngenFwdArgs layout is part of the C ABI");
+static_assert(sizeof(AttngenFwdArgs) == 688, "AttngenFwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenFwdArgs, B) == 136, "AttngenFwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenFwdArgs, scale) == 160, "AttngenFwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenFwdArgs, captured) == 168, "AttngenFwdArgs layout is part of the C ABI");

@@ -439,11 +439,10 @@ int launch_bwd(const AttngenBwdArgs& a, cudaStream_t stream) {
   // Q / dO boxes of BQ rows, K / V boxes of BK rows; each map re-encoded only when its tensor changed.
   static thread_local TmaMapMemo memo_q, memo_do, memo_k, memo_v;
   CUtensorMap tm_q, tm_do, tm_k, tm_v;
-  const bool bf16 = kDtypeCode == 1;
-  if (tma_encode_bhld_memo(memo_q, &tm_q, a.q, bf16, D, a.B, a.Hq, a.Lq, a.q_stride, BQ) != CUDA_SUCCESS ||
-      tma_encode_bhld_memo(memo_do, &tm_do, a.dout, bf16, D, a.B, a.Hq, a.Lq, a.do_stride, BQ) != CUDA_SUCCESS ||
-      tma_encode_bhld_memo(memo_k, &tm_k, a.k, bf16, D, a.B, a.Hkv, a.Lk, a.k_stride, BK) != CUDA_SUCCESS ||
-      tma_encode_bhld_memo(memo_v, &tm_v, a.v, bf16, D, a.B, a.Hkv, a.Lk, a.v_stride, BK) != CUDA_SUCCESS)
+  if (tma_encode_bhld_memo(memo_q, &tm_q, a.q, kDtypeCode, D, a.B, a.Hq, a.Lq, a.q_stride, BQ) != CUDA_SUCCESS ||
+      tma_encode_bhld_memo(memo_do, &tm_do, a.dout, kDtypeCode, D, a.B, a.Hq, a.Lq, a.do_stride, BQ) != CUDA_SUCCESS ||
+      tma_encode_bhld_memo(memo_k, &tm_k, a.k, kDtypeCode, D, a.B, a.Hkv, a.Lk, a.k_stride, BK) != CUDA_SUCCESS ||
+      tma_encode_bhld_memo(memo_v, &tm_v, a.v, kDtypeCode, D, a.B, a.Hkv, a.Lk, a.v_stride, BK) != CUDA_SUCCESS)
     return ATTNGEN_ERROR_SM90_TMA_LAYOUT;
   launch_bwd_pre(a, BQ, stream);
   const int nkb = (a.Lk + BK - 1) / BK;

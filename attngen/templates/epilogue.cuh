@@ -38,10 +38,12 @@ ATTNGEN_DEV_INLINE void store_row(Elem* orow, const float (&o)[N], int rh, float
 
 // This thread's rows of a finished q-block of batch b, head h: rows row0 and row0 + 8 (g and g + 8 of its
 // m16 slice; rows past QLEN are skipped) of O (accumulator layout, normalised here by the quad-reduced
-// partial sums l) and their LSE (from the lanes with tig 0; c is the softmax domain's factor).
+// partial sums l, times o_scale: FP8's v descale) and their LSE (from the lanes with tig 0; c is the softmax
+// domain's factor).
 template <typename Elem, int N>
 ATTNGEN_DEV_INLINE void store_rows(const AttngenFwdArgs& a, int b, int h, int QLEN, int row0, int tig,
-                                   const float (&o)[N], const float (&m)[2], const float (&l)[2], float c) {
+                                   const float (&o)[N], const float (&m)[2], const float (&l)[2], float c,
+                                   float o_scale = 1.f) {
   const long long lse_row0 = ((long long)b * a.Hq + h) * QLEN;
   Elem* obase = static_cast<Elem*>(a.o) + (long long)b * a.o_stride[0] + (long long)h * a.o_stride[1];
   // Both rows' sums first: a shuffle issued behind a row's stores waits for them in the memory pipe.
@@ -51,7 +53,7 @@ ATTNGEN_DEV_INLINE void store_rows(const AttngenFwdArgs& a, int b, int h, int QL
     const int row = row0 + rh * 8;
     if (row < QLEN) {
       if (a.lse != nullptr && tig == 0) a.lse[lse_row0 + row] = row_lse(m[rh], c, sum[rh]);
-      store_row<Elem>(obase + (long long)row * a.o_stride[2] + tig * 2, o, rh, inv_or_zero(sum[rh]));
+      store_row<Elem>(obase + (long long)row * a.o_stride[2] + tig * 2, o, rh, inv_or_zero(sum[rh]) * o_scale);
     }
   }
 }

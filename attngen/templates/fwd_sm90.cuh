@@ -9,8 +9,11 @@
 // issued back to back and the softmax of S(next) runs under P V (FA3's intra-warpgroup overlap); without
 // it one tile at a time, which leaves more registers to score_mod / mask_mod. PINGPONG: the two
 // consumers issue their wgmmas in turns, so that one's softmax runs under the other's products.
-// Configuration (Elem, D, BQ, BK, STAGES, PINGPONG, OVERLAP, PERSISTENT, RESCALE_THRESHOLD, kDtypeCode,
-// kArch) and variant.inc come from the including attngen_fwd.cu (templates/attngen_fwd.cu.j2).
+// FP8 (Elem = fp8_e4m3, sm90_layout.cuh): the same pipeline on k32 wgmmas, V^T tiles (8-bit wgmma reads no
+// transposed operand), P rounded to e4m3 for P V, the descale factors folded into the score scale and O's
+// normalisation, bfloat16 output.
+// Configuration (Elem, OutElem, D, BQ, BK, STAGES, PINGPONG, OVERLAP, PERSISTENT, RESCALE_THRESHOLD,
+// kDtypeCode, kArch) and variant.inc come from the including attngen_fwd.cu (templates/attngen_fwd.cu.j2).
 #pragma once
 
 #include "attngen_common.cuh"
@@ -49,6 +52,21 @@ __device__ __forceinline__ bool ascending_q_blocks(const AttngenFwdArgs& a) {
 #endif
 }
 
+// FP8: the position of kv column `col` of a 16-column group in V^T, where pack_a_frags (sm90_wgmma.cuh) puts its
+// score in P's A fragment: column 8 a + 2 t + b goes to 4 t + 2 a + b. The host applies it (attngen/fp8.py,
+// v_transposed) and tests/test_fp8.py checks the two against the fragment layouts.
+ATTNGEN_HD constexpr int fp8_v_position(int col) { return 4 * ((col >> 1) & 3) + 2 * (col >> 3) + (col & 1); }
+
+// FP8: the q and k descale factors of batch b, query head h's kv head fold into the score scale; v's scales O.
+// Without score_mod the row max is taken over raw q.k, which needs a positive scale: factors that make it <= 0
+// or NaN (the host reads no CUDA descale back) make this head's output NaN rather than quietly wrong.
+__device__ __forceinline__ void fp8_descale(const AttngenFwdArgs& a, int b, int h, float& scale, float& o_scale) {
+  const long long bh = (long long)a.B * a.Hkv, i = (long long)b * a.Hkv + h / (a.Hq / a.Hkv);
+  scale *= __ldg(a.descale + i) * __ldg(a.descale + bh + i);
+  o_scale = __ldg(a.descale + 2 * bh + i);
+  if (!ATTNGEN_HAS_SCORE_MOD && !(scale > 0.f)) o_scale = __int_as_float(0x7fc00000);
+}
+
 // ------------------------------------------------------------------------------------------- producer
 // One thread: for each work tile, Q once its buffer is free (one buffer: the consumers release it after
 // their last Q K^T of the previous tile, so this load runs under that tile's last P V and epilogue; a
@@ -80,7 +98,7 @@ __device__ __forceinline__ void produce(const AttngenFwdArgs& a, const CUtensorM
     mbar_arrive_expect_tx(sm.bar_q(qb), Q_BYTES);
 #pragma unroll
     for (int db = 0; db < DB; ++db)
-      tma_load_4d(sm.q(qb) + db * Q_BLOCK_BYTES, &tm_q, sm.bar_q(qb), db * 64, i * BQ, t.h, t.b);
+      tma_load_4d(sm.q(qb) + db * Q_BLOCK_BYTES, &tm_q, sm.bar_q(qb), db * ROW_ELEMS, i * BQ, t.h, t.b);
     ++n;
     const int kvh = t.h / heads_per_kv;  // GQA / MQA: consecutive query heads share a kv head
     for (int j = next_kv_tile<BQ, BK>(C, t, i, r.j_begin, r.j_end, r.f_lo, r.f_hi, r); j < r.j_end;
@@ -90,12 +108,16 @@ __device__ __forceinline__ void produce(const AttngenFwdArgs& a, const CUtensorM
       mbar_arrive_expect_tx(sm.full_k(stage), KV_BYTES);
 #pragma unroll
       for (int db = 0; db < DB; ++db)
-        tma_load_4d(k_dst + db * KV_BLOCK_BYTES, &tm_k, sm.full_k(stage), db * 64, j * BK, kvh, t.b);
+        tma_load_4d(k_dst + db * KV_BLOCK_BYTES, &tm_k, sm.full_k(stage), db * ROW_ELEMS, j * BK, kvh, t.b);
       mbar_wait(sm.empty_v(stage), phase ^ 1u);
       mbar_arrive_expect_tx(sm.full_v(stage), KV_BYTES);
+      if (FP8) {  // V^T: kv columns j BK .. j BK + BK - 1 (one 128-byte row) of all D rows
+        tma_load_4d(v_dst, &tm_v, sm.full_v(stage), j * BK, 0, kvh, t.b);
+      } else {
 #pragma unroll
-      for (int db = 0; db < DB; ++db)
-        tma_load_4d(v_dst + db * KV_BLOCK_BYTES, &tm_v, sm.full_v(stage), db * 64, j * BK, kvh, t.b);
+        for (int db = 0; db < DB; ++db)
+          tma_load_4d(v_dst + db * KV_BLOCK_BYTES, &tm_v, sm.full_v(stage), db * ROW_ELEMS, j * BK, kvh, t.b);
+      }
       if (++stage == STAGES) {
         stage = 0;
         phase ^= 1u;
@@ -108,13 +130,16 @@ __device__ __forceinline__ void produce(const AttngenFwdArgs& a, const CUtensorM
 
 // ------------------------------------------------------------------------------------------- consumers
 // One consumer warpgroup's fixed view of the pipeline (Q descriptor: its 64 rows, K-major, SBO = 8 rows x
-// 128 B; K: K-major; V: MN-major, LBO = distance between 64-column blocks, SBO = 8 kv rows).
+// 128 B; K: K-major; V: MN-major, LBO = distance between 64-column blocks, SBO = 8 kv rows; FP8's V^T: K-major,
+// SBO = 8 d rows).
 struct Consumer {
   Smem sm;
   int cw, lane;  // consumer index (q rows [64 cw, 64 cw + 64) of the tile), lane
   uint64_t desc_q;  // this work tile's Q buffer
   __device__ uint64_t desc_k(int st) const { return make_smem_desc_sw128(sm.k(st), 16, 1024); }
-  __device__ uint64_t desc_v(int st) const { return make_smem_desc_sw128(sm.v(st), KV_BLOCK_BYTES, 1024); }
+  __device__ uint64_t desc_v(int st) const {
+    return FP8 ? make_smem_desc_sw128(sm.v(st), 16, 1024) : make_smem_desc_sw128(sm.v(st), KV_BLOCK_BYTES, 1024);
+  }
   // Each consumer warp releases a K (V) buffer once its wgmmas reading it are complete.
   __device__ void release_k(int st) const {
     if (lane == 0) mbar_arrive(sm.empty_k(st));
@@ -131,8 +156,8 @@ struct Consumer {
   }
 };
 
-// A consumer thread's registers (references to its arrays): S, P (the 16-bit A fragments of P V's k16
-// steps), O, and per row the running max m (softmax domain), partial sum l and O's pending rescale alpha.
+// A consumer thread's registers (references to its arrays): S, P (the A fragments of P V's k steps), O,
+// and per row the running max m (softmax domain), partial sum l and O's pending rescale alpha.
 struct Regs {
   float (&s)[NS];
   uint32_t (&p)[KSTEPS_PV][4];
@@ -173,7 +198,10 @@ __device__ __forceinline__ void step(const Consumer& c, int k_stage, uint32_t k_
     mbar_wait(c.sm.full_v(v_stage), v_phase);
     if (!QK) c.schedule_wait();
     wgmma_fence();
-    wgmma_rs_mnmajor<Elem, D, KSTEPS_PV>(r.o, r.p, c.desc_v(v_stage));
+    if constexpr (FP8)
+      wgmma_rs_kmajor<Elem, D, KSTEPS_PV, D * 128>(r.o, r.p, c.desc_v(v_stage));
+    else
+      wgmma_rs_mnmajor<Elem, D, KSTEPS_PV>(r.o, r.p, c.desc_v(v_stage));
     wgmma_commit();
   }
   c.schedule_pass();
@@ -224,6 +252,8 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
     const KvRange tr = kv_range<BQ, BK>(C, t, i);
     const int j_end = tr.j_end, f_lo = tr.f_lo, f_hi = tr.f_hi;
     const HeadCtx hc = head_ctx(C, b, h);
+    float tile_scale = scale, o_scale = 1.f;
+    if constexpr (FP8) fp8_descale(a, b, h, tile_scale, o_scale);
     int qi[MT][2];
     RowCtx rc[MT][2];
 #pragma unroll
@@ -242,7 +272,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
     float s[NS];
     uint32_t p[KSTEPS_PV][4];
     const Regs r{s, p, o, m, l, alpha};
-    const TileCtx w{C, t, i, hc, rc, qi, tig, scale};
+    const TileCtx w{C, t, i, hc, rc, qi, tig, tile_scale};
 
     mbar_wait(sm.bar_q(qb), qpar);
     bool q_released = false;
@@ -279,7 +309,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
 
     // Epilogue: O straight from registers to global memory (staging it through shared memory would need
     // the Q buffer, which the producer is already refilling for the next tile, or 32 KB more).
-    store_rows<Elem>(a, b, h, t.QLEN, i * BQ + r0, tig, o, m, l, raw_score_factor(scale));
+    store_rows<OutElem>(a, b, h, t.QLEN, i * BQ + r0, tig, o, m, l, raw_score_factor(tile_scale), o_scale);
   }
   // Consumer 1's initial pass left one extra arrival on consumer 0's barrier: consume it, so that every
   // named barrier is balanced when the CTA exits.
@@ -337,7 +367,7 @@ int launch(const AttngenFwdArgs& a, cudaStream_t stream) {
   if (err != cudaSuccess) return (int)err;
   // Tensor maps (host only, no GPU work): Q boxes of BQ rows, K/V boxes of BK rows.
   CUtensorMap tm_q, tm_k, tm_v;
-  const int rc = tma_encode_qkv(a, kDtypeCode == 1, D, BQ, BK, tm_q, tm_k, tm_v);
+  const int rc = tma_encode_qkv(a, kDtypeCode, D, BQ, BK, tm_q, tm_k, tm_v);
   if (rc != 0) return rc;
 
   // One CTA per SM walking work tiles (PERSISTENT, up to PERSISTENT_MAX_KV kv rows when that is set), or

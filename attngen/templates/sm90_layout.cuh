@@ -20,15 +20,20 @@ constexpr int PRODUCER_REGS = 24;
 constexpr int CONSUMER_REGS = 240;
 
 constexpr int MT = 1;                            // m16 row slices per consumer thread (score_mask.cuh)
-constexpr int DB = D / 64;                       // 128-byte (64-column) blocks of a row
-constexpr int Q_BLOCK_BYTES = BQ * 128;          // one 64-column block of the Q tile: BQ rows x 128 B
+// FP8 (e4m3) inputs: 128 columns to a 128-byte row, k32 wgmma steps, V stored transposed (V^T: D rows of BK kv
+// columns, K-major for P V, as 8-bit wgmma takes no transposed operand); bfloat16 output.
+constexpr bool FP8 = sizeof(Elem) == 1;
+constexpr int ROW_ELEMS = 128 / (int)sizeof(Elem);  // columns of one 128-byte swizzle row
+constexpr int DB = D / ROW_ELEMS;                // 128-byte blocks of a Q / K row
+constexpr int Q_BLOCK_BYTES = BQ * 128;          // one 128-byte column block of the Q tile: BQ rows x 128 B
 constexpr int Q_BYTES = DB * Q_BLOCK_BYTES;
 constexpr int KV_BLOCK_BYTES = BK * 128;
-constexpr int KV_BYTES = DB * KV_BLOCK_BYTES;    // one K (or V) tile
+constexpr int KV_BYTES = DB * KV_BLOCK_BYTES;    // one K (or V, or FP8's V^T: D rows x BK bytes) tile
 constexpr int NS = BK / 2;                       // S accumulator floats per thread (64 x BK per warpgroup)
 constexpr int NO = D / 2;                        // O accumulator floats per thread (64 x D per warpgroup)
-constexpr int KSTEPS_QK = D / 16;                // k16 steps of Q K^T
-constexpr int KSTEPS_PV = BK / 16;               // k16 steps of P V
+constexpr int KSTEP_BYTES = 32;                  // the k extent of one wgmma: k16 of 16-bit, k32 of 8-bit elements
+constexpr int KSTEPS_QK = D * (int)sizeof(Elem) / KSTEP_BYTES;   // k steps of Q K^T
+constexpr int KSTEPS_PV = BK * (int)sizeof(Elem) / KSTEP_BYTES;  // k steps of P V
 
 // Shared memory (offsets from a 1024-byte aligned base; every tile is a multiple of 1024 bytes, so every
 // 8-row swizzle atom is 1024-aligned as the descriptors' base offset 0 requires):
@@ -51,7 +56,8 @@ static_assert(SMEM_BYTES == smem_bytes_for(QBUFS), "layout and its size formula 
 
 constexpr uint32_t BAR_SCHEDULE = 1;  // named barrier (0 is __syncthreads) + consumer index: its turn
 
-static_assert(sizeof(Elem) == 2, "16-bit inputs only");
+static_assert(sizeof(Elem) == 2 || (FP8 && D == 128 && BK == 128),
+              "16-bit inputs, or FP8 at head dim 128 with BK = 128 (V^T tile rows of one 128-byte swizzle row)");
 static_assert(attngen_head_dim_supported(D), "head dim: one of ATTNGEN_HEAD_DIMS");
 static_assert(BQ == 64 * NUM_CONSUMERS, "each consumer warpgroup owns 64 q rows (wgmma M = 64)");
 static_assert(D % 64 == 0 && D <= 256, "head dim: multiple of 64 (128-byte swizzle rows), at most 256 (wgmma N)");

@@ -1,0 +1,194 @@
+"""The FP8 forward: q, k, v in torch.float8_e4m3fn with per-(batch, kv head) descale factors, bfloat16 output, on the
+sm90 forward kernel built for e4m3 (docs/user-guide.md, "FP8 inference").
+
+    out = attn(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)   # attngen.compile(...) object
+
+The kernel computes softmax(scale * (q_descale q)(k_descale k)^T) (v_descale v) with S accumulated in float32 and P
+rounded to e4m3 for P V. 8-bit wgmma reads no transposed operand, so the kernel takes V transposed, with the kv
+columns of every 16 permuted so that P's accumulator registers are already its A fragments (``v_transposed``); this
+module checks the inputs, makes that copy and the descale block, and launches. The CPU reference
+(``reference_forward``) is the same attention on the dequantised inputs, without P's rounding.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from .abi import ERROR_SCALE_NOT_POSITIVE, FP8_HEAD_DIMS, SM90_FALLBACK_CODES
+from .errors import InputError
+from .launch import (_MAX_GRID_YZ, _NO_PARAMS, _PACK_DESCALE, _PACK_HEAD, _PACK_TAIL, _ZERO_TAIL, _capable_devices,
+                     _captured_fields, _check_capability, _check_out, _check_scalars, _missing_params,
+                     call_on, launch_failed)
+
+FP8 = torch.float8_e4m3fn
+DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
+
+
+def v_position(col: int) -> int:
+    """Where kv column ``col`` (0..15) of a 16-column group sits in the kernel's V^T (fp8_v_position in
+    templates/fwd_sm90.cuh): column 8 a + 2 t + b goes to 4 t + 2 a + b."""
+    return 4 * ((col >> 1) & 3) + 2 * (col >> 3) + (col & 1)
+
+
+def v_transposed(v: torch.Tensor) -> torch.Tensor:
+    """The kernel's V operand: v (B, Hkv, Lk, D) e4m3 -> (B, Hkv, D, ceil16(Lk)) contiguous, the kv columns of every
+    16 placed by ``v_position``, zeros past Lk (one copy, about 2 bytes moved per element of v)."""
+    B, H, L, D = v.shape
+    L16 = -(-L // 16) * 16
+    x = v.view(torch.uint8)  # byte moves: pad and permute need no e4m3 arithmetic
+    if L16 != L:
+        x = torch.nn.functional.pad(x, (0, 0, 0, L16 - L))
+    # column 8 a + 2 t + b of group n -> position 4 t + 2 a + b: (n, a, t, b, D) -> (D, n, t, a, b)
+    x = x.reshape(B, H, L16 // 16, 2, 4, 2, D).permute(0, 1, 6, 2, 4, 3, 5)
+    return x.contiguous().view(B, H, D, L16).view(FP8)
+
+
+def descale_block(descales: Sequence, B: int, Hkv: int, device: torch.device) -> torch.Tensor:
+    """(3, B, Hkv) float32 contiguous on ``device``: the q, k and v descale factors, each None (1), a number, or a
+    tensor of shape (B, Hkv) (FlashAttention-3's layout), (B, 1), (1, Hkv), (1,) or () broadcast to it. Numbers and
+    CPU tensors are checked to be finite and > 0 here; a CUDA tensor is not read back (no synchronisation): a
+    factor <= 0 or NaN there gives NaN outputs for its (batch, kv head) in a variant without score_mod."""
+    rows = []
+    for name, d in zip(DESCALE_NAMES, descales):
+        if d is None:
+            rows.append(torch.ones((B, Hkv), dtype=torch.float32, device=device))
+            continue
+        if isinstance(d, bool) or not isinstance(d, (int, float, torch.Tensor)):
+            raise InputError(f"{name} must be None, a number or a float tensor of shape ({B}, {Hkv}) (batch, kv heads), "
+                             f"got {type(d).__name__}")
+        t = torch.as_tensor(d, dtype=torch.float32) if not isinstance(d, torch.Tensor) else d
+        if not t.dtype.is_floating_point:
+            raise InputError(f"{name} must be a floating-point tensor, got {t.dtype}: pass {name}.float()")
+        try:
+            t = torch.broadcast_to(t, (B, Hkv))
+        except RuntimeError:
+            raise InputError(f"{name} has shape {tuple(t.shape)}, expected ({B}, {Hkv}) (batch, kv heads) or a shape "
+                             "that broadcasts to it") from None
+        if t.device.type == "cpu" and not bool(torch.all(torch.isfinite(t) & (t > 0))):
+            raise InputError(f"{name} must be finite and > 0 (a quantisation scale), got {t.flatten()[:8].tolist()}")
+        rows.append(t.to(device=device, dtype=torch.float32))
+    return torch.stack(rows).contiguous()
+
+
+def check_inputs(q, k, v) -> None:
+    """InputError naming the fix unless q, k, v are e4m3 CUDA tensors the FP8 kernel reads: (B, Hq, Lq, D) and
+    (B, Hkv, Lk, D), D in FP8_HEAD_DIMS, Hq a multiple of Hkv, last dims contiguous, the other strides of q and k
+    multiples of 16 elements (16 bytes, for TMA), 16-byte aligned."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != FP8:
+            raise InputError(f"FP8 attention takes q, k and v in torch.float8_e4m3fn, got {name} {t.dtype}: quantise "
+                             f"all three (e.g. ({name} / {name}_descale).to(torch.float8_e4m3fn))")
+        if t.dim() != 4:
+            raise InputError(f"{name} has shape {tuple(t.shape)}, expected (batch, heads, seq_len, head_dim)")
+        if t.device.type != "cuda":
+            raise InputError(f"{name} is on {t.device}: the FP8 kernel runs on the GPU (backend='reference' or CPU "
+                             "tensors run the reference)")
+    if not (q.device == k.device == v.device):
+        raise InputError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    B, Hq, Lq, D = q.shape
+    if tuple(k.shape) != tuple(v.shape) or k.shape[0] != B or k.shape[3] != D:
+        raise InputError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must both be (B, Hkv, Lk, D) with q's batch {B} "
+                         f"and head dim {D}")
+    if D not in FP8_HEAD_DIMS:
+        raise InputError(f"the FP8 forward takes head dim {' or '.join(map(str, FP8_HEAD_DIMS))}, got {D}; use "
+                         "bfloat16 inputs at this head dim")
+    Hkv = k.shape[1]
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise InputError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
+    if B > _MAX_GRID_YZ or Hq > _MAX_GRID_YZ:
+        raise InputError(f"batch ({B}) and query heads ({Hq}) must each be at most {_MAX_GRID_YZ}; split the call")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        st = t.stride()
+        if st[3] != 1 or t.data_ptr() % 16 != 0 or (name != "v" and any(
+                st[d] % 16 != 0 and t.shape[d] > 1 for d in range(3))):
+            raise InputError(f"{name} must have a contiguous last dim, 16-byte aligned batch/head/seq strides and a "
+                             f"16-byte aligned start, got strides {tuple(st)}: pass {name}.contiguous()")
+
+
+def forward(lib, q, k, v, descales=(None, None, None), *, scale: Optional[float] = None, q_offset: int = 0,
+            return_lse: bool = False, captured: Sequence[torch.Tensor] = (), summaries: Sequence[torch.Tensor] = (),
+            params: Optional[tuple] = None, out: Optional[torch.Tensor] = None):
+    """FP8 attention with a library built for e4m3 (lib.dtype is torch.float8_e4m3fn). q (B, Hq, Lq, D), k / v
+    (B, Hkv, Lk, D) in e4m3; ``descales`` (q, k, v) as ``descale_block`` takes them. Returns out (B, Hq, Lq, D)
+    bfloat16, or (out, lse) with lse (B, Hq, Lq) float32 natural-log of the descaled scores. ``captured``,
+    ``summaries``, ``params``: as launch.forward."""
+    if lib.dtype != FP8:
+        raise InputError(f"{lib.path} was built for {lib.dtype}, not for FP8 inputs: compile the variant for "
+                         "torch.float8_e4m3fn")
+    if params is None and lib.param_count:
+        raise _missing_params(lib)
+    check_inputs(q, k, v)
+    dev = q.get_device()
+    if dev not in _capable_devices:
+        _check_capability(dev)
+    B, Hq, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    scale, q_offset = _check_scalars(scale, q_offset, D, Lq, Lk)
+    if out is None:
+        out = torch.empty((B, Hq, Lq, D), dtype=torch.bfloat16, device=q.device)
+    else:
+        _check_out(out, (B, Hq, Lq, D), torch.bfloat16, q.device)
+    lse = torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device) if return_lse else None
+    if B * Hq * Lq == 0:
+        return (out, lse) if return_lse else out
+    if Lk == 0:  # no keys: every row is empty (the V^T map would have no columns)
+        out.zero_()
+        return (out, lse.fill_(-math.inf)) if return_lse else out
+    if scale <= 0 or math.isnan(scale):
+        # as launch.forward: softmax(s qk) = softmax(|s| (-q) k), and scale 0 is q = 0 at scale 1 (e4m3's sign is
+        # its top bit: -q is exact)
+        q = (q.view(torch.uint8) ^ 0x80).view(FP8) if scale < 0 else torch.zeros_like(q.view(torch.uint8)).view(FP8)
+        scale = -scale if scale < 0 else 1.0
+    vt = v_transposed(v)
+    block = descale_block(descales, B, Hkv, q.device)
+    qs, ks, vs, os_ = q.stride(), k.stride(), vt.stride(), out.stride()
+    head = _PACK_HEAD.pack(
+        q.data_ptr(), k.data_ptr(), vt.data_ptr(), out.data_ptr(), lse.data_ptr() if lse is not None else 0,
+        qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], os_[0], os_[1], os_[2],
+        B, Hq, Hkv, Lq, Lk, D, float(scale), q_offset,
+    )
+    tail = (_PACK_TAIL.pack(*_captured_fields(q.device, captured, summaries, params or _NO_PARAMS))
+            if captured or summaries or params else _ZERO_TAIL)
+    rc = call_on(dev, lib._fwd, head + tail + _PACK_DESCALE.pack(block.data_ptr()))
+    if rc in SM90_FALLBACK_CODES or rc == ERROR_SCALE_NOT_POSITIVE:
+        raise InputError(f"the FP8 kernel cannot run this call: {lib.error_string(rc)} (there is no portable FP8 "
+                         "kernel to fall back to): pass contiguous q, k, v")
+    if rc != 0:
+        raise launch_failed(lib, "FP8 attention kernel", rc, f"q {tuple(q.shape)}, k {tuple(k.shape)}, on {q.device}")
+    return (out, lse) if return_lse else out
+
+
+def reference_forward(variant, q, k, v, descales=(None, None, None), *, scale=None, return_lse: bool = False,
+                      q_offset: int = 0):
+    """The FP8 call's semantics on any device: attention (attngen.reference, float32 on the CPU) on q, k, v
+    dequantised by their descale factors, the output in bfloat16. The kernel differs from it by P's rounding to
+    e4m3 (docs/user-guide.md gives the size of that error)."""
+    from . import reference
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dtype != FP8 or t.dim() != 4:
+            raise InputError(f"FP8 attention takes 4-D torch.float8_e4m3fn q, k and v, got {name} "
+                             f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    B, Hq = q.shape[:2]
+    Hkv = k.shape[1]
+    if k.shape[0] != B or Hkv == 0 or Hq % Hkv != 0:
+        raise InputError(f"q {tuple(q.shape)} and k {tuple(k.shape)}: expected one batch size and query heads a "
+                         "multiple of kv heads")
+    block = descale_block(descales, B, Hkv, q.device)
+    wide = torch.float32 if q.device.type == "cpu" else torch.float64
+
+    def dequant(t, d, per_query_head):
+        f = d[:, :, None, None].to(wide)
+        if per_query_head:
+            f = f.repeat_interleave(Hq // Hkv, dim=1)
+        return t.to(wide) * f
+
+    res = reference.attention(dequant(q, block[0], True), dequant(k, block[1], False), dequant(v, block[2], False),
+                              variant, scale=scale, return_lse=return_lse, q_offset=q_offset)
+    if return_lse:
+        return res[0].to(torch.bfloat16), res[1].float()
+    return res.to(torch.bfloat16)

@@ -1,0 +1,150 @@
+"""The FP8 forward's CPU side (issue 12, attngen/fp8.py): the V^T permutation against the wgmma fragment layouts it
+has to match (read from the kernel headers), the reference semantics (attention on the dequantised inputs), the
+descale and input checks, the spec / tile policy, and (nvcc lane) the e4m3 library built without spills."""
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import attngen
+from attngen import fp8, reference
+from attngen.errors import InputError
+from attngen.jit import tiles
+
+E4M3 = torch.float8_e4m3fn
+TEMPLATES = Path(attngen.__file__).resolve().parent / "templates"
+
+
+def _c_expr(text: str, pattern: str) -> str:
+    m = re.search(pattern, text)
+    assert m, pattern
+    return m.group(1)
+
+
+def test_v_permutation_matches_the_fragment_layouts_of_the_kernel():
+    """Per thread (g, tig): pack_a_frags puts accumulator floats c[h], c[h+1], c[h+4], c[h+5] (h from the header) in
+    bytes 0..3 of A register r of a k32 step. By the wgmma layouts (D/C: float f of a k32 group is row g + 8 ((f % 4)
+    // 2), column 8 (f // 4) + 2 tig + f % 2; 8-bit A: byte i of register r is row g + 8 (r % 2), k = 16 (r // 2) +
+    4 tig + i), every byte's row must be its float's row, and V^T's k position must hold the float's kv column:
+    fp8_v_position (the header's) = fp8.v_position, and v_transposed places v's rows there."""
+    wgmma = (TEMPLATES / "sm90_wgmma.cuh.j2").read_text()
+    h_expr = _c_expr(wgmma, r"const int h = ([^;]+);").replace("/", "//")
+    offsets = [int(x or 0) for x in re.findall(r"c\[h(?: \+ (\d+))?\]", _c_expr(wgmma, r"pack4_e4m3\((c\[h\][^)]*)\)"))]
+    assert offsets == [0, 1, 4, 5]
+    pos_expr = _c_expr((TEMPLATES / "fwd_sm90.cuh").read_text(), r"int fp8_v_position\(int col\) \{ return ([^;]+);")
+    for col in range(16):
+        assert eval(pos_expr, {"col": col}) == fp8.v_position(col)
+    assert sorted(fp8.v_position(c) for c in range(16)) == list(range(16))
+    for tig in range(4):
+        for r in range(4):
+            h = eval(h_expr, {"r": r})
+            for i, off in enumerate(offsets):
+                f = h + off
+                row, col = 8 * ((f % 4) // 2), 8 * (f // 4) + 2 * tig + f % 2
+                k = 16 * (r // 2) + 4 * tig + i
+                assert row == 8 * (r % 2), (tig, r, i)
+                assert 16 * (col // 16) + fp8.v_position(col % 16) == k, (tig, r, i)
+
+
+@pytest.mark.parametrize("Lk", [1, 16, 37, 64])
+def test_v_transposed_places_every_row_and_pads_with_zeros(Lk):
+    gen = torch.Generator().manual_seed(Lk)
+    v = (torch.randn(2, 3, Lk, 128, generator=gen) * 4).to(E4M3)
+    vt = fp8.v_transposed(v.transpose(2, 3).contiguous().transpose(2, 3))  # any strides in
+    L16 = -(-Lk // 16) * 16
+    assert vt.shape == (2, 3, 128, L16) and vt.is_contiguous() and vt.dtype == E4M3
+    vb, vtb = v.view(torch.uint8), vt.view(torch.uint8)
+    seen = set()
+    for c in range(Lk):
+        p = 16 * (c // 16) + fp8.v_position(c % 16)
+        assert torch.equal(vtb[:, :, :, p], vb[:, :, c, :]), c
+        seen.add(p)
+    rest = [p for p in range(L16) if p not in seen]
+    assert (vtb[:, :, :, rest] == 0).all()
+
+
+def _quantised(gen, B, Hq, Hkv, L, D=128):
+    q, k, v = (torch.randn(B, h, L, D, generator=gen) for h in (Hq, Hkv, Hkv))
+    return [t.to(E4M3) for t in (q, k, v)]
+
+
+def test_reference_is_attention_on_the_dequantised_inputs_per_kv_head():
+    gen = torch.Generator().manual_seed(0)
+    q8, k8, v8 = _quantised(gen, 2, 4, 2, 19)
+    qd, kd, vd = (torch.rand(2, 2, generator=gen) + 0.5 for _ in range(3))
+    attn = attngen.compile(causal=True, softcap=20.0)
+    out, lse = attn(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True, q_offset=3)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    rep = lambda d: d.repeat_interleave(2, 1)[:, :, None, None]  # noqa: E731  query head h reads kv head h // 2
+    want, want_lse = reference.attention(q8.double() * rep(qd).double(), k8.double() * kd[:, :, None, None].double(),
+                                         v8.double() * vd[:, :, None, None].double(), attn.variant, return_lse=True,
+                                         q_offset=3)
+    assert (out.double() - want).abs().max().item() <= 2 * 2 ** -8 * want.abs().max().item()
+    assert (lse.double() - want_lse).abs().max().item() < 1e-4
+    # numbers and broadcastable tensors are the same factors
+    same = attn(q8, k8, v8, q_descale=2.0, k_descale=torch.tensor(0.5), return_lse=False, q_offset=3)
+    assert torch.equal(same, attn(q8, k8, v8, q_offset=3))
+
+
+def test_descale_checks_name_the_problem():
+    gen = torch.Generator().manual_seed(1)
+    q8, k8, v8 = _quantised(gen, 1, 2, 2, 8)
+    attn = attngen.compile(causal=True)
+    with pytest.raises(InputError, match=r"q_descale has shape \(3,\), expected \(1, 2\)"):
+        attn(q8, k8, v8, q_descale=torch.ones(3))
+    with pytest.raises(InputError, match="k_descale must be finite and > 0"):
+        attn(q8, k8, v8, k_descale=torch.tensor([[1.0, -1.0]]))
+    with pytest.raises(InputError, match="v_descale must be finite and > 0"):
+        attn(q8, k8, v8, v_descale=float("nan"))
+    with pytest.raises(InputError, match="floating-point"):
+        attn(q8, k8, v8, v_descale=torch.ones(1, 2, dtype=torch.int32))
+    with pytest.raises(InputError, match="must be None, a number"):
+        attn(q8, k8, v8, q_descale=True)
+    with pytest.raises(InputError, match="are for torch.float8_e4m3fn inputs"):
+        attn(q8.float(), k8.float(), v8.float(), q_descale=1.0)
+
+
+def test_fp8_inputs_are_checked():
+    gen = torch.Generator().manual_seed(2)
+    q8, k8, v8 = _quantised(gen, 1, 2, 2, 8)
+    attn = attngen.compile(causal=True)
+    with pytest.raises(InputError, match="float8_e4m3fn"):
+        attn(q8, k8, v8.to(torch.bfloat16))
+    with pytest.raises(InputError, match="on cpu: the FP8 kernel runs on the GPU"):
+        fp8.check_inputs(q8, k8, v8)
+    q64 = torch.zeros(1, 2, 8, 64).to(E4M3)
+    if torch.cuda.is_available():
+        with pytest.raises(InputError, match="head dim 128"):
+            fp8.check_inputs(q64.cuda(), q64.cuda(), q64.cuda())
+    with pytest.raises(InputError, match="inference-only"):
+        attn(q8.requires_grad_(True), k8, v8)
+
+
+def test_fp8_spec_and_tiles():
+    attn = attngen.compile(causal=True)
+    spec = attn.spec(E4M3, 128, "sm_90a")
+    assert spec.dtype == "float8_e4m3fn" and spec.kernel == "sm90" and "fp8" in spec.uri
+    assert all(t.elem_bytes == 1 and t.block_k == 128 for t in spec.tile_choices())
+    assert all(t.smem_bytes(128) <= tiles.SM90_SMEM_LIMIT for t in tiles.SM90_FP8_LADDER)
+    with pytest.raises(InputError, match="sm_90a"):
+        attn.spec(E4M3, 128, "sm_80")
+    with pytest.raises(InputError, match="head dim 128"):
+        attn.spec(E4M3, 64, "sm_90a")
+    with pytest.raises(InputError, match="sm90 forward only"):
+        attn.spec(E4M3, 128, "sm_90a", kernel="sm80")
+
+
+@pytest.mark.requires_nvcc
+@pytest.mark.parametrize("kw", [dict(), dict(causal=True, softcap=30.0)], ids=["full", "softcap_causal"])
+def test_fp8_library_builds_without_spills_and_reports_e4m3(kw, tmp_path):
+    from attngen.jit.ninja import LIBRARY_NAME
+    from attngen.launch import load_library
+
+    spec = attngen.compile(**kw).spec(E4M3, 128, "sm_90a")
+    info = spec.build(tmp_path)
+    assert info["spill_bytes"] == 0 and "elem_bytes=1" in info["tiles"]
+    assert not (tmp_path / "attngen_decode.cu").exists()  # no KV-cache kernel for e4m3
+    lib = load_library(tmp_path / LIBRARY_NAME)
+    t = spec.tile_choices()[0]
+    assert (lib.dtype, lib.head_dim, lib.block_k, lib.smem_bytes) == (E4M3, 128, 128, t.smem_bytes(128))
