@@ -1,8 +1,7 @@
 // bwd_prepost.cuh: the launches around a backward main kernel (bwd_sm80.cuh, bwd_sm90.cuh), on its stream:
 //  preprocess, a block per q-block: delta = rowsum(dO * O) (fp32), lse in the log2 domain (+inf for rows with
 //  nothing kept and for the padding of the last q-block, so P = 0 there), the fp32 dQ accumulator zeroed;
-//  postprocess of a row-major dQ_acc (bwd_sm80.cuh; bwd_sm90.cuh has its own): dQ = dQ_acc * scale in the input
-//  dtype.
+//  postprocess: dQ = dQ_acc * scale in the input dtype, read in the main kernel's layout of dQ_acc.
 //  Configuration (Elem, D) from the including attngen_bwd.cu.
 #pragma once
 
@@ -90,8 +89,18 @@ __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __gr
 
 constexpr int POST_THREADS = 256;
 
-// dQ = dQ_acc * scale in Elem from dQ_acc as (B, Hq, Lq, D) row-major (bwd_sm80.cuh; the sm90 kernel tiles it and
-// has a postprocess of its own), 8 elements (one 16-byte store) per thread and step.
+// dQ_acc as (B, Hq, Lq, D) row-major (bwd_sm80.cuh). A main kernel that
+// keeps another layout passes its own to the postprocess: load8 reads row r, columns col .. col + 7 of head bh.
+struct DqAccRowMajor {
+  __device__ static void load8(const float* acc, long long bh, int r, int col, int Lq, float (&x)[8]) {
+    const float4* src = reinterpret_cast<const float4*>(acc + (bh * Lq + r) * D + col);
+    const float4 u = src[0], v = src[1];
+    x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = v.x, x[5] = v.y, x[6] = v.z, x[7] = v.w;
+  }
+};
+
+// dQ = dQ_acc * scale in Elem, 8 elements (one 16-byte store) per thread and step.
+template <class Layout>
 __global__ void __launch_bounds__(POST_THREADS) attngen_bwd_post_kernel(const __grid_constant__ AttngenBwdArgs a) {
   const long long n8 = (long long)a.B * a.Hq * a.Lq * (D / 8);
   for (long long idx = (long long)blockIdx.x * POST_THREADS + threadIdx.x; idx < n8;
@@ -101,9 +110,8 @@ __global__ void __launch_bounds__(POST_THREADS) attngen_bwd_post_kernel(const __
     const long long bh = row_id / a.Lq;
     const int r = (int)(row_id - bh * a.Lq);
     const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);
-    const float4* src = reinterpret_cast<const float4*>(a.dq_accum + (bh * a.Lq + r) * D + c * 8);
-    const float4 u = src[0], w = src[1];
-    const float x[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
+    float x[8];
+    Layout::load8(a.dq_accum, bh, r, c * 8, a.Lq, x);
     const float f = a.scale;
     uint4 v;
     v.x = pack2<Elem>(x[0] * f, x[1] * f);
@@ -121,12 +129,13 @@ inline void launch_bwd_pre(const AttngenBwdArgs& a, int bq, cudaStream_t stream)
 }
 
 // The postprocess, at most 16 blocks per SM (each loops).
+template <class Layout = DqAccRowMajor>
 inline void launch_bwd_post(const AttngenBwdArgs& a, int sms, cudaStream_t stream) {
   const long long n8 = (long long)a.B * a.Hq * a.Lq * (D / 8);
   if (n8 > 0) {
     const long long want = (n8 + POST_THREADS - 1) / POST_THREADS;
     const long long blocks = want < (long long)sms * 16 ? want : (long long)sms * 16;
-    attngen_bwd_post_kernel<<<(unsigned)blocks, POST_THREADS, 0, stream>>>(a);
+    attngen_bwd_post_kernel<Layout><<<(unsigned)blocks, POST_THREADS, 0, stream>>>(a);
   }
 }
 

@@ -1,6 +1,6 @@
 // bwd_sm90.cuh: attention backward for sm_90a (Hopper), FlashAttention-3 style, warp specialized, in three
 // launches on one stream: bwd_prepost.cuh's preprocess (delta, lse in log2, dQ_acc zeroed), the main kernel,
-// its postprocess (dQ = dQ_acc * scale, below). A CTA owns kv-block j (BK = 128 rows) of one kv head: grid
+// the postprocess (dQ = dQ_acc * scale). A CTA owns kv-block j (BK = 128 rows) of one kv head: grid
 // (ceil(Lk / BK), Hkv, B), low kv blocks first (under causal-like masks they see the most q blocks).
 // Warpgroup 0 is the producer: one thread loads K and V once, then for each q-block the mask does not prove
 // EMPTY (block_range_bwd.cuh, over the query heads that share the kv head) its Q and dO tiles (TMA, 128-byte
@@ -398,33 +398,6 @@ __global__ void __launch_bounds__(NTHREADS, 1)
   consume(a, sm, wg);
 }
 
-// ------------------------------------------------------------------------------------------- postprocess
-// dQ = dQ_acc * scale in Elem from the tiled dQ_acc: a thread per float4 of a q-block in the staging order (a warp
-// reads 512 contiguous bytes once), its two pairs stored to rows row and row + 8 of dQ (dq_staged_pos), rows past
-// Lq left alone.
-constexpr int POST_TILED_THREADS = 256;
-
-__global__ void __launch_bounds__(POST_TILED_THREADS)
-    attngen_bwd_post_tiled_kernel(const __grid_constant__ AttngenBwdArgs a) {
-  constexpr int F4 = BQ * D / 4;  // float4s per q-block
-  const int nqb = (a.Lq + BQ - 1) / BQ;
-  const long long n = (long long)a.B * a.Hq * nqb * F4;
-  const float s = a.scale;
-  for (long long idx = (long long)blockIdx.x * POST_TILED_THREADS + threadIdx.x; idx < n;
-       idx += (long long)gridDim.x * POST_TILED_THREADS) {
-    const long long tile = idx / F4;
-    const DqStagedPos p = dq_staged_pos((int)(idx - tile * F4));
-    const long long bh = tile / nqb;
-    const int row = (int)(tile - bh * nqb) * BQ + p.row;
-    if (row >= a.Lq) continue;  // and row + 8
-    const float4 x = __ldcs(reinterpret_cast<const float4*>(a.dq_accum) + idx);  // read once: streamed
-    const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);
-    Elem* out = static_cast<Elem*>(a.dq) + b * a.dq_stride[0] + h * a.dq_stride[1] + (long long)row * a.dq_stride[2] + p.col;
-    *reinterpret_cast<uint32_t*>(out) = pack2<Elem>(x.x * s, x.y * s);
-    if (row + 8 < a.Lq) *reinterpret_cast<uint32_t*>(out + 8 * a.dq_stride[2]) = pack2<Elem>(x.z * s, x.w * s);
-  }
-}
-
 // ------------------------------------------------------------------------------------------- host side
 
 AttngenKernelInfo bwd_kernel_info() {
@@ -450,12 +423,7 @@ int launch_bwd(const AttngenBwdArgs& a, cudaStream_t stream) {
     const dim3 grid((unsigned)nkb, (unsigned)a.Hkv, (unsigned)a.B);
     attngen_bwd_kernel<<<grid, NTHREADS, SMEM_BYTES, stream>>>(a, tm_q, tm_do, tm_k, tm_v);
   }
-  const long long n = (long long)a.B * a.Hq * ((a.Lq + BQ - 1) / BQ) * (BQ * D / 4);
-  if (n > 0) {  // at most 16 blocks per SM, each looping
-    const long long want = (n + POST_TILED_THREADS - 1) / POST_TILED_THREADS;
-    const long long blocks = want < (long long)sms * 16 ? want : (long long)sms * 16;
-    attngen_bwd_post_tiled_kernel<<<(unsigned)blocks, POST_TILED_THREADS, 0, stream>>>(a);
-  }
+  launch_bwd_post<DqAccTiled>(a, sms, stream);
   return (int)cudaGetLastError();
 }
 

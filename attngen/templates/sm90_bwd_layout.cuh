@@ -42,8 +42,8 @@ constexpr int NDQ = DQ_N / 2;
 // reduction (per-thread reductions queue on the load/store unit). dQ_acc is tiled: q-block i of head (b, h) is
 // BQ * D contiguous floats at ((b * Hq + h) * Lq_pad + i * BQ) * D, in which chunk c (a consumer's DQ_N columns;
 // 0 at D = 64) is 64 * DQ_N floats in the accumulator's thread order, [DQ_N / 8][128 threads][4]: float4 v of
-// thread t holds rows r (x, y), r + 8 (z, w) (r = 16 (t / 32) + t % 32 / 4) at columns c DQ_N + 8 v + 2 (t % 4)
-// + {0, 1} (dq_staged_pos).
+// thread t holds rows r, r + 8 (r = 16 (t / 32) + t % 32 / 4) at columns c DQ_N + 8 v + 2 (t % 4) + {0, 1}
+// (dq_tile_offset).
 constexpr int DQ_STAGE_BYTES = 64 * DQ_N * 4;  // one consumer's staged dQ
 constexpr int DQ_CHUNK = DQ_SPLIT_D ? 1 : 0;   // the chunk of consumer cw is DQ_CHUNK * cw
 
@@ -130,32 +130,39 @@ struct BwdSmem {
   __device__ uint32_t dq_done(int consumer) const { return bar(1 + 2 * STAGES + 2 * NUM_CONSUMERS + consumer); }
 };
 
-// Where float4 f (< BQ * D / 4) of a tiled dQ_acc q-block lies in the tile, in the staging order above (float4 v of
-// thread t of chunk c is float4 c 16 DQ_N + v 128 + t): x, y at row `row`, columns col, col + 1; z, w at row + 8.
-struct DqStagedPos {
-  int row, col;
-};
-__host__ __device__ constexpr DqStagedPos dq_staged_pos(int f) {
-  const int c = f / (16 * DQ_N), w = f % (16 * DQ_N), v = w / 128, t = w % 128;
-  return {16 * (t / 32) + (t % 32) / 4, c * DQ_N + 8 * v + 2 * (t % 4)};
+// Float offset in a tiled dQ_acc q-block of the element at tile row r (< 64), column col.
+__host__ __device__ constexpr int dq_tile_offset(int r, int col) {
+  const int c = DQ_SPLIT_D ? col / DQ_N : 0, cl = col - c * DQ_N;
+  const int t = (r / 16) * 32 + (r % 8) * 4 + (cl % 8) / 2;
+  return ((c * (DQ_N / 8) + cl / 8) * 128 + t) * 4 + ((r / 8) % 2) * 2 + cl % 2;
 }
 
-// dq_staged_pos covers each pair of columns (col, col + 1) of each tile row once. Checked whole at build time.
-constexpr bool dq_staged_pos_covers_the_tile() {
-  int seen[BQ][D / 2] = {};
-  for (int f = 0; f < BQ * D / 4; ++f) {
-    const DqStagedPos p = dq_staged_pos(f);
-    if (p.row < 0 || p.row + 8 >= BQ || p.col < 0 || p.col + 1 >= D || p.col % 2 != 0) return false;
-    ++seen[p.row][p.col / 2];
-    ++seen[p.row + 8][p.col / 2];
-  }
-  for (int r = 0; r < BQ; ++r)
-    for (int c = 0; c < D / 2; ++c)
-      if (seen[r][c] != 1) return false;
+// dq_tile_offset inverts the staging order (bwd_sm90.cuh stage_dq, the writer's chunk offset): float k of float4 v
+// of thread t of chunk c, the accumulator's element at row 16 (t / 32) + t % 32 / 4 + 8 (k / 2), column
+// c DQ_N + 8 v + 2 (t % 4) + k % 2, lies at c 64 DQ_N + (v 128 + t) 4 + k. Checked whole at build time.
+constexpr bool dq_tile_offset_inverts_staging() {
+  for (int c = 0; c < (DQ_SPLIT_D ? NUM_CONSUMERS : 1); ++c)
+    for (int t = 0; t < 128; ++t)
+      for (int v = 0; v < DQ_N / 8; ++v)
+        for (int k = 0; k < 4; ++k) {
+          const int r = 16 * (t / 32) + (t % 32) / 4 + 8 * (k / 2), col = c * DQ_N + 8 * v + 2 * (t % 4) + k % 2;
+          if (dq_tile_offset(r, col) != c * 64 * DQ_N + (v * 128 + t) * 4 + k) return false;
+        }
   return true;
 }
-static_assert(BQ * D / 4 == (DQ_SPLIT_D ? NUM_CONSUMERS : 1) * 16 * DQ_N, "a q-block of dQ_acc is its chunks");
-static_assert(dq_staged_pos_covers_the_tile(), "the postprocess would miss or repeat elements of dQ");
+static_assert(dq_tile_offset_inverts_staging(), "the postprocess reads dQ_acc where the staging did not put it");
+
+// The postprocess's view of a tiled dQ_acc (bwd_prepost.cuh): row r, columns col .. col + 7 of head bh.
+struct DqAccTiled {
+  __device__ static void load8(const float* acc, long long bh, int r, int col, int Lq, float (&x)[8]) {
+    const float* tile = acc + (bh * ((Lq + BQ - 1) / BQ) + r / BQ) * BQ * D;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const float2 u = *reinterpret_cast<const float2*>(tile + dq_tile_offset(r % BQ, col + 2 * p));
+      x[2 * p] = u.x, x[2 * p + 1] = u.y;
+    }
+  }
+};
 
 // The next slot of the Q / dO ring (stage) and the parity of its use (phase; sm90_mbarrier.cuh).
 __device__ __forceinline__ void advance(int& stage, uint32_t& phase) {
