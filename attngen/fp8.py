@@ -45,6 +45,22 @@ def v_transposed(v: torch.Tensor) -> torch.Tensor:
     return x.contiguous().view(B, H, D, L16).view(FP8)
 
 
+def v_transposed_on_gpu(lib, v: torch.Tensor) -> torch.Tensor:
+    """``v_transposed`` by the FP8 library's own kernel (attngen_fp8_v_transpose: one pass over v) on v's device and
+    current stream; a v whose rows are not 16-byte aligned is made contiguous first."""
+    B, H, L, D = v.shape
+    if v.stride(3) != 1 or v.data_ptr() % 16 or (L > 1 and v.stride(2) % 16):
+        v = v.contiguous()
+    vt = torch.empty((B, H, D, -(-L // 16) * 16), dtype=FP8, device=v.device)
+    s = v.stride()
+    dev = v.get_device()
+    rc = call_on(dev, lambda _, stream: lib._fp8_v_transpose(v.data_ptr(), vt.data_ptr(), B, H, L, s[0], s[1], s[2],
+                                                             stream), b"")
+    if rc != 0:
+        raise launch_failed(lib, "FP8 V transpose", rc, f"v {tuple(v.shape)}, strides {tuple(s)}, on {v.device}")
+    return vt
+
+
 def descale_block(descales: Sequence, B: int, Hkv: int, device: torch.device) -> torch.Tensor:
     """(3, B, Hkv) float32 contiguous on ``device``: the q, k and v descale factors, each None (1), a number, or a
     tensor of shape (B, Hkv) (FlashAttention-3's layout), (B, 1), (1, Hkv), (1,) or () broadcast to it. Numbers and
@@ -111,11 +127,12 @@ def check_inputs(q, k, v) -> None:
 
 def forward(lib, q, k, v, descales=(None, None, None), *, scale: Optional[float] = None, q_offset: int = 0,
             return_lse: bool = False, captured: Sequence[torch.Tensor] = (), summaries: Sequence[torch.Tensor] = (),
-            params: Optional[tuple] = None, out: Optional[torch.Tensor] = None):
+            params: Optional[tuple] = None, out: Optional[torch.Tensor] = None, vt: Optional[torch.Tensor] = None):
     """FP8 attention with a library built for e4m3 (lib.dtype is torch.float8_e4m3fn). q (B, Hq, Lq, D), k / v
     (B, Hkv, Lk, D) in e4m3; ``descales`` (q, k, v) as ``descale_block`` takes them. Returns out (B, Hq, Lq, D)
     bfloat16, or (out, lse) with lse (B, Hq, Lq) float32 natural-log of the descaled scores. ``captured``,
-    ``summaries``, ``params``: as launch.forward."""
+    ``summaries``, ``params``: as launch.forward. ``vt``: v's ``v_transposed`` when the caller already has it (a
+    benchmark timing the attention kernel alone), else it is made here."""
     if lib.dtype != FP8:
         raise InputError(f"{lib.path} was built for {lib.dtype}, not for FP8 inputs: compile the variant for "
                          "torch.float8_e4m3fn")
@@ -143,7 +160,12 @@ def forward(lib, q, k, v, descales=(None, None, None), *, scale: Optional[float]
         # its top bit: -q is exact)
         q = (q.view(torch.uint8) ^ 0x80).view(FP8) if scale < 0 else torch.zeros_like(q.view(torch.uint8)).view(FP8)
         scale = -scale if scale < 0 else 1.0
-    vt = v_transposed(v)
+    if vt is None:
+        vt = v_transposed_on_gpu(lib, v)
+    elif vt.dtype != FP8 or tuple(vt.shape) != (B, Hkv, D, -(-Lk // 16) * 16) or not vt.is_contiguous() \
+            or vt.device != q.device:
+        raise InputError(f"vt must be v_transposed(v): a contiguous {(B, Hkv, D, -(-Lk // 16) * 16)} "
+                         f"torch.float8_e4m3fn tensor on {q.device}, got {vt.dtype} {tuple(vt.shape)} on {vt.device}")
     block = descale_block(descales, B, Hkv, q.device)
     qs, ks, vs, os_ = q.stride(), k.stride(), vt.stride(), out.stride()
     head = _PACK_HEAD.pack(

@@ -137,6 +137,12 @@ class KernelLibrary(_Library):
         self._fwd = handle.attngen_fwd
         self._fwd.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
         self._fwd.restype = ctypes.c_int
+        # FP8 libraries: V^T for the kernel (attngen/fp8.py), made on the GPU
+        self._fp8_v_transpose = getattr(handle, "attngen_fp8_v_transpose", None)
+        if self._fp8_v_transpose is not None:
+            self._fp8_v_transpose.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3 + \
+                [ctypes.c_longlong] * 3 + [ctypes.c_void_p]
+            self._fp8_v_transpose.restype = ctypes.c_int
 
     def launch(self, packed_args: bytes, stream: int) -> int:
         """attngen_fwd on a packed AttngenFwdArgs (see _PACK); returns the cudaError_t code."""

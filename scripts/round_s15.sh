@@ -8,6 +8,11 @@
 # F = the FP8 (e4m3) forward: its GPU suite (tests/gpu/test_fp8_gpu.py), the sm90 forward suite (the ABI and TMA
 # encoding it shares changed), the backward's smoke cases (its TMA encoding call changed), and benchmarks/bench_fp8.py
 # (FP8 beside bf16, flex and cuDNN at B2 H16 S8192 D128, full and causal, with the errors against float64).
+# (A ran: the tiled postprocess took 117.5-121.9 µs against 70.3-72.6: reverted in 6b40be3. F ran: FP8 21 / 21,
+# forward 161 / 161; FP8 ÷ bf16 1.160x full, 1.018x causal with 0.208 ms of the call in the torch V^T copy.)
+# G = the FP8 forward with V^T made by the library's own kernel: its GPU suite, fp8_tile_sweep.py (stages, overlap,
+# pingpong, persistent grid; the attention kernel alone beside the bf16 call), bench_fp8.py, and Nsight Compute's
+# pipe utilisation and warp states of the FP8 and bf16 full forward.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -35,4 +40,23 @@ case "$1" in
     smoke_backward 60 || echo "backward smoke FAILED"
     timeout 200 python benchmarks/bench_fp8.py --out "$R" 2>&1 | grep -E "^\||rror|!!"
     run_tests fwd 170 tests/gpu/test_kernel_sm90.py ;;
+  G)
+    run_tests fp8 120 tests/gpu/test_fp8_gpu.py
+    timeout 150 python scripts/fp8_tile_sweep.py --variants full,causal --tiles 3,2,4,3-noov,3-nopp,3-pers \
+      2>&1 | tee "$R/fp8_tile_sweep.md" | grep -E "^\||V transpose|rror"
+    timeout 150 python benchmarks/bench_fp8.py --out "$R" 2>&1 | grep -E "^\||rror|!!"
+    printf '%s\n' 'import sys, torch, attngen' 'from bench_fp8 import quantise' \
+      'x = [torch.randn(2, 16, 8192, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3)]' \
+      'attn = attngen.compile()' 'attn(*x)' 'q = [quantise(t, 16) for t in x]' \
+      'attn(q[0][0], q[1][0], q[2][0], q_descale=q[0][1], k_descale=q[1][1], v_descale=q[2][1])' \
+      'torch.cuda.synchronize()' > /tmp/fp8_one.py
+    PYTHONPATH="$PWD:$PWD/benchmarks" timeout 90 ncu --clock-control none -k regex:attngen_fwd_kernel -c 2 \
+      --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+      python /tmp/fp8_one.py > "$R/ncu_fp8_fwd.txt" 2>&1
+    grep -E "attngen_fwd_kernel|Stall|Warp Cycles|Issued|Eligible|Duration|Busy|Ipc" "$R/ncu_fp8_fwd.txt" | head -n 50
+    # pipe utilisation (metric names may differ by ncu version: a failure here costs only this step)
+    PYTHONPATH="$PWD:$PWD/benchmarks" timeout 60 ncu --clock-control none -k regex:attngen_fwd_kernel -c 2 --metrics \
+      sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active \
+      python /tmp/fp8_one.py > "$R/ncu_fp8_pipes.txt" 2>&1
+    grep -E "attngen_fwd_kernel|pipe|ERROR" "$R/ncu_fp8_pipes.txt" | head -n 20 ;;
 esac

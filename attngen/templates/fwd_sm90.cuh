@@ -383,3 +383,7 @@ int launch(const AttngenFwdArgs& a, cudaStream_t stream) {
 }
 
 }  // namespace
+
+#if ATTNGEN_FP8_LIBRARY
+#include "fp8_v_transpose.cuh"
+#endif

@@ -134,3 +134,15 @@ def test_fp8_errors_name_the_fix():
         attngen.compile(causal=True)(strided, k8, v8)
     with pytest.raises(InputError, match=r"\(1, 2\)"):
         attngen.compile(causal=True)(q8, k8, v8, q_descale=torch.ones(3, device=DEV))
+
+
+@pytest.mark.parametrize("Lk", [1, 37, 64, 333])
+def test_fp8_library_transposes_v_as_the_torch_reference(Lk):
+    gen = torch.Generator().manual_seed(Lk)
+    v = (torch.randn(2, 3, Lk, 256, generator=gen) * 8).to(E4M3).to(DEV)[..., 64:192]  # rows 256 bytes apart
+    lib = attngen.compile(causal=True)._load(E4M3, 128, torch.cuda.current_device(), None, load_library)
+    want = fp8.v_transposed(v)
+    got = fp8.v_transposed_on_gpu(lib, v)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    got = fp8.v_transposed_on_gpu(lib, v[:, :, :, :].transpose(0, 1).contiguous().transpose(0, 1))  # batch stride
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
