@@ -1,9 +1,9 @@
 """FP8 forward tile experiments: build the e4m3 sm90 forward of a few variants at several Sm90Tiles settings and time
 the attention kernel alone (V^T made once), beside the variant's bf16 call, at B2 H16 S8192 D128 (the bench_fp8.py
 shape). Also times the library's V transpose. Needs nvcc and an sm_90 GPU.
-Usage: fp8_tile_sweep.py [--variants full,causal] [--tiles 3,2,4,3-noov,3-nopp,3-pers,3-nopers]
+Usage: fp8_tile_sweep.py [--variants full,causal] [--tiles 3,2,4,3-noov,3-nopp,3-pers,3-nopers,2-e4]
 (a tile spec: stages, then -noov (no intra-warpgroup overlap), -nopp (no pingpong), -pers / -nopers (persistent grid
-forced on / off; default: the ladder's choice for the variant))."""
+forced on / off), -eN (every N-th exponential on the FMA pipe, -e0 none); default: the ladder's first rung)."""
 import argparse
 import concurrent.futures as cf
 import sys
@@ -40,6 +40,9 @@ def tiles_for(spec, text):
     parts = text.split("-")
     t = replace(base, stages=int(parts[0]))
     for flag in parts[1:]:
+        if flag.startswith("e"):
+            t = replace(t, exp2_emu_every=int(flag[1:]))
+            continue
         t = {"noov": lambda t: replace(t, overlap=False), "nopp": lambda t: replace(t, pingpong=False),
              "pers": lambda t: replace(t, persistent=True, persistent_max_kv=0),
              "nopers": lambda t: replace(t, persistent=False)}[flag](t)
@@ -70,8 +73,9 @@ with cf.ThreadPoolExecutor(8) as ex:
     built = list(ex.map(build, jobs))
 heat_gpu("cuda")
 vt = None
-print("| variant | tiles | spill | FP8 kernel ms | FP8 kernel TFLOP/s | bf16 call ms | kernel ÷ bf16 |")
-print("|---|---|---|---|---|---|---|")
+print("| variant | tiles | spill | FP8 kernel ms | FP8 kernel TFLOP/s | bf16 call ms | kernel ÷ bf16 | max diff vs "
+      "the default FP8 library |")
+print("|---|---|---|---|---|---|---|---|")
 for key, text, t, path, spill in built:
     lib = load_library(path)
     if vt is None:
@@ -83,7 +87,8 @@ for key, text, t, path, spill in built:
     params = attn._param_fields()
     ref = attn(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)
     out = fp8.forward(lib, q8, k8, v8, (qd, kd, vd), params=params, vt=vt)
-    assert torch.equal(out, ref) or (out.float() - ref.float()).abs().max().item() < 2e-2, key
+    diff = (out.float() - ref.float()).abs().max().item()
+    assert diff < 5e-2, (key, text, diff)
     run8 = lambda: fp8.forward(lib, q8, k8, v8, (qd, kd, vd), params=params, vt=vt)  # noqa: E731
     run16 = lambda: attn(q, k, v)  # noqa: E731
     t8, t16 = [], []
@@ -93,5 +98,5 @@ for key, text, t, path, spill in built:
     m8, m16 = sorted(t8)[len(t8) // 2], sorted(t16)[len(t16) // 2]
     density = 0.5 if key == "causal" else 1.0
     print(f"| {key} | {text} (stages {t.stages}, overlap {t.overlap}, pingpong {t.pingpong}, persistent "
-          f"{t.persistent}/{t.persistent_max_kv}) | {spill} | {m8:.4f} | {tflops(B, H, S, D, density, m8):.1f} | "
-          f"{m16:.4f} | {m16 / m8:.3f}x |", flush=True)
+          f"{t.persistent}/{t.persistent_max_kv}, exp2 emulation {t.exp2_emu_every}) | {spill} | {m8:.4f} | {tflops(B, H, S, D, density, m8):.1f} | "
+          f"{m16:.4f} | {m16 / m8:.3f}x | {diff:.2e} |", flush=True)
