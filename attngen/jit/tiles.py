@@ -197,8 +197,6 @@ class Sm90Tiles:
     rescale_threshold: float = 0.0
     block_q: int = 128
     elem_bytes: int = 2  # 1: FP8 (e4m3) inputs
-    # > 0: every n-th exponential of a row on the FMA pipe (softmax.cuh poly_exp2), where the SFU is the bottleneck
-    exp2_emu_every: int = 0
 
     def smem_bytes(self, head_dim: int) -> int:
         """Dynamic shared memory: 1 KiB alignment slack, the Q tile (two on the persistent grid where they
@@ -246,11 +244,10 @@ def sm90_ladder(head_dim: int, has_mask: bool, has_score_mod: bool) -> tuple:
     return ladder if has_score_mod else tuple(replace(t, persistent=True) for t in ladder)
 
 
-# FP8 (e4m3) inputs, head dim 128: BK is one 128-byte row of V^T (sm90_layout.cuh). With k32 wgmmas the SFU's
-# exponentials are the softmax's bottleneck, so a share of them runs on the FMA pipe (exp2_emu_every); the
-# persistent grid serves masked variants at every length (docs/performance.md, "FP8").
-SM90_FP8_LADDER = (Sm90Tiles(128, 2, rescale_threshold=_RT, elem_bytes=1, exp2_emu_every=4),
-                   Sm90Tiles(128, 2, overlap=False, rescale_threshold=_RT, elem_bytes=1, exp2_emu_every=4))
+# FP8 (e4m3) inputs, head dim 128: BK is one 128-byte row of V^T (sm90_layout.cuh; BK 256 spills), and the persistent
+# grid serves masked variants at every length (docs/performance.md, "FP8").
+SM90_FP8_LADDER = (Sm90Tiles(128, 2, rescale_threshold=_RT, elem_bytes=1),
+                   Sm90Tiles(128, 2, overlap=False, rescale_threshold=_RT, elem_bytes=1))
 
 
 def sm90_fp8_ladder(has_mask: bool, has_score_mod: bool) -> tuple:

@@ -210,7 +210,7 @@ __device__ __forceinline__ void step(const Consumer& c, int k_stage, uint32_t k_
     fence_regs(r.s);
     c.release_k(k_stage);
     score_kv_tile</*RAW=*/true, BQ, BK>(r.s, jn, f_lo, f_hi, w.scale, w.C, w.t, w.i, w.hc, w.rc, w.qi, w.tig);
-    online_softmax<NS, EXP2_EMU_EVERY>(r.s, raw_score_factor(w.scale), RESCALE_THRESHOLD, r.m, r.l, r.alpha);
+    online_softmax(r.s, raw_score_factor(w.scale), RESCALE_THRESHOLD, r.m, r.l, r.alpha);
   }
   if (PV) {
     wgmma_wait<0>();  // P V complete: its V slot is free, p may be overwritten

@@ -17,21 +17,6 @@ ATTNGEN_DEV_INLINE float fast_exp2(float x) {
   return y;
 }
 
-// 2^x on the FMA and integer pipes instead of the SFU (FlashAttention-4's exp2 emulation), for a share of a
-// tile's exponentials when the SFU is what the softmax waits for (the FP8 forward): x rounded to an integer j by
-// adding 1.5 * 2^23 (whose low mantissa bits then hold j), 2^(x - j) on [-0.5, 0.5] by a degree-3 polynomial (max
-// rel. error 7.5e-5, fitted for relative error), j added to the exponent field. x is clamped at -126, so -inf (a
-// masked score) gives a positive value below 2^-125 where ex2.approx.ftz gives 0: it vanishes in any sum with a
-// kept score, rounds to 0 in e4m3, and a row with nothing kept keeps m = -inf, so its LSE is still -inf.
-ATTNGEN_DEV_INLINE float poly_exp2(float x) {
-  x = fmaxf(x, -126.f);
-  const float t = x + 12582912.f;  // 1.5 * 2^23 + j
-  const float f = x - (t - 12582912.f);
-  const float p = fmaf(fmaf(fmaf(0.055176057f, f, 0.24261151f), f, 0.69326019f), f, 0.99992800f);
-  // (bits(t) << 23) is j << 23 modulo 2^32: the low 9 bits of bits(1.5 * 2^23) are 0
-  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-
 // The max of x over the quad of lanes sharing a row.
 ATTNGEN_DEV_INLINE float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -46,8 +31,8 @@ ATTNGEN_DEV_INLINE float quad_max(float x) {
 // per-thread max and sum are trees / split chains, not one serial chain of N/2 dependent ops.
 // rescale_threshold > 0: a row keeps its running max while a tile raises it by at most this much
 // (log2 units: weights up to 2^threshold, far inside fp32 / bf16 / fp16 range), so O needs no rescale
-// for it (FA4's conditional rescale). EMU_EVERY > 0: every EMU_EVERY-th exponential of a row runs as poly_exp2.
-template <int N, int EMU_EVERY = 0>
+// for it (FA4's conditional rescale).
+template <int N>
 ATTNGEN_DEV_INLINE void online_softmax(float (&s)[N], float c, float rescale_threshold, float (&m)[2], float (&l)[2],
                                        float (&alpha)[2]) {
   constexpr int NT = N / 4;  // n8 chunks: 2 elements per row per chunk
@@ -77,9 +62,7 @@ ATTNGEN_DEV_INLINE void online_softmax(float (&s)[N], float c, float rescale_thr
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float x = fmaf(s[nt * 4 + rh * 2 + e], c, neg_cm);
-        constexpr int EMU_MOD = EMU_EVERY > 0 ? EMU_EVERY : 1;  // no "% 0" in the untaken branch
-        const float p = EMU_EVERY > 0 && (nt * 2 + e) % EMU_MOD == EMU_MOD - 1 ? poly_exp2(x) : fast_exp2(x);
+        const float p = fast_exp2(fmaf(s[nt * 4 + rh * 2 + e], c, neg_cm));
         s[nt * 4 + rh * 2 + e] = p;
         acc[(nt * 2 + e) % CHAINS] += p;
       }
