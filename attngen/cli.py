@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--variants", nargs="+", metavar="VARIANT", help="names (full, causal, sliding_window, local, "
                    "softcap, softcap_causal, softcap_window, alibi, alibi_causal, prefix_lm, chunked, document, "
                    "document_i32: the default is all) or variant specs; parameters are baked in (issue 14.1)")
-    b.add_argument("--dtypes", default="bf16,fp16")
+    b.add_argument("--dtypes", default="bf16,fp16,fp8")
     b.add_argument("--head-dims", default="64,128,256")
     b.add_argument("--archs", default="sm_90a,sm_80")
     b.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel builds (default: CPU count)")

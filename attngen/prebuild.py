@@ -60,7 +60,7 @@ PARAMETER_NOTE = ("library parameters are kernel arguments: each prebuilt varian
                   "(any window, cap, chunk or prefix length, local bounds with the same unbounded sides, ALiBi head "
                   "count); a variant made with specialize=True, or a user mod closing over a Python constant, is "
                   "another kernel, built on first use (nvcc needed)")
-DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn"}  # fp8: the sm90 forward at FP8_HEAD_DIMS
 INDEX_LIMIT_BYTES = 100 * 1000 * 1000  # PyPI's default file size limit
 KEEP_SOURCES = (VARIANT_INCLUDE, KERNEL_SOURCE, DECODE_SOURCE, BWD_KERNEL_SOURCE)  # what a prebuilt entry keeps of its build
 
@@ -68,7 +68,7 @@ KEEP_SOURCES = (VARIANT_INCLUDE, KERNEL_SOURCE, DECODE_SOURCE, BWD_KERNEL_SOURCE
 @dataclass(frozen=True)
 class Task:
     variant: str  # a name of DEFAULT_VARIANTS or a CLI variant spec
-    dtype: str    # 'bf16' / 'fp16'
+    dtype: str    # 'bf16' / 'fp16' / 'fp8'
     head_dim: int
     arch: str
     kernel: str   # 'auto' (the forward for the arch, with the KV-cache kernel beside it), 'sm80_bwd' or 'sm90_bwd'
@@ -98,6 +98,7 @@ def variant_of(name_or_spec: str, device: str = "cpu", length: int = 8):
 
 def plan(variants: Iterable[str], dtypes: Iterable[str], head_dims: Iterable[int], archs: Iterable[str],
          backward: bool = True) -> List[Task]:
+    from .abi import FP8_HEAD_DIMS
     from .jit.spec import choose_bwd_kernel
     from .specs import resolve_arch
 
@@ -110,9 +111,16 @@ def plan(variants: Iterable[str], dtypes: Iterable[str], head_dims: Iterable[int
                 if dt not in DTYPES:
                     raise InputError(f"--dtypes: {dt!r} is not one of {', '.join(DTYPES)}")
                 for hd in head_dims:
+                    if dt == "fp8":  # the FP8 forward alone (inference), where it exists
+                        if a == "sm_90a" and int(hd) in FP8_HEAD_DIMS:
+                            out.append(Task(v, dt, int(hd), a, "auto"))
+                        continue
                     # the backward a call on this arch runs: sm90_bwd on sm_90a at head dims 64 / 128
                     kinds = ("auto", choose_bwd_kernel(a, int(hd))) if backward else ("auto",)
                     out += [Task(v, dt, int(hd), a, k) for k in kinds]
+    if "fp8" in dtypes and not any(t.dtype == "fp8" for t in out):
+        raise InputError(f"--dtypes fp8: the FP8 forward is built for sm_90a at head dim "
+                         f"{' or '.join(map(str, FP8_HEAD_DIMS))} only; add --archs sm_90a and --head-dims 128")
     return out
 
 

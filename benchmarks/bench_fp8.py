@@ -4,7 +4,8 @@ bf16) in one process, at B2 H16 S8192 D128 by default, full and causal (--varian
 
 The FP8 inputs are the bf16 inputs quantised per (batch, kv head) with descale = amax / 448. The FP8 call is timed
 as a user makes it: its V^T copy (attngen/fp8.py) included; that copy is also timed alone. Timing as
-bench_forward.py (triton do_bench medians, ROUNDS interleaved rounds after a heat-up).
+bench_forward.py (triton do_bench medians, ROUNDS interleaved rounds after a heat-up). "V^T ms": the library's V^T
+kernel alone (part of the FP8 call); rounds F-H of session 15 timed the torch-ops version there (0.208 ms).
 
 Errors (max abs, on the last --check-rows query rows of every batch and head, against float64 attention):
   bf16           attngen bf16 vs float64 on the bf16 inputs
@@ -44,6 +45,7 @@ def run(args):
 
     import attngen
     from attngen import fp8, reference
+    from attngen.launch import load_library
 
     device = torch.device("cuda")
     B, H, S, D = args.batch, args.heads, args.seq, args.head_dim
@@ -59,6 +61,7 @@ def run(args):
         row = {"key": key, "variant": bf.variant_name(score_mod, mask_mod), "B": B, "H": H, "S": S, "D": D,
                "density": bf.density_of(score_mod, mask_mod, B, H, S, device)}
         attn = attngen.compile(score_mod=score_mod, mask_mod=mask_mod)
+        lib8 = attn._load(fp8.FP8, D, torch.cuda.current_device(), None, load_library)  # its V^T kernel, timed alone
         f = flex.make(score_mod, mask_mod, S, device)
         out16 = attn(q, k, v)
         out8 = attn(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)
@@ -78,7 +81,7 @@ def run(args):
         torch.cuda.empty_cache()
         fns = {"attngen": lambda: attn(q, k, v), "fp8": lambda: attn(q8, k8, v8, q_descale=qd, k_descale=kd,
                                                                    v_descale=vd),
-               "flex": lambda: f(q, k, v), "v_transpose": lambda: fp8.v_transposed(v8)}
+               "flex": lambda: f(q, k, v), "v_transpose": lambda: fp8.v_transposed_on_gpu(lib8, v8)}
         if score_mod is None and key in ("full", "causal"):
             sd, backend = bf.sdpa_for(q, k, v, key == "causal")
             if sd is not None:

@@ -165,6 +165,13 @@ def test_plan_covers_the_default_set_and_refuses_bad_input():
     # per (variant, dtype, head dim, arch): the forward (with the KV-cache kernel inside) and the backward
     assert len(tasks) == len(pb.DEFAULT_VARIANTS) * 2 * 3 * 2 * 2 and len(set(tasks)) == len(tasks)
     with pytest.raises(attngen.errors.InputError, match="--dtypes"):
+        pb.plan(["causal"], ["fp32"], [128], ["sm_80"])
+    # FP8: the sm90 forward at head dim 128 only, skipped elsewhere in a mixed set, an error when nothing is left
+    fp8 = [t for t in pb.plan(list(pb.DEFAULT_VARIANTS), ["bf16", "fp8"], [64, 128, 256], ["sm_90a", "sm_80"])
+           if t.dtype == "fp8"]
+    assert len(fp8) == len(pb.DEFAULT_VARIANTS) and {(t.arch, t.head_dim, t.kernel) for t in fp8} == {
+        ("sm_90a", 128, "auto")}
+    with pytest.raises(attngen.errors.InputError, match="--dtypes fp8: the FP8 forward is built for sm_90a"):
         pb.plan(["causal"], ["fp8"], [128], ["sm_80"])
     with pytest.raises(attngen.errors.InputError, match="sm_75"):
         pb.plan(["causal"], ["bf16"], [128], ["sm_75"])
