@@ -10,6 +10,7 @@ MAX_PARAMS = 8  # ATTNGEN_MAX_PARAMS: runtime-parameter slots of CapturedArgs (i
 
 SUPPORTED_HEAD_DIMS = (64, 128, 256)  # ATTNGEN_HEAD_DIMS
 DTYPE_CODES = {0: "float16", 1: "bfloat16", 2: "float8_e4m3fn"}  # AttngenKernelInfo.dtype
+FP8_CODE = 2  # AttngenKernelInfo.dtype of an FP8 library
 FP8_DTYPE = "float8_e4m3fn"  # code 2: the sm90 forward only, bfloat16 output, V passed as V^T (attngen/fp8.py)
 FP8_HEAD_DIMS = (128,)  # sm90_layout.cuh: the FP8 forward's head dims
 

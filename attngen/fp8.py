@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .abi import ERROR_SCALE_NOT_POSITIVE, FP8_HEAD_DIMS, SM90_FALLBACK_CODES
+from .abi import ERROR_SCALE_NOT_POSITIVE, ERROR_SM90_NO_TMA_ENCODER, ERROR_SM90_TMA_LAYOUT, FP8_HEAD_DIMS
 from .errors import InputError
 from .launch import (_MAX_GRID_YZ, _NO_PARAMS, _PACK_DESCALE, _PACK_HEAD, _PACK_TAIL, _ZERO_TAIL, _capable_devices,
                      _captured_fields, _check_capability, _check_out, _check_scalars, _missing_params,
@@ -49,8 +49,9 @@ def v_transposed_on_gpu(lib, v: torch.Tensor) -> torch.Tensor:
     """``v_transposed`` by the FP8 library's own kernel (attngen_fp8_v_transpose: one pass over v) on v's device and
     current stream; a v whose rows are not 16-byte aligned is made contiguous first."""
     B, H, L, D = v.shape
-    if v.stride(3) != 1 or v.data_ptr() % 16 or (L > 1 and v.stride(2) % 16):
-        v = v.contiguous()
+    s = v.stride()
+    if s[3] != 1 or v.data_ptr() % 16 or any(n > 1 and st % 16 for n, st in zip(v.shape[:3], s[:3])):
+        v = v.contiguous()  # its 16-byte loads need every stepped stride 16-byte aligned
     vt = torch.empty((B, H, D, -(-L // 16) * 16), dtype=FP8, device=v.device)
     s = v.stride()
     dev = v.get_device()
@@ -64,24 +65,25 @@ def v_transposed_on_gpu(lib, v: torch.Tensor) -> torch.Tensor:
 def descale_block(descales: Sequence, B: int, Hkv: int, device: torch.device) -> torch.Tensor:
     """(3, B, Hkv) float32 contiguous on ``device``: the q, k and v descale factors, each None (1), a number, or a
     tensor of shape (B, Hkv) (FlashAttention-3's layout), (B, 1), (1, Hkv), (1,) or () broadcast to it. Numbers and
-    CPU tensors are checked to be finite and > 0 here; a CUDA tensor is not read back (no synchronisation): a
-    factor <= 0 or NaN there gives NaN outputs for its (batch, kv head) in a variant without score_mod."""
+    CPU tensors are checked to be finite and > 0 here; a CUDA tensor is not read back (no synchronisation): the
+    kernel makes the output and LSE of a (batch, kv head) with a factor <= 0 or NaN NaN."""
     rows = []
     for name, d in zip(DESCALE_NAMES, descales):
         if d is None:
             rows.append(torch.ones((B, Hkv), dtype=torch.float32, device=device))
             continue
         if isinstance(d, bool) or not isinstance(d, (int, float, torch.Tensor)):
-            raise InputError(f"{name} must be None, a number or a float tensor of shape ({B}, {Hkv}) (batch, kv heads), "
-                             f"got {type(d).__name__}")
+            raise InputError(f"{name} must be None, a number or a float tensor of shape ({B}, {Hkv}) (batch, kv "
+                             f"heads), got {type(d).__name__}")
         t = torch.as_tensor(d, dtype=torch.float32) if not isinstance(d, torch.Tensor) else d
         if not t.dtype.is_floating_point:
             raise InputError(f"{name} must be a floating-point tensor, got {t.dtype}: pass {name}.float()")
-        try:
-            t = torch.broadcast_to(t, (B, Hkv))
-        except RuntimeError:
-            raise InputError(f"{name} has shape {tuple(t.shape)}, expected ({B}, {Hkv}) (batch, kv heads) or a shape "
-                             "that broadcasts to it") from None
+        # a 1-D factor is ambiguous (per batch or per kv head): only one element or a 2-D shape is taken
+        if (t.dim() == 1 and t.numel() != 1) or t.dim() > 2 or (t.dim() == 2 and any(
+                n not in (1, want) for n, want in zip(t.shape, (B, Hkv)))):
+            raise InputError(f"{name} has shape {tuple(t.shape)}, expected ({B}, {Hkv}) (batch, kv heads), ({B}, 1), "
+                             f"(1, {Hkv}), (1,) or ()")
+        t = torch.broadcast_to(t.reshape(t.shape if t.dim() == 2 else (1, 1)), (B, Hkv))
         if t.device.type == "cpu" and not bool(torch.all(torch.isfinite(t) & (t > 0))):
             raise InputError(f"{name} must be finite and > 0 (a quantisation scale), got {t.flatten()[:8].tolist()}")
         rows.append(t.to(device=device, dtype=torch.float32))
@@ -150,23 +152,26 @@ def forward(lib, q, k, v, descales=(None, None, None), *, scale: Optional[float]
     else:
         _check_out(out, (B, Hq, Lq, D), torch.bfloat16, q.device)
     lse = torch.empty((B, Hq, Lq), dtype=torch.float32, device=q.device) if return_lse else None
+    block = descale_block(descales, B, Hkv, q.device)
+    vt_shape = (B, Hkv, D, -(-Lk // 16) * 16)
+    if vt is not None and (vt.dtype != FP8 or tuple(vt.shape) != vt_shape or not vt.is_contiguous()
+                           or vt.device != q.device or vt.data_ptr() % 16):
+        raise InputError(f"vt must be v_transposed(v): a contiguous, 16-byte aligned {vt_shape} torch.float8_e4m3fn "
+                         f"tensor on {q.device}, got {vt.dtype} {tuple(vt.shape)} on {vt.device}")
     if B * Hq * Lq == 0:
         return (out, lse) if return_lse else out
     if Lk == 0:  # no keys: every row is empty (the V^T map would have no columns)
         out.zero_()
         return (out, lse.fill_(-math.inf)) if return_lse else out
-    if scale <= 0 or math.isnan(scale):
-        # as launch.forward: softmax(s qk) = softmax(|s| (-q) k), and scale 0 is q = 0 at scale 1 (e4m3's sign is
-        # its top bit: -q is exact)
-        q = (q.view(torch.uint8) ^ 0x80).view(FP8) if scale < 0 else torch.zeros_like(q.view(torch.uint8)).view(FP8)
-        scale = -scale if scale < 0 else 1.0
     if vt is None:
         vt = v_transposed_on_gpu(lib, v)
-    elif vt.dtype != FP8 or tuple(vt.shape) != (B, Hkv, D, -(-Lk // 16) * 16) or not vt.is_contiguous() \
-            or vt.device != q.device:
-        raise InputError(f"vt must be v_transposed(v): a contiguous {(B, Hkv, D, -(-Lk // 16) * 16)} "
-                         f"torch.float8_e4m3fn tensor on {q.device}, got {vt.dtype} {tuple(vt.shape)} on {vt.device}")
-    block = descale_block(descales, B, Hkv, q.device)
+    return _launch(lib, dev, q, k, vt, out, lse, block, scale, q_offset, captured, summaries, params)
+
+
+def _launch(lib, dev, q, k, vt, out, lse, block, scale, q_offset, captured, summaries, params):
+    """attngen_fwd of an FP8 library on checked inputs (forward's), returning forward's result."""
+    B, Hq, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
     qs, ks, vs, os_ = q.stride(), k.stride(), vt.stride(), out.stride()
     head = _PACK_HEAD.pack(
         q.data_ptr(), k.data_ptr(), vt.data_ptr(), out.data_ptr(), lse.data_ptr() if lse is not None else 0,
@@ -175,10 +180,20 @@ def forward(lib, q, k, v, descales=(None, None, None), *, scale: Optional[float]
     )
     tail = (_PACK_TAIL.pack(*_captured_fields(q.device, captured, summaries, params or _NO_PARAMS))
             if captured or summaries or params else _ZERO_TAIL)
-    rc = call_on(dev, lib._fwd, head + tail + _PACK_DESCALE.pack(block.data_ptr()))
-    if rc in SM90_FALLBACK_CODES or rc == ERROR_SCALE_NOT_POSITIVE:
-        raise InputError(f"the FP8 kernel cannot run this call: {lib.error_string(rc)} (there is no portable FP8 "
-                         "kernel to fall back to): pass contiguous q, k, v")
+    rc = call_on(dev, lib._fwd_fp8, head + tail + _PACK_DESCALE.pack(block.data_ptr()))
+    if rc == ERROR_SCALE_NOT_POSITIVE:
+        # As launch.forward: without score_mod the kernel needs scale > 0, and softmax(s qk) = softmax(|s| (-q) k),
+        # scale 0 is q = 0 at scale 1 (e4m3's sign is its top bit: -q is exact).
+        q = (q.view(torch.uint8) ^ 0x80).view(FP8) if scale < 0 else torch.zeros_like(q.view(torch.uint8)).view(FP8)
+        return _launch(lib, dev, q, k, vt, out, lse, block, -scale if scale < 0 else 1.0, q_offset, captured,
+                       summaries, params)
+    if rc == ERROR_SM90_TMA_LAYOUT:
+        raise InputError(f"the FP8 kernel cannot describe q or k with a TMA map (strides {tuple(q.stride())}, "
+                         f"{tuple(k.stride())}) and has no portable kernel to fall back to: pass q.contiguous(), "
+                         "k.contiguous()")
+    if rc == ERROR_SM90_NO_TMA_ENCODER:
+        raise InputError(f"the FP8 kernel needs cuTensorMapEncodeTiled, which this NVIDIA driver lacks, and has no "
+                         f"portable kernel to fall back to: update the driver ({lib.error_string(rc)})")
     if rc != 0:
         raise launch_failed(lib, "FP8 attention kernel", rc, f"q {tuple(q.shape)}, k {tuple(k.shape)}, on {q.device}")
     return (out, lse) if return_lse else out

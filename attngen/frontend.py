@@ -156,7 +156,7 @@ class CompiledAttention:
     def library(self, dtype: torch.dtype, head_dim: int, device_index: int, kernel: Optional[str] = None):
         """The loaded library for one signature on one device, built (or found in the cache) on first use."""
         lib = self._load(dtype, head_dim, device_index, kernel, load_library)
-        if kernel is None and not self.facts.captured:
+        if kernel is None and not self.facts.captured and dtype != _fp8.FP8:
             # the hot path: variants that read no captured tensors need no per-call layout checks
             self._ready[(dtype, head_dim, device_index)] = lib
         return lib

@@ -96,6 +96,9 @@ def _check_tensors(q, k_cache, v_cache, k, v):
                          "q.transpose(1, 2)")
     if not q.dtype.is_floating_point:
         raise InputError(f"q must be floating point (float16, bfloat16, float32, float64), got {q.dtype}")
+    if q.dtype == torch.float8_e4m3fn:
+        raise InputError("with_kvcache does not take FP8 (float8_e4m3fn) inputs: the FP8 forward is attn(q, k, v, "
+                         "q_descale=...) on whole tensors; pass a bfloat16 or float16 cache here")
     if (k is None) != (v is None):
         raise InputError("k and v (the keys and values to append) come together: pass both, or neither")
     named = [("k_cache", k_cache), ("v_cache", v_cache)] + ([("k", k), ("v", v)] if k is not None else [])

@@ -19,8 +19,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from .abi import (ABI_VERSION, DTYPE_CODES, ERROR_SCALE_NOT_POSITIVE, MAX_CAPTURED, MAX_PARAMS, MAX_SUMMARIES,
-                  SUPPORTED_HEAD_DIMS)
+from .abi import (ABI_VERSION, DTYPE_CODES, ERROR_SCALE_NOT_POSITIVE, FP8_CODE, MAX_CAPTURED, MAX_PARAMS,
+                  MAX_SUMMARIES, SUPPORTED_HEAD_DIMS)
 from .errors import BuildError, InputError, KernelLaunchError
 
 # q_offset + q_len and kv_len stay this far below 2**31: kernels compute indices a tile beyond them
@@ -89,6 +89,7 @@ assert _PACK_HEAD.size == AttngenFwdArgs.captured.offset
 assert _PACK_HEAD.size + _PACK_TAIL.size == AttngenFwdArgs.descale.offset
 _NO_DESCALE = _PACK_DESCALE.pack(0)
 _ZERO_TAIL = bytes(_PACK_TAIL.size)  # CapturedArgs of a call without captures, summaries, parameters
+_ZERO_FWD_TAIL = _ZERO_TAIL + _NO_DESCALE  # ... and the NULL descale of a 16-bit forward
 _NO_PARAMS = (0,) * MAX_PARAMS + (0.0,) * MAX_PARAMS  # iparam, fparam of a variant without runtime parameters
 
 
@@ -129,6 +130,13 @@ class _Library:
                 f"head_dim={self.head_dim}, tiles={self.block_q}x{self.block_k}, sm_{self.arch})")
 
 
+def _refuse_fp8(path: str):
+    def refuse(packed, stream):
+        raise InputError(f"{path} is an FP8 library: call it through attngen.fp8.forward, or call the compiled object "
+                         "with float8_e4m3fn q, k, v (it makes V^T and the descale block the kernel reads)")
+    return refuse
+
+
 class KernelLibrary(_Library):
     """A loaded kernel library and what it was built for."""
 
@@ -137,7 +145,11 @@ class KernelLibrary(_Library):
         self._fwd = handle.attngen_fwd
         self._fwd.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
         self._fwd.restype = ctypes.c_int
-        # FP8 libraries: V^T for the kernel (attngen/fp8.py), made on the GPU
+        # FP8 libraries: entered through attngen/fp8.py only (V^T and the descale block), which holds the entry as
+        # _fwd_fp8; forward() reaching one is refused before anything runs
+        self._fwd_fp8 = None
+        if self.dtype == _DTYPE_CODES[FP8_CODE]:
+            self._fwd_fp8, self._fwd = self._fwd, _refuse_fp8(path)
         self._fp8_v_transpose = getattr(handle, "attngen_fp8_v_transpose", None)
         if self._fp8_v_transpose is not None:
             self._fp8_v_transpose.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3 + \
@@ -467,7 +479,7 @@ def forward(
         packed = head + _PACK_TAIL.pack(*_captured_fields(q.device, captured, summaries, params or _NO_PARAMS)) \
             + _NO_DESCALE
     else:
-        packed = head + _ZERO_TAIL + _NO_DESCALE
+        packed = head + _ZERO_FWD_TAIL
     rc = call_on(dev, lib._fwd, packed)  # lib._fwd is lib.launch without the method call: the per-call hot path
     if rc == ERROR_SCALE_NOT_POSITIVE:
         # The SM90 kernel of a variant without score_mod takes the row max over raw q.k (the scale is

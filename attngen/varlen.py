@@ -101,6 +101,9 @@ def _check_packed(q, k, v):
                              f"shape {tuple(t.shape)}; concatenate the sequences along dim 0 (flash-attn's varlen layout)")
         if not t.dtype.is_floating_point:
             raise InputError(f"{name} must be floating point (float16, bfloat16, float32, float64), got {t.dtype}")
+        if t.dtype == torch.float8_e4m3fn:
+            raise InputError("varlen does not take FP8 (float8_e4m3fn) inputs: call attn(q, k, v, q_descale=...) per "
+                             "sequence, or pass bfloat16")
         if t.dtype != q.dtype or t.device != q.device:
             raise InputError(f"q, k, v must share one dtype and device, got q {q.dtype} on {q.device}, {name} "
                              f"{t.dtype} on {t.device}; convert with .to(q)")

@@ -63,7 +63,7 @@ lib = next(iter(attn._libraries.values()))
 packed = launch._PACK_HEAD.pack(q.data_ptr(), q.data_ptr(), q.data_ptr(), torch.empty_like(q).data_ptr(), 0,
                                  *q.stride()[:3], *q.stride()[:3], *q.stride()[:3], *q.stride()[:3],
                                  *q.shape[:2], q.shape[1], q.shape[2], q.shape[2], q.shape[3], 0.088, 0) \
-    + launch._ZERO_TAIL
+    + launch._ZERO_FWD_TAIL
 stream = launch._raw_stream(dev)
 abi = lib.handle.attngen_abi_version
 rows = [

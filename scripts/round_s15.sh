@@ -18,9 +18,9 @@
 # H = the FP8 ladder's new first rung (2 stages, every 4th exponential on the FMA pipe, the persistent grid at every
 # length for masked variants): its GPU suite, fp8_tile_sweep.py around it (emulation share, pingpong, stages),
 # bench_fp8.py.
-# (H ran, on 50060d8, whose sweep script had the -eN flag: FP8 25 / 25; the emulation moved nothing beyond noise (kernel alone, full: every 4th 1.3502 ms, none 1.3317,
-# every 8th 1.3463; causal 0.7375 / 0.7417 / 0.7172; every 3rd or 2nd 4-8% slower): taken out again; FP8 ÷ bf16 1.277x
-# full, 1.287x causal with the library's V^T.)
+# (H ran, on 50060d8, whose sweep script had the -eN flag: FP8 25 / 25; the emulation moved nothing beyond noise
+# (kernel alone, full: every 4th 1.3502 ms, none 1.3317, every 8th 1.3463; causal 0.7375 / 0.7417 / 0.7172; every
+# 3rd or 2nd 4-8% slower): taken out again; FP8 ÷ bf16 1.277x full, 1.287x causal with the library's V^T.)
 # I = the final tree (ABI 4 under every forward library): the FP8 suite, the API suite and the decode suite (their
 # libraries now speak ABI 4), then bench_fp8.py on the FP8 ladder's final first rung; each part cut by its timeout.
 set -uo pipefail

@@ -103,6 +103,22 @@ def test_descale_checks_name_the_problem():
         attn(q8, k8, v8, q_descale=True)
     with pytest.raises(InputError, match="are for torch.float8_e4m3fn inputs"):
         attn(q8.float(), k8.float(), v8.float(), q_descale=1.0)
+    # a 1-D factor of several elements could mean per batch or per kv head: refused
+    with pytest.raises(InputError, match=r"q_descale has shape \(2,\)"):
+        fp8.descale_block((torch.ones(2), None, None), 2, 2, torch.device("cpu"))
+    block = fp8.descale_block((torch.tensor([[2.0], [3.0]]), torch.tensor([0.5]), None), 2, 3, torch.device("cpu"))
+    assert block.shape == (3, 2, 3) and block[0].tolist() == [[2.0] * 3, [3.0] * 3] and (block[1] == 0.5).all()
+
+
+def test_fp8_inputs_are_refused_by_varlen_and_with_kvcache():
+    attn = attngen.compile(causal=True)
+    x = torch.zeros(8, 2, 128).to(E4M3)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(InputError, match="varlen does not take FP8"):
+        attn.varlen(x, x, x, cu, cu)
+    q, cache = torch.zeros(1, 2, 1, 128).to(E4M3), torch.zeros(1, 2, 16, 128).to(E4M3)
+    with pytest.raises(InputError, match="with_kvcache does not take FP8"):
+        attn.with_kvcache(q, cache, cache, cache_seqlens=torch.tensor([4], dtype=torch.int32))
 
 
 def test_fp8_inputs_are_checked():
@@ -148,3 +164,6 @@ def test_fp8_library_builds_without_spills_and_reports_e4m3(kw, tmp_path):
     lib = load_library(tmp_path / LIBRARY_NAME)
     t = spec.tile_choices()[0]
     assert (lib.dtype, lib.head_dim, lib.block_k, lib.smem_bytes) == (E4M3, 128, 128, t.smem_bytes(128))
+    with pytest.raises(InputError, match="FP8 library"):  # the 16-bit entry never reaches its kernel
+        lib._fwd(b"", 0)
+    assert lib._fwd_fp8 is not None and lib._fp8_v_transpose is not None

@@ -97,8 +97,8 @@ class KernelSpec:
                 raise InputError(f"FP8 ({FP8_DTYPE}) inputs run on the sm90 forward only (arch sm_90a, H100/H200), got "
                                  f"arch {arch}, kernel {kernel!r}; convert q, k, v to torch.bfloat16 elsewhere")
             if head_dim not in FP8_HEAD_DIMS:
-                raise InputError(f"the FP8 forward takes head dim {' or '.join(map(str, FP8_HEAD_DIMS))}, got {head_dim}; "
-                                 "use bfloat16 inputs at this head dim")
+                raise InputError(f"the FP8 forward takes head dim {' or '.join(map(str, FP8_HEAD_DIMS))}, got "
+                                 f"{head_dim}; use bfloat16 inputs at this head dim")
         elif dtype_name not in ("bfloat16", "float16"):
             raise InputError(f"the kernels take torch.bfloat16 or torch.float16 (or torch.float8_e4m3fn for the sm90 "
                              f"forward), got {dtype}")

@@ -251,8 +251,8 @@ SM90_FP8_LADDER = (Sm90Tiles(128, 2, rescale_threshold=_RT, elem_bytes=1),
 
 
 def sm90_fp8_ladder(has_mask: bool, has_score_mod: bool) -> tuple:
-    """The FP8 forward's tile settings, best first: the persistent grid unless a score_mod without a mask (as
-    sm90_ladder), with no kv-length limit."""
+    """The FP8 forward's tile settings, best first: the persistent grid at every kv length, except for a score_mod
+    without a mask (one CTA per work tile, as sm90_ladder has it)."""
     if has_score_mod and not has_mask:
         return SM90_FP8_LADDER
     return tuple(replace(t, persistent=True) for t in SM90_FP8_LADDER)

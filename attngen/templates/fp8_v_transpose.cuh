@@ -56,12 +56,13 @@ __global__ void __launch_bounds__(VT_THREADS) attngen_fp8_v_transpose_kernel(
 
 }  // namespace
 
-// v (B, H, L, D) e4m3 with byte strides (s0, s1, s2) (last dim contiguous, rows 16-byte aligned) -> vt, a
-// contiguous (B, H, D, ceil16(L)) buffer, on `stream`. Returns a cudaError_t code.
+// v (B, H, L, D) e4m3 with byte strides (s0, s1, s2) (last dim contiguous, every stepped stride 16-byte aligned)
+// -> vt, a contiguous (B, H, D, ceil16(L)) buffer, on `stream`. Returns a cudaError_t code.
 extern "C" ATTNGEN_EXPORT int attngen_fp8_v_transpose(const void* v, void* vt, int B, int H, int L, long long s0,
                                                       long long s1, long long s2, void* stream) {
   if (B < 0 || H < 0 || L < 0 || v == nullptr || vt == nullptr) return (int)cudaErrorInvalidValue;
-  if ((reinterpret_cast<uintptr_t>(v) & 15u) || (reinterpret_cast<uintptr_t>(vt) & 15u) || (L > 1 && s2 % 16 != 0))
+  if ((reinterpret_cast<uintptr_t>(v) & 15u) || (reinterpret_cast<uintptr_t>(vt) & 15u) || (B > 1 && s0 % 16 != 0) ||
+      (H > 1 && s1 % 16 != 0) || (L > 1 && s2 % 16 != 0))
     return (int)cudaErrorMisalignedAddress;
   if (B == 0 || H == 0 || L == 0) return (int)cudaSuccess;
   if (B > 65535 || H > 65535) return (int)cudaErrorInvalidConfiguration;

@@ -58,13 +58,14 @@ __device__ __forceinline__ bool ascending_q_blocks(const AttngenFwdArgs& a) {
 ATTNGEN_HD constexpr int fp8_v_position(int col) { return 4 * ((col >> 1) & 3) + 2 * (col >> 3) + (col & 1); }
 
 // FP8: the q and k descale factors of batch b, query head h's kv head fold into the score scale; v's scales O.
-// Without score_mod the row max is taken over raw q.k, which needs a positive scale: factors that make it <= 0
-// or NaN (the host reads no CUDA descale back) make this head's output NaN rather than quietly wrong.
+// Quantisation scales are positive, and without score_mod the row max is taken over raw q.k, which needs that: a
+// factor <= 0 or NaN (the host reads no CUDA descale back) makes this head's output and LSE NaN, not quietly wrong.
 __device__ __forceinline__ void fp8_descale(const AttngenFwdArgs& a, int b, int h, float& scale, float& o_scale) {
   const long long bh = (long long)a.B * a.Hkv, i = (long long)b * a.Hkv + h / (a.Hq / a.Hkv);
-  scale *= __ldg(a.descale + i) * __ldg(a.descale + bh + i);
-  o_scale = __ldg(a.descale + 2 * bh + i);
-  if (!ATTNGEN_HAS_SCORE_MOD && !(scale > 0.f)) o_scale = __int_as_float(0x7fc00000);
+  const float qd = __ldg(a.descale + i), kd = __ldg(a.descale + bh + i), vd = __ldg(a.descale + 2 * bh + i);
+  scale *= qd * kd;
+  o_scale = vd;
+  if (!(qd > 0.f && kd > 0.f && vd > 0.f)) scale = o_scale = __int_as_float(0x7fc00000);
 }
 
 // ------------------------------------------------------------------------------------------- producer
@@ -362,6 +363,7 @@ AttngenKernelInfo kernel_info() {
 bool accepts_scale(float scale) { return ATTNGEN_HAS_SCORE_MOD || scale > 0.f; }
 
 int launch(const AttngenFwdArgs& a, cudaStream_t stream) {
+  if (FP8 && a.descale == nullptr) return (int)cudaErrorInvalidValue;  // entered without attngen/fp8.py's V^T, descales
   int dev = 0, sms = 0;
   const cudaError_t err = prepare_device(attngen_fwd_kernel, SMEM_BYTES, dev, sms);  // before the driver calls
   if (err != cudaSuccess) return (int)err;

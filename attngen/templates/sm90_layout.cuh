@@ -63,6 +63,8 @@ static_assert(BQ == 64 * NUM_CONSUMERS, "each consumer warpgroup owns 64 q rows 
 static_assert(D % 64 == 0 && D <= 256, "head dim: multiple of 64 (128-byte swizzle rows), at most 256 (wgmma N)");
 static_assert(BK % 16 == 0 && BK >= 64 && BK <= 192, "BK: multiple of 16 (P V k-steps) in [64, 192] (wgmma_ss N)");
 static_assert(BK <= 256 && BQ <= 256, "TMA box rows are at most 256");
+static_assert(!FP8 || RESCALE_THRESHOLD <= 8.f,
+              "FP8: P reaches 2^RESCALE_THRESHOLD before a rescale, and e4m3 tops out at 448");
 static_assert(STAGES >= 2, "the overlapped loop holds two K/V tiles at once");
 static_assert(Q_BLOCK_BYTES % 1024 == 0 && KV_BLOCK_BYTES % 1024 == 0, "swizzle atoms must stay 1024-aligned");
 static_assert(SMEM_BYTES <= SMEM_LIMIT, "tiles do not fit in shared memory: lower BK or STAGES");

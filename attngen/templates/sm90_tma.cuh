@@ -192,10 +192,10 @@ inline CUresult tma_encode_bhld_memo(TmaMapMemo& memo, CUtensorMap* map, const v
 
 // The maps of one attention call's q, k and v (B, H, L, D) (Q boxes of q_rows rows, K/V boxes of kv_rows
 // rows), each re-encoded only when its tensor's address, shape or strides differ from this thread's
-// previous call (of this library: `static`). An FP8 library's v is V^T (B, Hkv, D, ceil16(Lk)): boxes of
-// kv_rows kv columns (one 128-byte row) x D rows, its columns up to ceil16(Lk) in the map, because the
-// permutation of each 16 columns moves keys below Lk to positions beyond it. 0, or the attngen_fwd code that
-// sends the call to the sm80 kernel.
+// previous call (of this library: `static`). An FP8 library's v is V^T (B, Hkv, D, ceil16(Lk)): boxes of 128
+// kv columns (one 128-byte row) x D rows, its columns up to ceil16(Lk) in the map, because the permutation of
+// each 16 columns moves keys below Lk to positions beyond it. 0, or the attngen_fwd code that sends the call to
+// the sm80 kernel.
 static int tma_encode_qkv(const AttngenFwdArgs& a, int dtype_code, int D, int q_rows, int kv_rows, CUtensorMap& tm_q,
                           CUtensorMap& tm_k, CUtensorMap& tm_v) {
   if (tma_encode_fn() == nullptr) return ATTNGEN_ERROR_SM90_NO_TMA_ENCODER;

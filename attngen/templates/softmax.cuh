@@ -30,8 +30,8 @@ ATTNGEN_DEV_INLINE float quad_max(float x) {
 // per element, and returns in alpha the factor the previous O rows must be scaled by (rescale_o). The
 // per-thread max and sum are trees / split chains, not one serial chain of N/2 dependent ops.
 // rescale_threshold > 0: a row keeps its running max while a tile raises it by at most this much
-// (log2 units: weights up to 2^threshold, far inside fp32 / bf16 / fp16 range), so O needs no rescale
-// for it (FA4's conditional rescale).
+// (log2 units: weights up to 2^threshold, far inside fp32 / bf16 / fp16 range, and e4m3's 448 for at most 8),
+// so O needs no rescale for it (FA4's conditional rescale).
 template <int N>
 ATTNGEN_DEV_INLINE void online_softmax(float (&s)[N], float c, float rescale_threshold, float (&m)[2], float (&l)[2],
                                        float (&alpha)[2]) {

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import attngen
-from attngen import fp8, reference
+from attngen import fp8, launch, reference
 from attngen.errors import InputError
 from attngen.launch import load_library
 
@@ -113,13 +113,57 @@ def test_fp8_fully_masked_rows_and_no_keys_give_zeros():
     assert (out0 == 0).all() and torch.isneginf(lse0).all()
 
 
-def test_fp8_cuda_descale_not_positive_gives_nan_not_a_quiet_result():
+@pytest.mark.parametrize("which", [1, 2])  # k_descale, v_descale
+def test_fp8_cuda_descale_not_positive_gives_nan_not_a_quiet_result(which):
     gen = torch.Generator().manual_seed(4)
     (q8, k8, v8), ds = _inputs(gen, 2, 2, 2, 128, 128)
-    kd = ds[1].clone()
-    kd[1, 0] = -kd[1, 0]  # batch 1, kv head 0
-    out = attngen.compile(causal=True)(q8, k8, v8, q_descale=ds[0], k_descale=kd, v_descale=ds[2])
-    assert torch.isnan(out[1, 0]).all() and torch.isfinite(out[0]).all() and torch.isfinite(out[1, 1]).all()
+    ds[which] = ds[which].clone()
+    ds[which][1, 0] = -ds[which][1, 0]  # batch 1, kv head 0
+    out, lse = attngen.compile(causal=True)(q8, k8, v8, q_descale=ds[0], k_descale=ds[1], v_descale=ds[2],
+                                            return_lse=True)
+    assert torch.isnan(out[1, 0]).all() and torch.isnan(lse[1, 0]).all()
+    assert torch.isfinite(out[0]).all() and torch.isfinite(out[1, 1]).all() and torch.isfinite(lse[0]).all()
+
+
+@pytest.mark.parametrize("scale", [-0.07, 0.0])
+def test_fp8_scale_not_positive_is_the_exact_rewrite(scale):
+    """Without score_mod the kernel refuses scale <= 0 and fp8.forward runs it on -q (the sign bit flipped) at |scale|,
+    or q = 0 at scale 1: the same bytes as those calls made by hand."""
+    gen = torch.Generator().manual_seed(6)
+    (q8, k8, v8), ds = _inputs(gen, 1, 2, 2, 100, 100)
+    attn = attngen.compile(causal=True)
+    got = attn(q8, k8, v8, q_descale=ds[0], k_descale=ds[1], v_descale=ds[2], scale=scale)
+    flipped = (q8.view(torch.uint8) ^ 0x80).view(E4M3) if scale < 0 else torch.zeros_like(q8.view(torch.uint8)).view(E4M3)
+    want = attn(flipped, k8, v8, q_descale=ds[0], k_descale=ds[1], v_descale=ds[2], scale=-scale if scale < 0 else 1.0)
+    assert torch.equal(got, want)
+    exact = reference.attention(*(_dequant(t, d) for t, d in zip((q8, k8, v8), ds)), attn.variant, scale=scale)
+    assert (got.double() - exact).abs().max().item() < 2e-2
+
+
+def test_fp8_short_keys_and_unaligned_v_strides():
+    gen = torch.Generator().manual_seed(7)
+    (q8, k8, v8), ds = _inputs(gen, 2, 2, 2, 40, 5)  # Lk < 16: one partial group of V^T
+    attn = attngen.compile(causal=True)
+    out = attn(q8, k8, v8, q_descale=ds[0], k_descale=ds[1], v_descale=ds[2], q_offset=3)
+    exact = reference.attention(*(_dequant(t, d) for t, d in zip((q8, k8, v8), ds)), attn.variant, q_offset=3)
+    assert (out.double() - exact).abs().max().item() < 2e-2
+    # v whose batch stride is not a multiple of 16 bytes: V^T is made from a contiguous copy, same bytes
+    big = torch.zeros(2 * 2 * 5 * 128 + 8, dtype=torch.uint8, device=DEV)
+    odd = torch.as_strided(big, (2, 2, 5, 128), (2 * 5 * 128 + 4, 5 * 128, 128, 1)).view(E4M3)
+    odd.copy_(v8)
+    assert torch.equal(attn(q8, k8, odd, q_descale=ds[0], k_descale=ds[1], v_descale=ds[2], q_offset=3), out)
+
+
+def test_fp8_library_is_refused_by_the_16_bit_path():
+    gen = torch.Generator().manual_seed(8)
+    (q8, k8, v8), ds = _inputs(gen, 1, 2, 2, 64, 64)
+    attn = attngen.compile(causal=True)
+    lib = attn.library(E4M3, 128, torch.cuda.current_device())
+    with pytest.raises(InputError, match="FP8 library"):
+        launch.forward(lib, q8, k8, v8)
+    out = attn(q8, k8, v8)  # after library(): still the FP8 path (V^T, descales of 1)
+    exact = reference.attention(q8.double(), k8.double(), v8.double(), attn.variant)
+    assert (out.double() - exact).abs().max().item() < 5e-2
 
 
 def test_fp8_errors_name_the_fix():
