@@ -165,11 +165,12 @@ def forward(lib, q, k, v, descales=(None, None, None), *, scale: Optional[float]
         return (out, lse.fill_(-math.inf)) if return_lse else out
     if vt is None:
         vt = v_transposed_on_gpu(lib, v)
-    return _launch(lib, dev, q, k, vt, out, lse, block, scale, q_offset, captured, summaries, params)
+    _launch(lib, dev, q, k, vt, out, lse, block, scale, q_offset, captured, summaries, params)
+    return (out, lse) if return_lse else out
 
 
-def _launch(lib, dev, q, k, vt, out, lse, block, scale, q_offset, captured, summaries, params):
-    """attngen_fwd of an FP8 library on checked inputs (forward's), returning forward's result."""
+def _launch(lib, dev, q, k, vt, out, lse, block, scale, q_offset, captured, summaries, params) -> None:
+    """attngen_fwd of an FP8 library on forward's checked inputs, writing out (and lse)."""
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     qs, ks, vs, os_ = q.stride(), k.stride(), vt.stride(), out.stride()
@@ -185,8 +186,9 @@ def _launch(lib, dev, q, k, vt, out, lse, block, scale, q_offset, captured, summ
         # As launch.forward: without score_mod the kernel needs scale > 0, and softmax(s qk) = softmax(|s| (-q) k),
         # scale 0 is q = 0 at scale 1 (e4m3's sign is its top bit: -q is exact).
         q = (q.view(torch.uint8) ^ 0x80).view(FP8) if scale < 0 else torch.zeros_like(q.view(torch.uint8)).view(FP8)
-        return _launch(lib, dev, q, k, vt, out, lse, block, -scale if scale < 0 else 1.0, q_offset, captured,
-                       summaries, params)
+        _launch(lib, dev, q, k, vt, out, lse, block, -scale if scale < 0 else 1.0, q_offset, captured, summaries,
+                params)
+        return
     if rc == ERROR_SM90_TMA_LAYOUT:
         raise InputError(f"the FP8 kernel cannot describe q or k with a TMA map (strides {tuple(q.stride())}, "
                          f"{tuple(k.stride())}) and has no portable kernel to fall back to: pass q.contiguous(), "
@@ -196,7 +198,6 @@ def _launch(lib, dev, q, k, vt, out, lse, block, scale, q_offset, captured, summ
                          f"portable kernel to fall back to: update the driver ({lib.error_string(rc)})")
     if rc != 0:
         raise launch_failed(lib, "FP8 attention kernel", rc, f"q {tuple(q.shape)}, k {tuple(k.shape)}, on {q.device}")
-    return (out, lse) if return_lse else out
 
 
 def reference_forward(variant, q, k, v, descales=(None, None, None), *, scale=None, return_lse: bool = False,

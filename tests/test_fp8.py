@@ -167,3 +167,52 @@ def test_fp8_library_builds_without_spills_and_reports_e4m3(kw, tmp_path):
     with pytest.raises(InputError, match="FP8 library"):  # the 16-bit entry never reaches its kernel
         lib._fwd(b"", 0)
     assert lib._fwd_fp8 is not None and lib._fp8_v_transpose is not None
+
+
+class _FakeFp8Library:
+    """Stands in for an FP8 library on the CPU: records each packed AttngenFwdArgs and answers like the kernel (scale
+    <= 0 refused without score_mod, as the sm90 kernel's attngen_fwd does), writing a marker into out and lse."""
+
+    dtype, path, param_count = E4M3, "fake-fp8", 0
+
+    def __init__(self):
+        self.calls = []
+
+    def _fwd_fp8(self, packed, stream):
+        from attngen.abi import ERROR_SCALE_NOT_POSITIVE
+        from attngen.launch import AttngenFwdArgs
+
+        a = AttngenFwdArgs.from_buffer_copy(packed)
+        self.calls.append(a)
+        if a.scale <= 0:
+            return ERROR_SCALE_NOT_POSITIVE
+        return 0
+
+
+@pytest.mark.parametrize("scale", [None, -0.25, 0.0])
+def test_fp8_forward_packs_the_call_and_returns_its_outputs(monkeypatch, scale):
+    """fp8.forward's host path on the CPU with a fake library (the device checks stubbed): the argument block names q,
+    k, V^T, out, lse and the descale block with their strides, the scale rewrite flips q's sign bit (or zeroes q) and
+    runs again at |scale| (or 1), and forward returns the tensors the kernel wrote, (out, lse) or out."""
+    monkeypatch.setattr(fp8, "check_inputs", lambda q, k, v: None)
+    monkeypatch.setattr(fp8, "_capable_devices", {-1})
+    monkeypatch.setattr(fp8, "call_on", lambda dev, entry, packed: entry(packed, 0))
+    gen = torch.Generator().manual_seed(9)
+    q8, k8, v8 = _quantised(gen, 2, 4, 2, 24)
+    vt = fp8.v_transposed(v8)
+    lib = _FakeFp8Library()
+    qd = torch.tensor([[0.5, 0.25], [1.0, 2.0]])
+    out, lse = fp8.forward(lib, q8, k8, v8, (qd, None, 3.0), scale=scale, return_lse=True, vt=vt)
+    assert out.shape == (2, 4, 24, 128) and out.dtype == torch.bfloat16 and lse.shape == (2, 4, 24)
+    first, last = lib.calls[0], lib.calls[-1]
+    assert len(lib.calls) == (1 if scale is None else 2)
+    assert (last.k, last.v, last.o, last.lse) == (k8.data_ptr(), vt.data_ptr(), out.data_ptr(), lse.data_ptr())
+    assert list(last.v_stride) == list(vt.stride()[:3]) and list(last.k_stride) == list(k8.stride()[:3])
+    assert (last.B, last.Hq, last.Hkv, last.Lq, last.Lk, last.D) == (2, 4, 2, 24, 24, 128)
+    assert last.descale != 0 and first.descale == last.descale
+    if scale is None:
+        assert first.q == q8.data_ptr() and abs(first.scale - 128 ** -0.5) < 1e-7
+    else:
+        assert first.scale == pytest.approx(scale) and last.scale == pytest.approx(-scale if scale < 0 else 1.0)
+        assert last.q != q8.data_ptr()
+    assert fp8.forward(lib, q8, k8, v8, scale=scale, vt=vt).shape == (2, 4, 24, 128)  # out alone
