@@ -66,28 +66,32 @@ def descale_block(descales: Sequence, B: int, Hkv: int, device: torch.device) ->
     """(3, B, Hkv) float32 contiguous on ``device``: the q, k and v descale factors, each None (1), a number, or a
     tensor of shape (B, Hkv) (FlashAttention-3's layout), (B, 1), (1, Hkv), (1,) or () broadcast to it. Numbers and
     CPU tensors are checked to be finite and > 0 here; a CUDA tensor is not read back (no synchronisation): the
-    kernel makes the output and LSE of a (batch, kv head) with a factor <= 0 or NaN NaN."""
-    rows = []
-    for name, d in zip(DESCALE_NAMES, descales):
+    kernel makes the output and LSE of a (batch, kv head) with a factor <= 0 or NaN NaN. None and numbers are filled
+    in on the device, so only a CPU tensor costs a host-to-device copy."""
+    block = torch.empty((3, B, Hkv), dtype=torch.float32, device=device)
+    for row, name, d in zip(block, DESCALE_NAMES, descales):
         if d is None:
-            rows.append(torch.ones((B, Hkv), dtype=torch.float32, device=device))
+            row.fill_(1.0)
             continue
         if isinstance(d, bool) or not isinstance(d, (int, float, torch.Tensor)):
             raise InputError(f"{name} must be None, a number or a float tensor of shape ({B}, {Hkv}) (batch, kv "
                              f"heads), got {type(d).__name__}")
-        t = torch.as_tensor(d, dtype=torch.float32) if not isinstance(d, torch.Tensor) else d
-        if not t.dtype.is_floating_point:
-            raise InputError(f"{name} must be a floating-point tensor, got {t.dtype}: pass {name}.float()")
+        if not isinstance(d, torch.Tensor):
+            if not (math.isfinite(d) and d > 0):
+                raise InputError(f"{name} must be finite and > 0 (a quantisation scale), got {d}")
+            row.fill_(float(d))
+            continue
+        if not d.dtype.is_floating_point:
+            raise InputError(f"{name} must be a floating-point tensor, got {d.dtype}: pass {name}.float()")
         # a 1-D factor is ambiguous (per batch or per kv head): only one element or a 2-D shape is taken
-        if (t.dim() == 1 and t.numel() != 1) or t.dim() > 2 or (t.dim() == 2 and any(
-                n not in (1, want) for n, want in zip(t.shape, (B, Hkv)))):
-            raise InputError(f"{name} has shape {tuple(t.shape)}, expected ({B}, {Hkv}) (batch, kv heads), ({B}, 1), "
+        if (d.dim() == 1 and d.numel() != 1) or d.dim() > 2 or (d.dim() == 2 and any(
+                n not in (1, want) for n, want in zip(d.shape, (B, Hkv)))):
+            raise InputError(f"{name} has shape {tuple(d.shape)}, expected ({B}, {Hkv}) (batch, kv heads), ({B}, 1), "
                              f"(1, {Hkv}), (1,) or ()")
-        t = torch.broadcast_to(t.reshape(t.shape if t.dim() == 2 else (1, 1)), (B, Hkv))
-        if t.device.type == "cpu" and not bool(torch.all(torch.isfinite(t) & (t > 0))):
-            raise InputError(f"{name} must be finite and > 0 (a quantisation scale), got {t.flatten()[:8].tolist()}")
-        rows.append(t.to(device=device, dtype=torch.float32))
-    return torch.stack(rows).contiguous()
+        if d.device.type == "cpu" and not bool(torch.all(torch.isfinite(d) & (d > 0))):
+            raise InputError(f"{name} must be finite and > 0 (a quantisation scale), got {d.flatten()[:8].tolist()}")
+        row.copy_(d.reshape(d.shape if d.dim() == 2 else (1, 1)).expand(B, Hkv))
+    return block
 
 
 def check_inputs(q, k, v) -> None:
