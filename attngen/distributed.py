@@ -330,6 +330,9 @@ def context_parallel_attention(attn, q: torch.Tensor, k: torch.Tensor, v: torch.
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise InputError(f"{name} must be a 4-D tensor (batch, heads, local seq_len, head_dim), got "
                              f"{getattr(t, 'shape', type(t).__name__)}")
+        if t.dtype == torch.float8_e4m3fn:
+            raise InputError("context parallelism does not take FP8 (float8_e4m3fn) inputs (its chunks would lose the "
+                             "descale factors): pass bfloat16 or float16")
     if k.shape != v.shape:
         raise InputError(f"k and v must have one shape here (K and V travel together), got {tuple(k.shape)} and "
                          f"{tuple(v.shape)}")

@@ -68,6 +68,8 @@ def descale_block(descales: Sequence, B: int, Hkv: int, device: torch.device) ->
     CPU tensors are checked to be finite and > 0 here; a CUDA tensor is not read back (no synchronisation): the
     kernel makes the output and LSE of a (batch, kv head) with a factor <= 0 or NaN NaN. None and numbers are filled
     in on the device, so only a CPU tensor costs a host-to-device copy."""
+    if len(descales) != 3:
+        raise InputError(f"descales must be (q_descale, k_descale, v_descale), got {len(descales)} of them")
     block = torch.empty((3, B, Hkv), dtype=torch.float32, device=device)
     for row, name, d in zip(block, DESCALE_NAMES, descales):
         if d is None:

@@ -134,7 +134,9 @@ def main() -> int:
             continue
         r = json.loads(p.stdout.strip().splitlines()[-1])
         worst = max(r["rows"], key=lambda x: x["first_call_ms"])
-        bad = [x for x in r["rows"] if x["first_call_ms"] > BUDGET_MS or x["max_err"] > 3e-2]
+        # FP8 rows: P rounded to e4m3 gives rows with few keys errors of ~0.02 |v| (1e-1 bounds randn inputs)
+        bad = [x for x in r["rows"] if x["first_call_ms"] > BUDGET_MS or x["max_err"] > (1e-1 if x["dtype"] == "fp8"
+                                                                                             else 3e-2)]
         failed |= bool(bad) or builds > 0
         print(f"{name:15s} builds {builds}, hits {p.stderr.count('cache hit prebuilt')}, compile {r['compile_ms']} ms,"
               f" first call max {worst['first_call_ms']} ms ({worst.get('kind', 'forward')} {worst['dtype']} "

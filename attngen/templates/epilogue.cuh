@@ -52,7 +52,9 @@ ATTNGEN_DEV_INLINE void store_rows(const AttngenFwdArgs& a, int b, int h, int QL
   for (int rh = 0; rh < 2; ++rh) {
     const int row = row0 + rh * 8;
     if (row < QLEN) {
-      if (a.lse != nullptr && tig == 0) a.lse[lse_row0 + row] = row_lse(m[rh], c, sum[rh]);
+      // o_scale is NaN only for FP8's invalid descale factors (fwd_sm90.cuh): the LSE says so too
+      if (a.lse != nullptr && tig == 0)
+        a.lse[lse_row0 + row] = o_scale == o_scale ? row_lse(m[rh], c, sum[rh]) : o_scale;
       store_row<Elem>(obase + (long long)row * a.o_stride[2] + tig * 2, o, rh, inv_or_zero(sum[rh]) * o_scale);
     }
   }

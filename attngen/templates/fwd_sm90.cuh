@@ -65,7 +65,8 @@ __device__ __forceinline__ void fp8_descale(const AttngenFwdArgs& a, int b, int 
   const float qd = __ldg(a.descale + i), kd = __ldg(a.descale + bh + i), vd = __ldg(a.descale + 2 * bh + i);
   scale *= qd * kd;
   o_scale = vd;
-  if (!(qd > 0.f && kd > 0.f && vd > 0.f)) scale = o_scale = __int_as_float(0x7fc00000);
+  if (!(qd > 0.f && kd > 0.f && vd > 0.f && isfinite(qd) && isfinite(kd) && isfinite(vd)))
+    scale = o_scale = __int_as_float(0x7fc00000);
 }
 
 // ------------------------------------------------------------------------------------------- producer
