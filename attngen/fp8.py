@@ -6,7 +6,7 @@ sm90 forward kernel built for e4m3 (docs/user-guide.md, "FP8 inference").
 The kernel computes softmax(scale * (q_descale q)(k_descale k)^T) (v_descale v) with S accumulated in float32 and P
 rounded to e4m3 for P V. 8-bit wgmma reads no transposed operand, so the kernel takes V transposed, with the kv
 columns of every 16 permuted so that P's accumulator registers are already its A fragments (``v_transposed``); this
-module checks the inputs, makes that copy and the descale block, and launches. The CPU reference
+module makes that copy and the descale block and launches (the inputs checked by launch._check_qkv). The CPU reference
 (``reference_forward``) is the same attention on the dequantised inputs, without P's rounding.
 """
 from __future__ import annotations
@@ -16,11 +16,10 @@ from typing import Optional, Sequence
 
 import torch
 
-from .abi import ERROR_SCALE_NOT_POSITIVE, ERROR_SM90_NO_TMA_ENCODER, ERROR_SM90_TMA_LAYOUT, FP8_HEAD_DIMS
+from .abi import ERROR_SCALE_NOT_POSITIVE, ERROR_SM90_NO_TMA_ENCODER, ERROR_SM90_TMA_LAYOUT
 from .errors import InputError
-from .launch import (_MAX_GRID_YZ, _NO_PARAMS, _PACK_DESCALE, _PACK_HEAD, _PACK_TAIL, _ZERO_TAIL, _capable_devices,
-                     _captured_fields, _check_capability, _check_out, _check_scalars, _missing_params,
-                     call_on, launch_failed)
+from .launch import (_NO_PARAMS, _PACK_DESCALE, _PACK_HEAD, _PACK_TAIL, _ZERO_TAIL, _capable_devices, _captured_fields,
+                     _check_capability, _check_out, _check_qkv, _check_scalars, _missing_params, call_on, launch_failed)
 
 FP8 = torch.float8_e4m3fn
 DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
@@ -96,43 +95,6 @@ def descale_block(descales: Sequence, B: int, Hkv: int, device: torch.device) ->
     return block
 
 
-def check_inputs(q, k, v) -> None:
-    """InputError naming the fix unless q, k, v are e4m3 CUDA tensors the FP8 kernel reads: (B, Hq, Lq, D) and
-    (B, Hkv, Lk, D), D in FP8_HEAD_DIMS, Hq a multiple of Hkv, last dims contiguous, the other strides of q and k
-    multiples of 16 elements (16 bytes, for TMA), 16-byte aligned."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != FP8:
-            raise InputError(f"FP8 attention takes q, k and v in torch.float8_e4m3fn, got {name} {t.dtype}: quantise "
-                             f"all three (e.g. ({name} / {name}_descale).to(torch.float8_e4m3fn))")
-        if t.dim() != 4:
-            raise InputError(f"{name} has shape {tuple(t.shape)}, expected (batch, heads, seq_len, head_dim)")
-        if t.device.type != "cuda":
-            raise InputError(f"{name} is on {t.device}: the FP8 kernel runs on the GPU (backend='reference' or CPU "
-                             "tensors run the reference)")
-    if not (q.device == k.device == v.device):
-        raise InputError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
-    B, Hq, Lq, D = q.shape
-    if tuple(k.shape) != tuple(v.shape) or k.shape[0] != B or k.shape[3] != D:
-        raise InputError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must both be (B, Hkv, Lk, D) with q's batch {B} "
-                         f"and head dim {D}")
-    if D not in FP8_HEAD_DIMS:
-        raise InputError(f"the FP8 forward takes head dim {' or '.join(map(str, FP8_HEAD_DIMS))}, got {D}; use "
-                         "bfloat16 inputs at this head dim")
-    Hkv = k.shape[1]
-    if Hkv == 0 or Hq % Hkv != 0:
-        raise InputError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
-    if B > _MAX_GRID_YZ or Hq > _MAX_GRID_YZ:
-        raise InputError(f"batch ({B}) and query heads ({Hq}) must each be at most {_MAX_GRID_YZ}; split the call")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        st = t.stride()
-        if st[3] != 1 or t.data_ptr() % 16 != 0 or (name != "v" and any(
-                st[d] % 16 != 0 and t.shape[d] > 1 for d in range(3))):
-            raise InputError(f"{name} must have a contiguous last dim, 16-byte aligned batch/head/seq strides and a "
-                             f"16-byte aligned start, got strides {tuple(st)}: pass {name}.contiguous()")
-
-
 def forward(lib, q, k, v, descales=(None, None, None), *, scale: Optional[float] = None, q_offset: int = 0,
             return_lse: bool = False, captured: Sequence[torch.Tensor] = (), summaries: Sequence[torch.Tensor] = (),
             params: Optional[tuple] = None, out: Optional[torch.Tensor] = None, vt: Optional[torch.Tensor] = None):
@@ -146,7 +108,7 @@ def forward(lib, q, k, v, descales=(None, None, None), *, scale: Optional[float]
                          "torch.float8_e4m3fn")
     if params is None and lib.param_count:
         raise _missing_params(lib)
-    check_inputs(q, k, v)
+    _check_qkv(lib, q, k, v)
     dev = q.get_device()
     if dev not in _capable_devices:
         _check_capability(dev)

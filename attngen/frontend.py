@@ -243,25 +243,20 @@ class CompiledAttention:
         if _grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise InputError("the FP8 forward is inference-only: q, k, v require grad; run it under torch.no_grad(), "
                              "or train with bfloat16 inputs")
-        if q.dim() == 4 and k.dim() == 4 and self.facts.captured:
-            check_extents(self.facts.captured, [c.tensor for c in self.facts.captured], q.shape[0], q.shape[1],
-                          q.shape[2], k.shape[2], q_offset)
         if self.backend == "reference" or not q.is_cuda:
+            if q.dim() == 4 and k.dim() == 4 and self.facts.captured:
+                check_extents(self.facts.captured, [c.tensor for c in self.facts.captured], q.shape[0], q.shape[1],
+                              q.shape[2], k.shape[2], q_offset)
             return _fp8.reference_forward(self.variant, q, k, v, descales, scale=scale, return_lse=return_lse,
                                           q_offset=q_offset)
         if self.backend == "sm80":
             raise InputError("backend='sm80' has no FP8 kernel (the FP8 forward is the sm90 kernel's): compile with "
                              "backend='auto', or pass bfloat16 inputs")
-        _fp8.check_inputs(q, k, v)
+        if q.dim() != 4:
+            raise InputError(f"q must have shape (B, H, L, D), got {tuple(q.shape)}")
         dev = q.device.index if q.device.index is not None else torch.cuda.current_device()
         lib = self._load(_fp8.FP8, q.shape[-1], dev, None, load_library)
-        if not self.facts.captured:
-            return _fp8.forward(lib, q, k, v, descales, scale=scale, q_offset=q_offset, return_lse=return_lse,
-                                params=self._param_fields())
-        captured = self.captured_on(q.device)
-        summaries = self._summaries.get(self, captured, lib, q.shape[2], k.shape[2], int(q_offset))
-        return _fp8.forward(lib, q, k, v, descales, scale=scale, q_offset=int(q_offset), return_lse=return_lse,
-                            captured=captured, summaries=summaries, params=self._param_fields())
+        return self._launch(lib, q, k, v, scale, return_lse, q_offset, entry=_fp8.forward, descales=descales)
 
     def _reference(self, q, k, v, scale, return_lse, q_offset):
         """The call on the reference implementation (CPU tensors, or backend='reference')."""
@@ -282,15 +277,18 @@ class CompiledAttention:
             portable = self.library(q.dtype, q.shape[-1], q.get_device(), "sm80")
             return self._launch(portable, q, k, v, scale, return_lse, q_offset)
 
-    def _launch(self, lib, q, k, v, scale, return_lse, q_offset):
+    def _launch(self, lib, q, k, v, scale, return_lse, q_offset, entry=None, **kw):
+        """``entry`` (launch.forward when None, or fp8.forward with its ``descales`` in kw) on lib, with the variant's
+        captured tensors and block summaries when it reads any."""
+        entry = entry or forward
         if not self.facts.captured:
-            return forward(lib, q, k, v, scale=scale, q_offset=q_offset, return_lse=return_lse,
-                           params=self._param_fields())
+            return entry(lib, q, k, v, scale=scale, q_offset=q_offset, return_lse=return_lse,
+                         params=self._param_fields(), **kw)
         captured = self.captured_on(q.device)
         check_extents(self.facts.captured, captured, q.shape[0], q.shape[1], q.shape[2], k.shape[2], int(q_offset))
         summaries = self._summaries.get(self, captured, lib, q.shape[2], k.shape[2], int(q_offset))
-        return forward(lib, q, k, v, scale=scale, q_offset=int(q_offset), return_lse=return_lse,
-                       captured=captured, summaries=summaries, params=self._param_fields())
+        return entry(lib, q, k, v, scale=scale, q_offset=int(q_offset), return_lse=return_lse,
+                     captured=captured, summaries=summaries, params=self._param_fields(), **kw)
 
     def captured_on(self, device: torch.device) -> list:
         """The captured tensors a kernel call on ``device`` passes, each checked to be there and in the layout its

@@ -240,6 +240,9 @@ def _name_shape(t: torch.Tensor) -> str:
 
 
 def _check_qkv(lib: KernelLibrary, q, k, v) -> None:
+    """InputError naming the fix unless q, k, v are what lib's forward reads. An FP8 library (attngen/fp8.py) takes
+    e4m3 q, k, v, and v in any layout: its kernel reads the V^T copy fp8.py makes."""
+    fp8 = lib.dtype == _DTYPE_CODES[FP8_CODE]
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -251,7 +254,10 @@ def _check_qkv(lib: KernelLibrary, q, k, v) -> None:
         raise InputError(f"q, k and v must be on one device, got q on {q.device}, k on {k.device}, v on {v.device}: "
                          f"move them with .to({q.device})")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dtype not in SUPPORTED_DTYPES:
+        if fp8 and t.dtype != lib.dtype:
+            raise InputError(f"FP8 attention takes q, k and v in torch.float8_e4m3fn, got {name} {t.dtype}: quantise "
+                             f"all three (e.g. ({name} / {name}_descale).to(torch.float8_e4m3fn))")
+        if not fp8 and t.dtype not in SUPPORTED_DTYPES:
             raise InputError(f"{name} has dtype {t.dtype}, expected torch.bfloat16 or torch.float16: convert with "
                              f"{name}.to(torch.bfloat16)")
     if not (q.dtype == k.dtype == v.dtype):
@@ -285,15 +291,15 @@ def _check_qkv(lib: KernelLibrary, q, k, v) -> None:
     if D != lib.head_dim or q.dtype != lib.dtype:
         raise InputError(f"this kernel library was compiled for head dim {lib.head_dim} and {lib.dtype}, got head "
                          f"dim {D} and {q.dtype}: compile the variant for these inputs")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        st = t.stride()
+    for name, t in ((("q", q), ("k", k)) if fp8 else (("q", q), ("k", k), ("v", v))):
+        st, per16 = t.stride(), 16 // t.element_size()  # elements in 16 bytes
         if st[3] != 1:
             raise InputError(f"{name}'s last dimension must be contiguous (stride 1), got strides {tuple(st)}: pass "
                              f"{name}.contiguous()")
-        if t.data_ptr() % 16 != 0 or any(st[d] % 8 != 0 and t.shape[d] > 1 for d in range(3)):
-            raise InputError(f"{name} must be 16-byte aligned with batch/head/seq strides that are multiples of 8 "
-                             f"elements, got data_ptr % 16 = {t.data_ptr() % 16} and strides {tuple(st)}: pass "
-                             f"{name}.contiguous() (or {name}.clone() for a misaligned storage offset)")
+        if t.data_ptr() % 16 != 0 or any(st[d] % per16 != 0 and t.shape[d] > 1 for d in range(3)):
+            raise InputError(f"{name} must be 16-byte aligned with batch/head/seq strides that are multiples of "
+                             f"{per16} elements, got data_ptr % 16 = {t.data_ptr() % 16} and strides {tuple(st)}: "
+                             f"pass {name}.contiguous() (or {name}.clone() for a misaligned storage offset)")
 
 
 def _missing_params(lib) -> InputError:

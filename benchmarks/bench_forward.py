@@ -171,13 +171,14 @@ def bench_ms(fn) -> float:
     return float(r)
 
 
-def interleaved_ms(fns: dict, row: dict) -> None:
-    """fns (attngen, flex, sdpa) timed in ROUNDS interleaved rounds (bench_ms each): row[name + '_ms'] the median,
-    row[name + '_ms_rounds'] the rounds; an implementation that fails is dropped, its error in row[name + '_error']."""
+def interleaved_ms(fns: dict, row: dict, order=("attngen", "flex", "sdpa")) -> None:
+    """fns (by name: attngen, flex, sdpa, or those of ``order``) timed in ROUNDS interleaved rounds (bench_ms each, in
+    ``order``): row[name + '_ms'] the median, row[name + '_ms_rounds'] the rounds; an implementation that fails is
+    dropped, its error in row[name + '_error']."""
     times = {n: [] for n in fns}
     live = dict(fns)
     for _ in range(ROUNDS):
-        for n in ("attngen", "flex", "sdpa"):
+        for n in order:
             if n in live:
                 try:
                     times[n].append(bench_ms(live[n]))

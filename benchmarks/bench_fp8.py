@@ -88,22 +88,16 @@ def run(args):
                 fns["sdpa"] = lambda sd=sd: sd(q, k, v)
                 row["sdpa_backend"] = backend
         bf.heat_gpu(device, 1.0)
-        times = {n: [] for n in fns}
-        for _ in range(bf.ROUNDS):
-            for name, fn in fns.items():
-                times[name].append(bf.bench_ms(fn))
-        for name, ts in times.items():
-            row[f"{name}_ms"] = sorted(ts)[len(ts) // 2]
-            row[f"{name}_ms_rounds"] = ts
-            if name != "v_transpose":
+        bf.interleaved_ms(fns, row, order=tuple(fns))
+        for name in ("attngen", "fp8", "flex", "sdpa"):
+            if row.get(f"{name}_ms"):
                 row[f"{name}_tflops"] = bf.tflops(B, H, S, D, row["density"], row[f"{name}_ms"])
-        row["fp8_over_bf16"] = row["attngen_ms"] / row["fp8_ms"]
-        row["fp8_over_flex"] = row["flex_ms"] / row["fp8_ms"]
-        if "sdpa_ms" in row:
-            row["fp8_over_sdpa"] = row["sdpa_ms"] / row["fp8_ms"]
+        for other, key in (("attngen", "bf16"), ("flex", "flex"), ("sdpa", "sdpa")):
+            if row.get("fp8_ms") and row.get(f"{other}_ms"):
+                row[f"fp8_over_{key}"] = row[f"{other}_ms"] / row["fp8_ms"]
         print("  " + ", ".join(f"{n}={bf.fmt(row.get(n + '_tflops'))} TFLOP/s" for n in ("fp8", "attngen", "flex",
                                                                                         "sdpa"))
-              + f", fp8/bf16 {row['fp8_over_bf16']:.3f}x, errors bf16 {row['err_bf16']:.2e} fp8 kernel "
+              + f", fp8/bf16 {bf.fmt(row.get('fp8_over_bf16'), 3)}x, errors bf16 {row['err_bf16']:.2e} fp8 kernel "
               f"{row['err_fp8_kernel']:.2e} end-to-end {row['err_fp8_end_to_end']:.2e}", flush=True)
         rows.append(row)
     return rows
@@ -115,9 +109,10 @@ def table(rows) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
-            f"| {r['variant']} | {bf.fmt(r['fp8_tflops'])} ({r['fp8_ms']:.3f}) | {bf.fmt(r['attngen_tflops'])} "
-            f"({r['attngen_ms']:.3f}) | **{r['fp8_over_bf16']:.3f}×** | {bf.fmt(r['flex_tflops'])} | "
-            f"{bf.fmt(r.get('sdpa_tflops'))} | {r['v_transpose_ms']:.3f} | {r['err_bf16']:.2e} | "
+            f"| {r['variant']} | {bf.fmt(r.get('fp8_tflops'))} ({bf.fmt(r.get('fp8_ms'), 3)}) | "
+            f"{bf.fmt(r.get('attngen_tflops'))} ({bf.fmt(r.get('attngen_ms'), 3)}) | "
+            f"**{bf.fmt(r.get('fp8_over_bf16'), 3)}×** | {bf.fmt(r.get('flex_tflops'))} | "
+            f"{bf.fmt(r.get('sdpa_tflops'))} | {bf.fmt(r.get('v_transpose_ms'), 3)} | {r['err_bf16']:.2e} | "
             f"{r['err_fp8_kernel']:.2e} | {r['err_fp8_end_to_end']:.2e} |")
     return "\n".join(lines) + "\n"
 

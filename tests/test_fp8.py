@@ -127,12 +127,10 @@ def test_fp8_inputs_are_checked():
     attn = attngen.compile(causal=True)
     with pytest.raises(InputError, match="float8_e4m3fn"):
         attn(q8, k8, v8.to(torch.bfloat16))
-    with pytest.raises(InputError, match="on cpu: the FP8 kernel runs on the GPU"):
-        fp8.check_inputs(q8, k8, v8)
-    q64 = torch.zeros(1, 2, 8, 64).to(E4M3)
-    if torch.cuda.is_available():
-        with pytest.raises(InputError, match="head dim 128"):
-            fp8.check_inputs(q64.cuda(), q64.cuda(), q64.cuda())
+    with pytest.raises(InputError, match="is on cpu, expected a CUDA tensor"):  # the kernel entry's shared check
+        fp8.forward(_FakeFp8Library(), q8, k8, v8)
+    with pytest.raises(InputError, match="head dim 128"):  # a CUDA call at head dim 64 stops at its spec
+        attn.spec(E4M3, 64, "sm_90a")
     with pytest.raises(InputError, match="inference-only"):
         attn(q8.requires_grad_(True), k8, v8)
 
@@ -173,7 +171,7 @@ class _FakeFp8Library:
     """Stands in for an FP8 library on the CPU: records each packed AttngenFwdArgs and answers like the kernel (scale
     <= 0 refused without score_mod, as the sm90 kernel's attngen_fwd does), writing a marker into out and lse."""
 
-    dtype, path, param_count = E4M3, "fake-fp8", 0
+    dtype, path, param_count, head_dim = E4M3, "fake-fp8", 0, 128
 
     def __init__(self):
         self.calls = []
@@ -194,7 +192,7 @@ def test_fp8_forward_packs_the_call_and_returns_its_outputs(monkeypatch, scale):
     """fp8.forward's host path on the CPU with a fake library (the device checks stubbed): the argument block names q,
     k, V^T, out, lse and the descale block with their strides, the scale rewrite flips q's sign bit (or zeroes q) and
     runs again at |scale| (or 1), and forward returns the tensors the kernel wrote, (out, lse) or out."""
-    monkeypatch.setattr(fp8, "check_inputs", lambda q, k, v: None)
+    monkeypatch.setattr(fp8, "_check_qkv", lambda lib, q, k, v: None)
     monkeypatch.setattr(fp8, "_capable_devices", {-1})
     monkeypatch.setattr(fp8, "call_on", lambda dev, entry, packed: entry(packed, 0))
     gen = torch.Generator().manual_seed(9)

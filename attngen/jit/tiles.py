@@ -244,7 +244,7 @@ def sm90_ladder(head_dim: int, has_mask: bool, has_score_mod: bool) -> tuple:
     return ladder if has_score_mod else tuple(replace(t, persistent=True) for t in ladder)
 
 
-# FP8 (e4m3) inputs, head dim 128: BK is one 128-byte row of V^T (sm90_layout.cuh; BK 256 spills), and the persistent
+# FP8 (e4m3) inputs, head dim 128: BK is one 128-byte row of V^T (sm90_layout.cuh), and the persistent
 # grid serves masked variants at every length (docs/performance.md, "FP8").
 SM90_FP8_LADDER = (Sm90Tiles(128, 2, rescale_threshold=_RT, elem_bytes=1),
                    Sm90Tiles(128, 2, overlap=False, rescale_threshold=_RT, elem_bytes=1))

@@ -139,9 +139,7 @@ struct Consumer {
   int cw, lane;  // consumer index (q rows [64 cw, 64 cw + 64) of the tile), lane
   uint64_t desc_q;  // this work tile's Q buffer
   __device__ uint64_t desc_k(int st) const { return make_smem_desc_sw128(sm.k(st), 16, 1024); }
-  __device__ uint64_t desc_v(int st) const {
-    return FP8 ? make_smem_desc_sw128(sm.v(st), 16, 1024) : make_smem_desc_sw128(sm.v(st), KV_BLOCK_BYTES, 1024);
-  }
+  __device__ uint64_t desc_v(int st) const { return make_smem_desc_sw128(sm.v(st), FP8 ? 16 : KV_BLOCK_BYTES, 1024); }
   // Each consumer warp releases a K (V) buffer once its wgmmas reading it are complete.
   __device__ void release_k(int st) const {
     if (lane == 0) mbar_arrive(sm.empty_k(st));
