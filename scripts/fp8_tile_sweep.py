@@ -3,8 +3,9 @@ the attention kernel alone (V^T made once), beside the variant's bf16 call, at B
 shape). Also times the library's V transpose. Needs nvcc and an sm_90 GPU.
 Usage: fp8_tile_sweep.py [--variants full,causal] [--tiles 3,2,4,3-noov,3-nopp,3-pers,3-nopers]
 (a tile spec: stages, then -noov (no intra-warpgroup overlap), -nopp (no pingpong), -pers / -nopers (persistent grid
-forced on / off); the rest as the ladder's first rung. Session 15's round H also swept an FMA-pipe exp2 for every
-n-th exponential, since taken out: docs/performance.md, "FP8")."""
+forced on / off), -bkN (BK = N kv columns), -rtN (rescale threshold N); the rest as the ladder's first rung.
+Session 15's round H also swept an FMA-pipe exp2 for every n-th exponential, since taken out: docs/performance.md,
+"FP8")."""
 import argparse
 import concurrent.futures as cf
 import sys
@@ -41,6 +42,12 @@ def tiles_for(spec, text):
     parts = text.split("-")
     t = replace(base, stages=int(parts[0]))
     for flag in parts[1:]:
+        if flag.startswith("bk"):
+            t = replace(t, block_k=int(flag[2:]))
+            continue
+        if flag.startswith("rt"):
+            t = replace(t, rescale_threshold=float(flag[2:]))
+            continue
         t = {"noov": lambda t: replace(t, overlap=False), "nopp": lambda t: replace(t, pingpong=False),
              "pers": lambda t: replace(t, persistent=True, persistent_max_kv=0),
              "nopers": lambda t: replace(t, persistent=False)}[flag](t)
@@ -95,6 +102,6 @@ for key, text, t, path, spill in built:
         t16.append(bench_ms(run16))
     m8, m16 = sorted(t8)[len(t8) // 2], sorted(t16)[len(t16) // 2]
     density = 0.5 if key == "causal" else 1.0
-    print(f"| {key} | {text} (stages {t.stages}, overlap {t.overlap}, pingpong {t.pingpong}, persistent "
+    print(f"| {key} | {text} (BK {t.block_k}, threshold {t.rescale_threshold:g}, stages {t.stages}, overlap {t.overlap}, pingpong {t.pingpong}, persistent "
           f"{t.persistent}/{t.persistent_max_kv}) | {spill} | {m8:.4f} | {tflops(B, H, S, D, density, m8):.1f} | "
           f"{m16:.4f} | {m16 / m8:.3f}x | {diff:.2e} |", flush=True)

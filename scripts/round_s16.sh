@@ -12,4 +12,19 @@ case "$1" in
     run_tests fp8 90 tests/gpu/test_fp8_gpu.py
     run_tests decode 150 tests/gpu/test_decode_gpu.py
     timeout 150 python benchmarks/bench_fp8.py --out "$R" 2>&1 | grep -E "^\||rror|!!" ;;
+  B)  # FP8 at BK 192 (V^T in 64-byte swizzle columns; the ladder's new first rung: tile spec "2") against BK 128,
+      # kernel alone; the FP8 suite on the new ladder (BK 192 where ptxas fits it, 128 where not); bench_fp8; the
+      # decode suite (round A's ran out of time building its 27 libraries one at a time: 4 workers here)
+    timeout 150 python scripts/fp8_tile_sweep.py --variants full,causal --tiles 2-bk128,2,3,2-nopp \
+      2>&1 | tee "$R/fp8_tile_sweep.md" | grep -E "^\||rror|!!"
+    run_tests fp8 100 tests/gpu/test_fp8_gpu.py
+    timeout 120 python benchmarks/bench_fp8.py --out "$R" 2>&1 | grep -E "^\||rror|!!"
+    run_tests decode 220 -n 4 tests/gpu/test_decode_gpu.py ;;
+  C)  # FP8 rescale threshold 0 with P offset 8 (the row max's weight exact in e4m3; round B's stale max failed the
+      # ALiBi case at BK 192) against threshold 8, with and without pingpong, beside round A's shipped BK 128; the FP8
+      # suite and bench_fp8 on the new ladder (BK 192, threshold 0, pingpong)
+    timeout 200 python scripts/fp8_tile_sweep.py --variants full,causal --tiles 2-bk128-rt8,2,2-nopp,2-rt8,2-rt8-nopp \
+      2>&1 | tee "$R/fp8_tile_sweep.md" | grep -E "^\||rror|!!"
+    run_tests fp8 100 tests/gpu/test_fp8_gpu.py
+    timeout 120 python benchmarks/bench_fp8.py --out "$R" 2>&1 | grep -E "^\||rror|!!" ;;
 esac

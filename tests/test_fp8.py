@@ -1,6 +1,7 @@
 """The FP8 forward's CPU side (issue 12, attngen/fp8.py): the V^T permutation against the wgmma fragment layouts it
 has to match (read from the kernel headers), the reference semantics (attention on the dequantised inputs), the
 descale and input checks, the spec / tile policy, and (nvcc lane) the e4m3 library built without spills."""
+import math
 import re
 from pathlib import Path
 
@@ -139,7 +140,9 @@ def test_fp8_spec_and_tiles():
     attn = attngen.compile(causal=True)
     spec = attn.spec(E4M3, 128, "sm_90a")
     assert spec.dtype == "float8_e4m3fn" and spec.kernel == "sm90" and "fp8" in spec.uri
-    assert all(t.elem_bytes == 1 and t.block_k == 128 for t in spec.tile_choices())
+    # BK: multiples of 64 (V^T in 64- or 128-byte swizzle columns), the widest first
+    assert all(t.elem_bytes == 1 and t.block_k % 64 == 0 for t in spec.tile_choices())
+    assert [t.block_k for t in spec.tile_choices()] == [192, 128, 128]
     assert all(t.smem_bytes(128) <= tiles.SM90_SMEM_LIMIT for t in tiles.SM90_FP8_LADDER)
     with pytest.raises(InputError, match="sm_90a"):
         attn.spec(E4M3, 128, "sm_80")
@@ -147,6 +150,57 @@ def test_fp8_spec_and_tiles():
         attn.spec(E4M3, 64, "sm_90a")
     with pytest.raises(InputError, match="sm90 forward only"):
         attn.spec(E4M3, 128, "sm_90a", kernel="sm80")
+
+
+def _online_fp8(x, v, block_k, threshold, offset):
+    """The FP8 kernel's arithmetic on float32 scores x in the log2 domain (fwd_sm90.cuh, softmax.cuh): kv tiles of
+    block_k, a row max kept while a tile raises it by at most threshold, P = 2^(x - m + offset) rounded to e4m3 for
+    P V, the row sums from unrounded P."""
+    m = torch.full((*x.shape[:-1], 1), -torch.inf)
+    l, o = torch.zeros_like(m), torch.zeros(*x.shape[:-1], v.shape[-1])
+    for j in range(0, x.shape[-1], block_k):
+        xt = x[..., j:j + block_k]
+        mx = torch.maximum(m, xt.amax(-1, keepdim=True))
+        keep = (mx - m) <= threshold
+        mx = torch.where(keep, m, mx)
+        m_sub = torch.where(mx == -torch.inf, 0.0, mx)
+        alpha = torch.where(keep, 1.0, torch.exp2(m - m_sub))
+        p = torch.exp2(xt - m_sub + offset)
+        l, o, m = l * alpha + p.sum(-1, keepdim=True), o * alpha + p.to(E4M3).float() @ v[..., j:j + block_k, :], mx
+    return (o / l).nan_to_num(0.0)
+
+
+@pytest.mark.parametrize("name", ["alibi_causal", "sliding_window"])
+def test_fp8_p_rounding_stays_within_twice_the_eager_error(name):
+    """The GPU suite's criterion (tests/gpu/test_fp8_gpu.py) on the kernel's arithmetic, emulated on the CPU at every
+    rung of the FP8 ladder with the header's P offset: within 2x the error of eager attention that rounds
+    P = e^(s - rowmax) to e4m3. A row max kept stale (threshold 8, no offset, BK 192: the ladder of round B, session
+    16) rounds the weight that dominates a peaked ALiBi row and fails it."""
+    gen = torch.Generator().manual_seed(200 * 7 + 333)
+    q, k, v = (torch.randn(1, h, L, 128, generator=gen) for h, L in ((4, 200), (2, 333), (2, 333)))
+    ds = [torch.rand(1, 2, generator=gen) * 0.04 + 0.02 for _ in range(3)]
+    q, k, v = ((t / d.repeat_interleave(t.shape[1] // 2, 1)[..., None, None]).to(E4M3).double() *
+               d.double().repeat_interleave(t.shape[1] // 2, 1)[..., None, None] for t, d in zip((q, k, v), ds))
+    attn = attngen.compile(**{"alibi_causal": dict(score_mod=attngen.alibi(4), causal=True),
+                              "sliding_window": dict(window=96)}[name])
+    exact = reference.attention(q, k, v, attn.variant, q_offset=133)
+    _, sm, mm = reference._mods(attn.variant)
+    kf, vf = (t.float().repeat_interleave(2, 1) for t in (k, v))
+    s = (q.float() @ kf.transpose(-1, -2)) / 128 ** 0.5
+    idx = reference._index_tensors(1, 4, 133, 333, 333, "cpu")
+    if sm is not None:
+        s = reference._eval_score(sm, s, idx, "score_mod")
+    s = s.masked_fill(~reference._eval_mask(mm, idx, s.shape, "cpu", "mask_mod"), -torch.inf)
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    eager = ((p.to(E4M3).float() @ vf) / p.sum(-1, keepdim=True)).double().sub(exact).abs().max().item()
+    offset_expr = _c_expr((TEMPLATES / "sm90_layout.cuh").read_text(), r"constexpr int P_OFFSET = FP8 \? ([^:]+) :")
+    for t in tiles.SM90_FP8_LADDER:
+        offset = eval(offset_expr.replace("(int)", ""), {"RESCALE_THRESHOLD": t.rescale_threshold})
+        out = _online_fp8(s / math.log(2), vf, t.block_k, t.rescale_threshold, offset)
+        assert (out.double() - exact).abs().max().item() <= 2 * eager, (t, eager)
+    if name == "alibi_causal":
+        stale = _online_fp8(s / math.log(2), vf, 192, 8.0, 0)
+        assert (stale.double() - exact).abs().max().item() > 2 * eager
 
 
 @pytest.mark.requires_nvcc
@@ -160,8 +214,8 @@ def test_fp8_library_builds_without_spills_and_reports_e4m3(kw, tmp_path):
     assert info["spill_bytes"] == 0 and "elem_bytes=1" in info["tiles"]
     assert not (tmp_path / "attngen_decode.cu").exists()  # no KV-cache kernel for e4m3
     lib = load_library(tmp_path / LIBRARY_NAME)
-    t = spec.tile_choices()[0]
-    assert (lib.dtype, lib.head_dim, lib.block_k, lib.smem_bytes) == (E4M3, 128, 128, t.smem_bytes(128))
+    t = next(t for t in spec.tile_choices() if repr(t) == info["tiles"])  # the rung ptxas fitted
+    assert (lib.dtype, lib.head_dim, lib.block_k, lib.smem_bytes) == (E4M3, 128, t.block_k, t.smem_bytes(128))
     with pytest.raises(InputError, match="FP8 library"):  # the 16-bit entry never reaches its kernel
         lib._fwd(b"", 0)
     assert lib._fwd_fp8 is not None and lib._fp8_v_transpose is not None

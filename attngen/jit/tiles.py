@@ -193,7 +193,8 @@ class Sm90Tiles:
     persistent: bool = False  # grid = number of SMs; CTAs take work tiles from a global counter
     # > 0: the persistent grid only for kv lengths up to this (longer: one CTA per work tile)
     persistent_max_kv: int = 0
-    # > 0: keep a row's running max while it grows by at most this (log2 units) and skip rescaling O
+    # keep a row's running max while it grows by at most this (log2 units) and skip rescaling O (0: only while it
+    # does not grow)
     rescale_threshold: float = 0.0
     block_q: int = 128
     elem_bytes: int = 2  # 1: FP8 (e4m3) inputs
@@ -244,10 +245,13 @@ def sm90_ladder(head_dim: int, has_mask: bool, has_score_mod: bool) -> tuple:
     return ladder if has_score_mod else tuple(replace(t, persistent=True) for t in ladder)
 
 
-# FP8 (e4m3) inputs, head dim 128: BK is one 128-byte row of V^T (sm90_layout.cuh), and the persistent
-# grid serves masked variants at every length (docs/performance.md, "FP8").
-SM90_FP8_LADDER = (Sm90Tiles(128, 2, rescale_threshold=_RT, elem_bytes=1),
-                   Sm90Tiles(128, 2, overlap=False, rescale_threshold=_RT, elem_bytes=1))
+# FP8 (e4m3) inputs, head dim 128: BK 192 (FlashAttention-3's FP8 width; V^T in three 64-byte swizzle columns,
+# sm90_layout.cuh) where ptxas fits it, else BK 128 (one 128-byte row); O rescaled whenever a row max grows (threshold
+# 0), so that the row max's weight rounds exactly to e4m3 (a stale max rounded a peaked row's dominant weight by up
+# to 2^-4); the persistent grid serves masked variants at every length (docs/performance.md, "FP8").
+SM90_FP8_LADDER = (Sm90Tiles(192, 2, elem_bytes=1),
+                   Sm90Tiles(128, 2, elem_bytes=1),
+                   Sm90Tiles(128, 2, overlap=False, elem_bytes=1))
 
 
 def sm90_fp8_ladder(has_mask: bool, has_score_mod: bool) -> tuple:

@@ -113,8 +113,10 @@ __device__ __forceinline__ void produce(const AttngenFwdArgs& a, const CUtensorM
         tma_load_4d(k_dst + db * KV_BLOCK_BYTES, &tm_k, sm.full_k(stage), db * ROW_ELEMS, j * BK, kvh, t.b);
       mbar_wait(sm.empty_v(stage), phase ^ 1u);
       mbar_arrive_expect_tx(sm.full_v(stage), KV_BYTES);
-      if (FP8) {  // V^T: kv columns j BK .. j BK + BK - 1 (one 128-byte row) of all D rows
-        tma_load_4d(v_dst, &tm_v, sm.full_v(stage), j * BK, 0, kvh, t.b);
+      if (FP8) {  // V^T: kv columns j BK .. j BK + BK - 1 of all D rows, VT_COLS at a time
+#pragma unroll
+        for (int vb = 0; vb < BK / VT_COLS; ++vb)
+          tma_load_4d(v_dst + vb * VT_BLOCK_BYTES, &tm_v, sm.full_v(stage), j * BK + vb * VT_COLS, 0, kvh, t.b);
       } else {
 #pragma unroll
         for (int db = 0; db < DB; ++db)
@@ -133,13 +135,16 @@ __device__ __forceinline__ void produce(const AttngenFwdArgs& a, const CUtensorM
 // ------------------------------------------------------------------------------------------- consumers
 // One consumer warpgroup's fixed view of the pipeline (Q descriptor: its 64 rows, K-major, SBO = 8 rows x
 // 128 B; K: K-major; V: MN-major, LBO = distance between 64-column blocks, SBO = 8 kv rows; FP8's V^T: K-major,
-// SBO = 8 d rows).
+// SBO = 8 d rows of VT_COLS bytes).
 struct Consumer {
   Smem sm;
   int cw, lane;  // consumer index (q rows [64 cw, 64 cw + 64) of the tile), lane
   uint64_t desc_q;  // this work tile's Q buffer
   __device__ uint64_t desc_k(int st) const { return make_smem_desc_sw128(sm.k(st), 16, 1024); }
-  __device__ uint64_t desc_v(int st) const { return make_smem_desc_sw128(sm.v(st), FP8 ? 16 : KV_BLOCK_BYTES, 1024); }
+  __device__ uint64_t desc_v(int st) const {
+    if constexpr (FP8 && VT_COLS == 64) return make_smem_desc_sw64(sm.v(st), 8 * VT_COLS);
+    return make_smem_desc_sw128(sm.v(st), FP8 ? 16 : KV_BLOCK_BYTES, 1024);
+  }
   // Each consumer warp releases a K (V) buffer once its wgmmas reading it are complete.
   __device__ void release_k(int st) const {
     if (lane == 0) mbar_arrive(sm.empty_k(st));
@@ -194,12 +199,12 @@ __device__ __forceinline__ void step(const Consumer& c, int k_stage, uint32_t k_
     wgmma_commit();
   }
   if (PV) {
-    rescale_o(r.o, r.alpha, RESCALE_THRESHOLD);  // O is not in flight; the fence below orders this before P V
+    rescale_o(r.o, r.alpha);  // O is not in flight; the fence below orders this before P V
     mbar_wait(c.sm.full_v(v_stage), v_phase);
     if (!QK) c.schedule_wait();
     wgmma_fence();
     if constexpr (FP8)
-      wgmma_rs_kmajor<Elem, D, KSTEPS_PV, D * 128>(r.o, r.p, c.desc_v(v_stage));
+      wgmma_rs_kmajor<Elem, D, KSTEPS_PV, VT_COLS, VT_BLOCK_BYTES>(r.o, r.p, c.desc_v(v_stage));
     else
       wgmma_rs_mnmajor<Elem, D, KSTEPS_PV>(r.o, r.p, c.desc_v(v_stage));
     wgmma_commit();
@@ -210,7 +215,7 @@ __device__ __forceinline__ void step(const Consumer& c, int k_stage, uint32_t k_
     fence_regs(r.s);
     c.release_k(k_stage);
     score_kv_tile</*RAW=*/true, BQ, BK>(r.s, jn, f_lo, f_hi, w.scale, w.C, w.t, w.i, w.hc, w.rc, w.qi, w.tig);
-    online_softmax(r.s, raw_score_factor(w.scale), RESCALE_THRESHOLD, r.m, r.l, r.alpha);
+    online_softmax<P_OFFSET>(r.s, raw_score_factor(w.scale), RESCALE_THRESHOLD, r.m, r.l, r.alpha);
   }
   if (PV) {
     wgmma_wait<0>();  // P V complete: its V slot is free, p may be overwritten
@@ -308,7 +313,14 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
     if (!q_released && lane == 0) mbar_arrive(sm.bar_q_empty(qb));
 
     // Epilogue: O straight from registers to global memory (staging it through shared memory would need
-    // the Q buffer, which the producer is already refilling for the next tile, or 32 KB more).
+    // the Q buffer, which the producer is already refilling for the next tile, or 32 KB more). P's offset
+    // leaves the sums 2^P_OFFSET too large: l and O's factor scaled back exactly, for the LSE.
+    if constexpr (P_OFFSET != 0) {
+      constexpr float unscale = 1.f / (float)(1 << P_OFFSET);
+      l[0] *= unscale;
+      l[1] *= unscale;
+      o_scale *= unscale;
+    }
     store_rows<OutElem>(a, b, h, t.QLEN, i * BQ + r0, tig, o, m, l, raw_score_factor(tile_scale), o_scale);
   }
   // Consumer 1's initial pass left one extra arrival on consumer 0's barrier: consume it, so that every
@@ -368,7 +380,7 @@ int launch(const AttngenFwdArgs& a, cudaStream_t stream) {
   if (err != cudaSuccess) return (int)err;
   // Tensor maps (host only, no GPU work): Q boxes of BQ rows, K/V boxes of BK rows.
   CUtensorMap tm_q, tm_k, tm_v;
-  const int rc = tma_encode_qkv(a, kDtypeCode, D, BQ, BK, tm_q, tm_k, tm_v);
+  const int rc = tma_encode_qkv(a, kDtypeCode, D, BQ, BK, FP8 ? VT_COLS : 0, tm_q, tm_k, tm_v);
   if (rc != 0) return rc;
 
   // One CTA per SM walking work tiles (PERSISTENT, up to PERSISTENT_MAX_KV kv rows when that is set), or

@@ -21,8 +21,16 @@ constexpr int CONSUMER_REGS = 240;
 
 constexpr int MT = 1;                            // m16 row slices per consumer thread (score_mask.cuh)
 // FP8 (e4m3) inputs: 128 columns to a 128-byte row, k32 wgmma steps, V stored transposed (V^T: D rows of BK kv
-// columns, K-major for P V, as 8-bit wgmma takes no transposed operand); bfloat16 output.
+// columns, K-major for P V, as 8-bit wgmma takes no transposed operand); bfloat16 output. A V^T tile is BK / VT_COLS
+// column blocks of D rows x VT_COLS bytes: 128-byte swizzle rows where BK is a multiple of 128, 64-byte ones
+// otherwise (BK = 192, FlashAttention-3's FP8 width, is three).
 constexpr bool FP8 = sizeof(Elem) == 1;
+constexpr int VT_COLS = BK % 128 == 0 ? 128 : 64;
+constexpr int VT_BLOCK_BYTES = D * VT_COLS;
+// FP8's P = 2^(c (s - m) + P_OFFSET) before rounding to e4m3 (online_softmax, softmax.cuh), at most 2^8 whatever the
+// rescale threshold: at threshold 0 the row max weighs exactly 256, where a kept stale max (threshold 8) would round
+// the weight that dominates a peaked row.
+constexpr int P_OFFSET = FP8 ? 8 - (int)RESCALE_THRESHOLD : 0;
 constexpr int ROW_ELEMS = 128 / (int)sizeof(Elem);  // columns of one 128-byte swizzle row
 constexpr int DB = D / ROW_ELEMS;                // 128-byte blocks of a Q / K row
 constexpr int Q_BLOCK_BYTES = BQ * 128;          // one 128-byte column block of the Q tile: BQ rows x 128 B
@@ -56,17 +64,19 @@ static_assert(SMEM_BYTES == smem_bytes_for(QBUFS), "layout and its size formula 
 
 constexpr uint32_t BAR_SCHEDULE = 1;  // named barrier (0 is __syncthreads) + consumer index: its turn
 
-static_assert(sizeof(Elem) == 2 || (FP8 && D == 128 && BK == 128),
-              "16-bit inputs, or FP8 at head dim 128 with BK = 128 (V^T tile rows of one 128-byte swizzle row)");
+static_assert(sizeof(Elem) == 2 || (FP8 && D == 128 && BK % 64 == 0),
+              "16-bit inputs, or FP8 at head dim 128 with BK a multiple of 64 (V^T column blocks of 64 or 128 bytes)");
 static_assert(attngen_head_dim_supported(D), "head dim: one of ATTNGEN_HEAD_DIMS");
 static_assert(BQ == 64 * NUM_CONSUMERS, "each consumer warpgroup owns 64 q rows (wgmma M = 64)");
 static_assert(D % 64 == 0 && D <= 256, "head dim: multiple of 64 (128-byte swizzle rows), at most 256 (wgmma N)");
 static_assert(BK % 16 == 0 && BK >= 64 && BK <= 192, "BK: multiple of 16 (P V k-steps) in [64, 192] (wgmma_ss N)");
 static_assert(BK <= 256 && BQ <= 256, "TMA box rows are at most 256");
-static_assert(!FP8 || RESCALE_THRESHOLD <= 8.f,
-              "FP8: P reaches 2^RESCALE_THRESHOLD before a rescale, and e4m3 tops out at 448");
+static_assert(RESCALE_THRESHOLD >= 0.f, "rescale threshold: log2 units of growth, >= 0");
+static_assert(!FP8 || (RESCALE_THRESHOLD <= 8.f && RESCALE_THRESHOLD == (float)(int)RESCALE_THRESHOLD),
+              "FP8: a whole rescale threshold of at most 8 (P reaches 2^8; e4m3 tops out at 448)");
 static_assert(STAGES >= 2, "the overlapped loop holds two K/V tiles at once");
-static_assert(Q_BLOCK_BYTES % 1024 == 0 && KV_BLOCK_BYTES % 1024 == 0, "swizzle atoms must stay 1024-aligned");
+static_assert(Q_BLOCK_BYTES % 1024 == 0 && KV_BLOCK_BYTES % 1024 == 0 && (!FP8 || VT_BLOCK_BYTES % 1024 == 0),
+              "swizzle atoms must stay 1024-aligned");
 static_assert(SMEM_BYTES <= SMEM_LIMIT, "tiles do not fit in shared memory: lower BK or STAGES");
 static_assert(KV_BYTES < (1 << 20) && Q_BYTES < (1 << 20), "mbarrier transaction counts are 20-bit");
 static_assert(KV_BLOCK_BYTES / 16 < (1 << 14), "V descriptor LBO field is 14 bits (of bytes >> 4)");

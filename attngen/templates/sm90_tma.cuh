@@ -131,12 +131,12 @@ inline CUtensorMapDataType tma_data_type(int dtype_code) {
 }
 
 // Encode the map of a (B, H, L, C) tensor at `base` (element type by dtype code, element strides `stride` =
-// (batch, head, row)), boxes of one 128-byte row (64 16-bit or 128 8-bit columns) x `box_rows` rows, 128-byte
-// swizzle, zero fill out of bounds. Returns CUDA_SUCCESS or the driver's error (CUDA_ERROR_INVALID_VALUE for
+// (batch, head, row)), boxes of one `box_bytes` row (128: 64 16-bit or 128 8-bit columns, 128-byte swizzle; 64:
+// FP8's V^T at a BK that is no multiple of 128, 64-byte swizzle) x `box_rows` rows, zero fill out of bounds. Returns CUDA_SUCCESS or the driver's error (CUDA_ERROR_INVALID_VALUE for
 // strides TMA cannot express: not a multiple of 16 bytes, zero, or >= 2^40 bytes), or CUDA_ERROR_NOT_SUPPORTED
 // without an encoder. L == 0 is encoded as L = 1 (the kernel then never loads from the map).
 inline CUresult tma_encode_bhld(CUtensorMap* map, const void* base, int dtype_code, int C, long long B, long long H,
-                                long long L, const long long (&stride)[3], int box_rows) {
+                                long long L, const long long (&stride)[3], int box_rows, int box_bytes) {
   const TmaEncodeTiledFn encode = tma_encode_fn();
   if (encode == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
   const long long elem = tma_elem_bytes(dtype_code);
@@ -151,10 +151,12 @@ inline CUresult tma_encode_bhld(CUtensorMap* map, const void* base, int dtype_co
   }
   const cuuint64_t dims[4] = {(cuuint64_t)C, (cuuint64_t)(L > 0 ? L : 1), (cuuint64_t)H, (cuuint64_t)B};
   const cuuint64_t strides[3] = {stride_bytes(L, stride[2]), stride_bytes(H, stride[1]), stride_bytes(B, stride[0])};
-  const cuuint32_t box[4] = {(cuuint32_t)(128 / elem), (cuuint32_t)box_rows, 1u, 1u};
+  if (box_bytes != 128 && box_bytes != 64) return CUDA_ERROR_INVALID_VALUE;
+  const cuuint32_t box[4] = {(cuuint32_t)(box_bytes / elem), (cuuint32_t)box_rows, 1u, 1u};
   const cuuint32_t elem_strides[4] = {1u, 1u, 1u, 1u};
   return encode(map, tma_data_type(dtype_code), 4, const_cast<void*>(base), dims, strides, box, elem_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, box_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
@@ -164,26 +166,26 @@ inline CUresult tma_encode_bhld(CUtensorMap* map, const void* base, int dtype_co
 struct TmaMapMemo {
   const void* base = nullptr;
   long long B = -1, H = -1, L = -1, stride[3] = {-1, -1, -1};
-  int C = -1, box_rows = -1, dtype_code = -1;
+  int C = -1, box_rows = -1, box_bytes = -1, dtype_code = -1;
   CUtensorMap map;
 };
 
 inline CUresult tma_encode_bhld_memo(TmaMapMemo& memo, CUtensorMap* map, const void* base, int dtype_code, int C,
                                      long long B, long long H, long long L, const long long (&stride)[3],
-                                     int box_rows) {
+                                     int box_rows, int box_bytes = 128) {
   if (memo.base == base && memo.B == B && memo.H == H && memo.L == L && memo.stride[0] == stride[0] &&
       memo.stride[1] == stride[1] && memo.stride[2] == stride[2] && memo.C == C && memo.box_rows == box_rows &&
-      memo.dtype_code == dtype_code) {
+      memo.box_bytes == box_bytes && memo.dtype_code == dtype_code) {
     *map = memo.map;
     return CUDA_SUCCESS;
   }
-  const CUresult r = tma_encode_bhld(map, base, dtype_code, C, B, H, L, stride, box_rows);
+  const CUresult r = tma_encode_bhld(map, base, dtype_code, C, B, H, L, stride, box_rows, box_bytes);
   if (r == CUDA_SUCCESS) {
     memo.map = *map;
     memo.base = base;
     memo.B = B; memo.H = H; memo.L = L;
     for (int d = 0; d < 3; ++d) memo.stride[d] = stride[d];
-    memo.C = C; memo.box_rows = box_rows; memo.dtype_code = dtype_code;
+    memo.C = C; memo.box_rows = box_rows; memo.box_bytes = box_bytes; memo.dtype_code = dtype_code;
   } else {
     memo.base = nullptr;
   }
@@ -192,12 +194,12 @@ inline CUresult tma_encode_bhld_memo(TmaMapMemo& memo, CUtensorMap* map, const v
 
 // The maps of one attention call's q, k and v (B, H, L, D) (Q boxes of q_rows rows, K/V boxes of kv_rows
 // rows), each re-encoded only when its tensor's address, shape or strides differ from this thread's
-// previous call (of this library: `static`). An FP8 library's v is V^T (B, Hkv, D, ceil16(Lk)): boxes of 128
-// kv columns (one 128-byte row) x D rows, its columns up to ceil16(Lk) in the map, because the permutation of
-// each 16 columns moves keys below Lk to positions beyond it. 0, or the attngen_fwd code that sends the call to
-// the sm80 kernel.
-static int tma_encode_qkv(const AttngenFwdArgs& a, int dtype_code, int D, int q_rows, int kv_rows, CUtensorMap& tm_q,
-                          CUtensorMap& tm_k, CUtensorMap& tm_v) {
+// previous call (of this library: `static`). An FP8 library's v is V^T (B, Hkv, D, ceil16(Lk)): boxes of `vt_cols`
+// kv columns (one 128- or 64-byte swizzle row) x D rows, its columns up to ceil16(Lk) in the map, because the
+// permutation of each 16 columns moves keys below Lk to positions beyond it. 0, or the attngen_fwd code that sends
+// the call to the sm80 kernel.
+static int tma_encode_qkv(const AttngenFwdArgs& a, int dtype_code, int D, int q_rows, int kv_rows, int vt_cols,
+                          CUtensorMap& tm_q, CUtensorMap& tm_k, CUtensorMap& tm_v) {
   if (tma_encode_fn() == nullptr) return ATTNGEN_ERROR_SM90_NO_TMA_ENCODER;
   static thread_local TmaMapMemo memo_q, memo_k, memo_v;
   const bool v_transposed = dtype_code == 2;
@@ -205,7 +207,7 @@ static int tma_encode_qkv(const AttngenFwdArgs& a, int dtype_code, int D, int q_
   if (tma_encode_bhld_memo(memo_q, &tm_q, a.q, dtype_code, D, a.B, a.Hq, a.Lq, a.q_stride, q_rows) != CUDA_SUCCESS ||
       tma_encode_bhld_memo(memo_k, &tm_k, a.k, dtype_code, D, a.B, a.Hkv, a.Lk, a.k_stride, kv_rows) != CUDA_SUCCESS ||
       (v_transposed
-           ? tma_encode_bhld_memo(memo_v, &tm_v, a.v, dtype_code, lk16, a.B, a.Hkv, D, a.v_stride, D)
+           ? tma_encode_bhld_memo(memo_v, &tm_v, a.v, dtype_code, lk16, a.B, a.Hkv, D, a.v_stride, D, vt_cols)
            : tma_encode_bhld_memo(memo_v, &tm_v, a.v, dtype_code, D, a.B, a.Hkv, a.Lk, a.v_stride, kv_rows)) !=
           CUDA_SUCCESS)
     return ATTNGEN_ERROR_SM90_TMA_LAYOUT;

@@ -29,10 +29,12 @@ ATTNGEN_DEV_INLINE float quad_max(float x) {
 // quad-reduced in the epilogue), overwrites s with 2^(c (s - m)) = 2^(c s - c m), one FFMA + one ex2
 // per element, and returns in alpha the factor the previous O rows must be scaled by (rescale_o). The
 // per-thread max and sum are trees / split chains, not one serial chain of N/2 dependent ops.
-// rescale_threshold > 0: a row keeps its running max while a tile raises it by at most this much
-// (log2 units: weights up to 2^threshold, far inside fp32 / bf16 / fp16 range, and e4m3's 448 for at most 8),
-// so O needs no rescale for it (FA4's conditional rescale).
-template <int N>
+// A row keeps its running max while a tile raises it by at most rescale_threshold (log2 units), so O needs no
+// rescale for it (alpha exactly 1): > 0 is FA4's conditional rescale (weights up to 2^threshold, far inside fp32 /
+// bf16 / fp16 range); 0 keeps it only when it did not grow, so the row max's weight is exactly 2^P_OFFSET.
+// P_OFFSET: the weights are 2^(c (s - m) + P_OFFSET) (FP8's P, FlashAttention-3's max offset: the row max at 256
+// and e4m3's normal range 8 binades further down); the row sums carry the same factor, which O / l cancels.
+template <int P_OFFSET = 0, int N>
 ATTNGEN_DEV_INLINE void online_softmax(float (&s)[N], float c, float rescale_threshold, float (&m)[2], float (&l)[2],
                                        float (&alpha)[2]) {
   constexpr int NT = N / 4;  // n8 chunks: 2 elements per row per chunk
@@ -48,7 +50,7 @@ ATTNGEN_DEV_INLINE void online_softmax(float (&s)[N], float c, float rescale_thr
     }
     float mx = quad_max(fmaxf(m[rh], part[0]));
     // Small growth of a finite max: keep the old one (false when m is -inf: the difference is +inf or NaN).
-    const bool keep_max = rescale_threshold > 0.f && (mx - m[rh]) * c <= rescale_threshold;
+    const bool keep_max = (mx - m[rh]) * c <= rescale_threshold;
     if (keep_max) mx = m[rh];
     // Nothing kept in this row yet: subtract 0 instead of -inf, so p = 2^-inf = 0 (not NaN) and
     // alpha = 2^(-inf - 0) = 0 (l and O are still 0 anyway).
@@ -56,13 +58,15 @@ ATTNGEN_DEV_INLINE void online_softmax(float (&s)[N], float c, float rescale_thr
     const float neg_cm = -m_sub * c;
     alpha[rh] = keep_max ? 1.f : fast_exp2(fmaf(m[rh], c, neg_cm));
     m[rh] = mx;
+    float neg_cm_p = neg_cm;
+    if constexpr (P_OFFSET != 0) neg_cm_p += (float)P_OFFSET;
     constexpr int CHAINS = 4;  // independent partial sums: ex2 latency, not FADD latency, sets the pace
     float acc[CHAINS] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float p = fast_exp2(fmaf(s[nt * 4 + rh * 2 + e], c, neg_cm));
+        const float p = fast_exp2(fmaf(s[nt * 4 + rh * 2 + e], c, neg_cm_p));
         s[nt * 4 + rh * 2 + e] = p;
         acc[(nt * 2 + e) % CHAINS] += p;
       }
@@ -71,11 +75,12 @@ ATTNGEN_DEV_INLINE void online_softmax(float (&s)[N], float c, float rescale_thr
   }
 }
 
-// O *= alpha per row (sm90 form: O in the accumulator layout, alpha from online_softmax). With a
-// rescale threshold most tiles leave every alpha at exactly 1: the multiplies are skipped warp-wide.
+// O *= alpha per row (sm90 form: O in the accumulator layout, alpha from online_softmax). Tiles that raise no
+// row max of the warp beyond the rescale threshold leave every alpha at exactly 1: the multiplies are skipped
+// warp-wide.
 template <int N>
-ATTNGEN_DEV_INLINE void rescale_o(float (&o)[N], const float (&alpha)[2], float rescale_threshold) {
-  if (rescale_threshold > 0.f && !__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
+ATTNGEN_DEV_INLINE void rescale_o(float (&o)[N], const float (&alpha)[2]) {
+  if (!__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
 #pragma unroll
   for (int n = 0; n < N / 4; ++n) {
     o[n * 4 + 0] *= alpha[0];
