@@ -2,10 +2,10 @@
 the attention kernel alone (V^T made once), beside the variant's bf16 call, at B2 H16 S8192 D128 (the bench_fp8.py
 shape). Also times the library's V transpose. Needs nvcc and an sm_90 GPU.
 Usage: fp8_tile_sweep.py [--variants full,causal] [--tiles 3,2,4,3-noov,3-nopp,3-pers,3-nopers]
-(a tile spec: stages, then -noov (no intra-warpgroup overlap), -nopp (no pingpong), -pers / -nopers (persistent grid
-forced on / off), -bkN (BK = N kv columns), -rtN (rescale threshold N); the rest as the ladder's first rung.
-Session 15's round H also swept an FMA-pipe exp2 for every n-th exponential, since taken out: docs/performance.md,
-"FP8")."""
+(a tile spec: stages, then -noov (no intra-warpgroup overlap), -nopp / -pp (pingpong off / on), -pin / -nopin (softmax
+pinned ahead of the P V wait or not), -pers / -nopers (persistent grid forced on / off), -bkN (BK = N kv columns),
+-rtN (rescale threshold N); the rest as the ladder's first rung. Session 15's round H also swept an FMA-pipe exp2 for
+every n-th exponential, since taken out: docs/performance.md, "FP8")."""
 import argparse
 import concurrent.futures as cf
 import sys
@@ -49,6 +49,8 @@ def tiles_for(spec, text):
             t = replace(t, rescale_threshold=float(flag[2:]))
             continue
         t = {"noov": lambda t: replace(t, overlap=False), "nopp": lambda t: replace(t, pingpong=False),
+             "pin": lambda t: replace(t, pin_softmax=True), "nopin": lambda t: replace(t, pin_softmax=False),
+             "pp": lambda t: replace(t, pingpong=True),
              "pers": lambda t: replace(t, persistent=True, persistent_max_kv=0),
              "nopers": lambda t: replace(t, persistent=False)}[flag](t)
     return t
@@ -102,6 +104,7 @@ for key, text, t, path, spill in built:
         t16.append(bench_ms(run16))
     m8, m16 = sorted(t8)[len(t8) // 2], sorted(t16)[len(t16) // 2]
     density = 0.5 if key == "causal" else 1.0
-    print(f"| {key} | {text} (BK {t.block_k}, threshold {t.rescale_threshold:g}, stages {t.stages}, overlap {t.overlap}, pingpong {t.pingpong}, persistent "
+    print(f"| {key} | {text} (BK {t.block_k}, threshold {t.rescale_threshold:g}, stages {t.stages}, overlap "
+          f"{t.overlap}, pingpong {t.pingpong}, pin {t.pin_softmax}, persistent "
           f"{t.persistent}/{t.persistent_max_kv}) | {spill} | {m8:.4f} | {tflops(B, H, S, D, density, m8):.1f} | "
           f"{m16:.4f} | {m16 / m8:.3f}x | {diff:.2e} |", flush=True)

@@ -27,4 +27,11 @@ case "$1" in
       2>&1 | tee "$R/fp8_tile_sweep.md" | grep -E "^\||rror|!!"
     run_tests fp8 100 tests/gpu/test_fp8_gpu.py
     timeout 120 python benchmarks/bench_fp8.py --out "$R" 2>&1 | grep -E "^\||rror|!!" ;;
+  D)  # FP8: the softmax pinned ahead of the P V wait (in round C's build ptxas put the whole softmax after it, so a
+      # warpgroup's softmax never ran under its own P V), with and without pingpong, against round C's ladder ("2-pp",
+      # "2"); the FP8 suite and bench_fp8 on the new first rung (BK 192, pinned, no pingpong)
+    timeout 200 python scripts/fp8_tile_sweep.py --variants full,causal \
+      --tiles 2-pp-nopin,2-nopin,2-pp,2,2-rt8 2>&1 | tee "$R/fp8_tile_sweep.md" | grep -E "^\||rror|!!"
+    run_tests fp8 100 tests/gpu/test_fp8_gpu.py
+    timeout 120 python benchmarks/bench_fp8.py --out "$R" 2>&1 | grep -E "^\||rror|!!" ;;
 esac

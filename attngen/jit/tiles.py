@@ -190,6 +190,8 @@ class Sm90Tiles:
     stages: int
     overlap: bool = True  # issue the next Q.K^T before this tile's softmax (intra-warpgroup overlap)
     pingpong: bool = True  # the two consumer warpgroups take turns issuing wgmmas
+    # with overlap: the softmax of S(next) in a block of its own, so that ptxas keeps the wait for P V after it
+    pin_softmax: bool = False
     persistent: bool = False  # grid = number of SMs; CTAs take work tiles from a global counter
     # > 0: the persistent grid only for kv lengths up to this (longer: one CTA per work tile)
     persistent_max_kv: int = 0
@@ -249,7 +251,7 @@ def sm90_ladder(head_dim: int, has_mask: bool, has_score_mod: bool) -> tuple:
 # sm90_layout.cuh) where ptxas fits it, else BK 128 (one 128-byte row); O rescaled whenever a row max grows (threshold
 # 0), so that the row max's weight rounds exactly to e4m3 (a stale max rounded a peaked row's dominant weight by up
 # to 2^-4); the persistent grid serves masked variants at every length (docs/performance.md, "FP8").
-SM90_FP8_LADDER = (Sm90Tiles(192, 2, elem_bytes=1),
+SM90_FP8_LADDER = (Sm90Tiles(192, 2, pingpong=False, pin_softmax=True, elem_bytes=1),
                    Sm90Tiles(128, 2, elem_bytes=1),
                    Sm90Tiles(128, 2, overlap=False, elem_bytes=1))
 

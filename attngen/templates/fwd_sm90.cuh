@@ -185,9 +185,10 @@ struct TileCtx {
 // One step of the consumer loop, the same in both loop modes: with QK, S = Q K^T for kv tile jn (ring
 // slot k_stage; [f_lo, f_hi) are the FULL kv tiles), its scores and softmax, P packed; with PV,
 // O = alpha O + P V for the previous tile (slot v_stage). With both (the overlapped steady state) P V is
-// issued right behind Q K^T so that it runs under the softmax (ptxas puts the wait for it ahead of most of
-// the softmax; the other consumer's wgmmas fill that gap, and pinning the softmax between the two waits
-// measured slower: docs/performance.md).
+// issued right behind Q K^T so that it runs under the softmax. In one basic block ptxas puts the wait for it
+// ahead of most of the softmax; the other consumer's wgmmas fill that gap. PIN_SOFTMAX puts the softmax in a
+// block of its own behind a branch ptxas cannot fold (QLEN > 0 always holds in a launched kernel), which keeps
+// the wait after it: slower for 16-bit inputs, measured for FP8 (docs/performance.md).
 template <bool QK, bool PV>
 __device__ __forceinline__ void step(const Consumer& c, int k_stage, uint32_t k_phase, int v_stage, uint32_t v_phase,
                                      int jn, int f_lo, int f_hi, const TileCtx& w, const Regs& r) {
@@ -214,8 +215,10 @@ __device__ __forceinline__ void step(const Consumer& c, int k_stage, uint32_t k_
     wgmma_wait<PV ? 1 : 0>();  // S complete (its K slot is free); P V may still run
     fence_regs(r.s);
     c.release_k(k_stage);
-    score_kv_tile</*RAW=*/true, BQ, BK>(r.s, jn, f_lo, f_hi, w.scale, w.C, w.t, w.i, w.hc, w.rc, w.qi, w.tig);
-    online_softmax<P_OFFSET>(r.s, raw_score_factor(w.scale), RESCALE_THRESHOLD, r.m, r.l, r.alpha);
+    if (!(PIN_SOFTMAX && PV) || w.t.QLEN > 0) {
+      score_kv_tile</*RAW=*/true, BQ, BK>(r.s, jn, f_lo, f_hi, w.scale, w.C, w.t, w.i, w.hc, w.rc, w.qi, w.tig);
+      online_softmax<P_OFFSET>(r.s, raw_score_factor(w.scale), RESCALE_THRESHOLD, r.m, r.l, r.alpha);
+    }
   }
   if (PV) {
     wgmma_wait<0>();  // P V complete: its V slot is free, p may be overwritten
