@@ -34,4 +34,13 @@ case "$1" in
       --tiles 2-pp-nopin,2-nopin,2-pp,2,2-rt8 2>&1 | tee "$R/fp8_tile_sweep.md" | grep -E "^\||rror|!!"
     run_tests fp8 100 tests/gpu/test_fp8_gpu.py
     timeout 120 python benchmarks/bench_fp8.py --out "$R" 2>&1 | grep -E "^\||rror|!!" ;;
+  E)  # the V^T kernel as 4 x 4 byte transposes (word reads, byte permutes, 128-byte row stores; was byte reads);
+      # the pinned rung at 3 stages; the FP8 suite (the V^T kernel against the torch reference) and bench_fp8 on the
+      # ladder of round D; the sm90 forward suite (16-bit: threshold 0 now keeps a max that did not grow, the pinned
+      # switch, the TMA encoder's new box argument)
+    timeout 120 python scripts/fp8_tile_sweep.py --variants full,causal --tiles 2,3 \
+      2>&1 | tee "$R/fp8_tile_sweep.md" | grep -E "^\(|^\||rror|!!"
+    run_tests fp8 100 tests/gpu/test_fp8_gpu.py
+    timeout 120 python benchmarks/bench_fp8.py --out "$R" 2>&1 | grep -E "^\||rror|!!"
+    run_tests sm90 200 tests/gpu/test_kernel_sm90.py ;;
 esac

@@ -93,6 +93,9 @@ def test_render(hd, dtype):
     assert "constexpr bool PERSISTENT = true;" in off[render.KERNEL_SOURCE]
     assert "constexpr bool PINGPONG = false;" in off[render.KERNEL_SOURCE]
     assert "constexpr bool OVERLAP = false;" in off[render.KERNEL_SOURCE]
+    assert "constexpr bool PIN_SOFTMAX = false;" in off[render.KERNEL_SOURCE]
+    pinned = render_sm90(fixture_inc("causal"), dtype, hd, replace(cfg, pin_softmax=True))
+    assert "constexpr bool PIN_SOFTMAX = true;" in pinned[render.KERNEL_SOURCE]
 
 
 def test_render_needs_every_parameter():
@@ -118,6 +121,7 @@ COMPILE_SET = [
     ("alibi_doc", torch.bfloat16, 128, LADDER[128][1]),
     ("sm90_alibi_document", torch.float16, 256, LADDER[256][1]),
     ("sliding", torch.bfloat16, 128, replace(SM90_TILES[128], overlap=False, pingpong=False)),
+    ("causal", torch.bfloat16, 128, replace(SM90_TILES[128], pingpong=False, pin_softmax=True)),
 ]
 
 
