@@ -248,9 +248,10 @@ def sm90_ladder(head_dim: int, has_mask: bool, has_score_mod: bool) -> tuple:
 
 
 # FP8 (e4m3) inputs, head dim 128: BK 192 (FlashAttention-3's FP8 width; V^T in three 64-byte swizzle columns,
-# sm90_layout.cuh) where ptxas fits it, else BK 128 (one 128-byte row); O rescaled whenever a row max grows (threshold
-# 0), so that the row max's weight rounds exactly to e4m3 (a stale max rounded a peaked row's dominant weight by up
-# to 2^-4); the persistent grid serves masked variants at every length (docs/performance.md, "FP8").
+# sm90_layout.cuh) with the softmax pinned ahead of the P V wait and no pingpong where ptxas fits it, else BK 128 (one
+# 128-byte row); O rescaled whenever a row max grows (threshold 0), so that the row max's weight rounds exactly to
+# e4m3 (a stale max rounded a peaked row's dominant weight by up to 2^-4); the persistent grid serves masked variants
+# at every length (docs/performance.md, "FP8").
 SM90_FP8_LADDER = (Sm90Tiles(192, 2, pingpong=False, pin_softmax=True, elem_bytes=1),
                    Sm90Tiles(128, 2, elem_bytes=1),
                    Sm90Tiles(128, 2, overlap=False, elem_bytes=1))

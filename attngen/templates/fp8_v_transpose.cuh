@@ -72,8 +72,10 @@ __global__ void __launch_bounds__(VT_THREADS) attngen_fp8_v_transpose_kernel(
   }
   unsigned char* dst = vt + ((long long)b * H + h) * (long long)D * L16 + col0;
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
-    *reinterpret_cast<uint4*>(dst + (long long)(4 * dq + i) * L16) = make_uint4(out[i][0], out[i][1], out[i][2], out[i][3]);
+  for (int i = 0; i < 4; ++i) {
+    const uint4 row = make_uint4(out[i][0], out[i][1], out[i][2], out[i][3]);
+    *reinterpret_cast<uint4*>(dst + (long long)(4 * dq + i) * L16) = row;
+  }
 }
 
 }  // namespace

@@ -132,8 +132,9 @@ inline CUtensorMapDataType tma_data_type(int dtype_code) {
 
 // Encode the map of a (B, H, L, C) tensor at `base` (element type by dtype code, element strides `stride` =
 // (batch, head, row)), boxes of one `box_bytes` row (128: 64 16-bit or 128 8-bit columns, 128-byte swizzle; 64:
-// FP8's V^T at a BK that is no multiple of 128, 64-byte swizzle) x `box_rows` rows, zero fill out of bounds. Returns CUDA_SUCCESS or the driver's error (CUDA_ERROR_INVALID_VALUE for
-// strides TMA cannot express: not a multiple of 16 bytes, zero, or >= 2^40 bytes), or CUDA_ERROR_NOT_SUPPORTED
+// FP8's V^T at a BK that is no multiple of 128, 64-byte swizzle) x `box_rows` rows, zero fill out of bounds.
+// Returns CUDA_SUCCESS or the driver's error (CUDA_ERROR_INVALID_VALUE for strides TMA cannot express: not a
+// multiple of 16 bytes, zero, or >= 2^40 bytes; or a box_bytes other than 128 or 64), or CUDA_ERROR_NOT_SUPPORTED
 // without an encoder. L == 0 is encoded as L = 1 (the kernel then never loads from the map).
 inline CUresult tma_encode_bhld(CUtensorMap* map, const void* base, int dtype_code, int C, long long B, long long H,
                                 long long L, const long long (&stride)[3], int box_rows, int box_bytes) {
@@ -154,9 +155,9 @@ inline CUresult tma_encode_bhld(CUtensorMap* map, const void* base, int dtype_co
   if (box_bytes != 128 && box_bytes != 64) return CUDA_ERROR_INVALID_VALUE;
   const cuuint32_t box[4] = {(cuuint32_t)(box_bytes / elem), (cuuint32_t)box_rows, 1u, 1u};
   const cuuint32_t elem_strides[4] = {1u, 1u, 1u, 1u};
+  const CUtensorMapSwizzle swizzle = box_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   return encode(map, tma_data_type(dtype_code), 4, const_cast<void*>(base), dims, strides, box, elem_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, box_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
