@@ -1,7 +1,8 @@
 # scripts/device_step.sh: sourced (from the repo root) by a session's device-call scripts (scripts/round_s*.sh):
 # the environment of one call, the device line in $OUT/device.txt, and run_tests: one pytest run of GPU tests under
 # a time limit, its log and failures under $OUT, its counts, failed tests and last lines printed; smoke_backward
-# and sanitize_backward: the backward's small cases (scripts/sanitize_case.py) run plainly or under a sanitizer.
+# and sanitize_backward: the backward's small cases (scripts/sanitize_case.py) run plainly or under a sanitizer;
+# ncu_profile: Nsight Compute's full set on one warm launch of scripts/profile_case.py, its details and hot SASS lines.
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache ATTNGEN_TEST_BUILD_JOBS=14
 R="$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$R/device.txt"
@@ -23,4 +24,16 @@ sanitize_backward() {  # tool timeout: compute-sanitizer on the backward's small
   timeout "$2" compute-sanitizer --tool "$1" --print-limit 20 python scripts/sanitize_case.py --backward \
     > "$R/$1.log" 2>&1
   echo "$1 rc=$?"; grep -E "^========= (Error|RACECHECK|ERROR SUMMARY)|SANITIZE" "$R/$1.log" | head -n 8
+}
+ncu_profile() {  # name kernel-regex timeout profile_case.py-args...: $R/ncu-<name>-details.txt, -sass.csv.gz, -hot.txt
+  local name=$1 kernel=$2 t=$3; shift 3
+  python scripts/profile_case.py "$@" --build
+  timeout "$t" ncu --clock-control none -k "regex:$kernel" --launch-skip 1 --launch-count 1 --set full \
+    --import-source no -f -o "$R/ncu-$name" python scripts/profile_case.py "$@" > "$R/ncu-$name.log" 2>&1
+  ncu --import "$R/ncu-$name.ncu-rep" --page details > "$R/ncu-$name-details.txt" 2>&1
+  ncu --import "$R/ncu-$name.ncu-rep" --page source --csv --print-source sass | gzip > "$R/ncu-$name-sass.csv.gz"
+  rm -f "$R/ncu-$name.ncu-rep"
+  grep -E "Duration|Throughput|Issue Slots Busy|No Eligible|Registers Per|Pipe|Achieved Occ" "$R/ncu-$name-details.txt" \
+    | head -24
+  python scripts/ncu_hot_lines.py "$R/ncu-$name-sass.csv.gz" --top 30 | tee "$R/ncu-$name-hot.txt"
 }

@@ -1,11 +1,13 @@
 """FP8 forward tile experiments: build the e4m3 sm90 forward of a few variants at several Sm90Tiles settings and time
 the attention kernel alone (V^T made once), beside the variant's bf16 call, at B2 H16 S8192 D128 (the bench_fp8.py
 shape). Also times the library's V transpose. Needs nvcc and an sm_90 GPU.
-Usage: fp8_tile_sweep.py [--variants full,causal] [--tiles 3,2,4,3-noov,3-nopp,3-pers,3-nopers]
-(a tile spec: stages, then -noov (no intra-warpgroup overlap), -nopp / -pp (pingpong off / on), -pin / -nopin (softmax
-pinned ahead of the P V wait or not), -pers / -nopers (persistent grid forced on / off), -bkN (BK = N kv columns),
--rtN (rescale threshold N); the rest as the ladder's first rung. Session 15's round H also swept an FMA-pipe exp2 for
-every n-th exponential, since taken out: docs/performance.md, "FP8")."""
+Usage: fp8_tile_sweep.py [--variants full,causal] [--tiles 2,3,2-pp,2-nopin,2-bk128]
+(a tile spec: stages, then -noov (no intra-warpgroup overlap, hence no pinning), -nopp / -pp (pingpong off / on),
+-pin / -nopin (softmax pinned ahead of the P V wait or not), -pers / -nopers (persistent grid forced on / off), -bkN
+(BK = N kv columns), -rtN (rescale threshold N: FP8 takes a whole N <= 8); the rest as the ladder's first rung, so a
+spec names another setting once that rung changes: scripts/round_s16.sh's comments say which each round meant).
+Session 15's round H also swept an FMA-pipe exp2 for every n-th exponential, since taken out: docs/performance.md,
+"FP8")."""
 import argparse
 import concurrent.futures as cf
 import sys
@@ -29,12 +31,17 @@ from bench_forward import bench_ms, heat_gpu, make_variant, tflops  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--variants", default="full,causal")
-p.add_argument("--tiles", default="3,2,4,3-noov,3-nopp")
+p.add_argument("--tiles", default="2,3,2-pp,2-nopin,2-bk128")
 p.add_argument("--S", type=int, default=8192)
 p.add_argument("--rounds", type=int, default=3)
 args = p.parse_args()
 E4M3 = torch.float8_e4m3fn
 B, H, S, D = 2, 16, args.S, 128
+
+
+FLAGS = {"noov": dict(overlap=False, pin_softmax=False), "nopp": dict(pingpong=False), "pp": dict(pingpong=True),
+         "pin": dict(pin_softmax=True), "nopin": dict(pin_softmax=False),
+         "pers": dict(persistent=True, persistent_max_kv=0), "nopers": dict(persistent=False)}
 
 
 def tiles_for(spec, text):
@@ -44,15 +51,12 @@ def tiles_for(spec, text):
     for flag in parts[1:]:
         if flag.startswith("bk"):
             t = replace(t, block_k=int(flag[2:]))
-            continue
-        if flag.startswith("rt"):
+        elif flag.startswith("rt"):
             t = replace(t, rescale_threshold=float(flag[2:]))
-            continue
-        t = {"noov": lambda t: replace(t, overlap=False), "nopp": lambda t: replace(t, pingpong=False),
-             "pin": lambda t: replace(t, pin_softmax=True), "nopin": lambda t: replace(t, pin_softmax=False),
-             "pp": lambda t: replace(t, pingpong=True),
-             "pers": lambda t: replace(t, persistent=True, persistent_max_kv=0),
-             "nopers": lambda t: replace(t, persistent=False)}[flag](t)
+        elif flag in FLAGS:
+            t = replace(t, **FLAGS[flag])
+        else:
+            raise SystemExit(f"tile spec {text!r}: unknown flag {flag!r} (expected bkN, rtN or one of {sorted(FLAGS)})")
     return t
 
 

@@ -1,7 +1,9 @@
 """One anchor-shaped launch for Nsight Compute: B=2, H=16, S=8192, D=128, bf16 (or --S/--D), after a
 warm-up launch, so `ncu --launch-skip 1 --launch-count 1 -k regex:attngen_fwd` profiles a warm kernel;
-`--backward` also runs the backward (its kernels: `-k regex:attngen_bwd_kernel`).
-`--build` only fills the kernel cache (run it outside ncu). Usage: profile_case.py VARIANT [--build] [--backward]"""
+`--backward` also runs the backward (its kernels: `-k regex:attngen_bwd_kernel`); `--fp8` calls the FP8 forward on the
+inputs quantised as bench_fp8.py does (its attention kernel: `-k regex:attngen_fwd_kernel`, not the V^T kernel).
+`--build` only fills the kernel cache (run it outside ncu).
+Usage: profile_case.py VARIANT [--build] [--backward | --fp8]"""
 import argparse
 import sys
 from pathlib import Path
@@ -20,6 +22,7 @@ p.add_argument("--backend", default="auto")
 p.add_argument("--S", type=int, default=8192)
 p.add_argument("--D", type=int, default=128)
 p.add_argument("--backward", action="store_true")
+p.add_argument("--fp8", action="store_true")
 args = p.parse_args()
 B, H = 2, 16
 score_mod, mask_mod = make_variant(args.variant, args.S, H, "cuda")
@@ -28,7 +31,16 @@ q, k, v = (torch.randn(B, H, args.S, args.D, device="cuda", dtype=torch.bfloat16
            for _ in range(3))
 
 
+if args.fp8:
+    from bench_fp8 import quantise  # noqa: E402
+
+    (q8, qd), (k8, kd), (v8, vd) = (quantise(t, H) for t in (q, k, v))
+
+
 def call():
+    if args.fp8:
+        attn(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)
+        return
     out = attn(q, k, v)
     if args.backward:
         torch.autograd.grad(out, (q, k, v), torch.randn_like(out))

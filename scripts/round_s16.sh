@@ -3,7 +3,9 @@
 # A = the FP8 suite on the mended tree (session 15's round I failed 25 of its 30 tests on a Python NameError after the
 # kernel had run; mended with a CPU test), the decode suite (its libraries speak ABI 4 since session 15, not yet run
 # on the GPU), and bench_fp8.py on the FP8 ladder's final first rung (session 15's figure came from a build with
-# every 4th exponential on the FMA pipe).
+# every 4th exponential on the FMA pipe). B-F: written during session 16, each after the round before it.
+# Tile specs of scripts/fp8_tile_sweep.py are relative to the FP8 ladder's first rung as it stood in that round: B and
+# C BK 192 with pingpong, unpinned (threshold 8 in B, 0 in C); D and E BK 192 pinned, no pingpong, threshold 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -12,9 +14,10 @@ case "$1" in
     run_tests fp8 90 tests/gpu/test_fp8_gpu.py
     run_tests decode 150 tests/gpu/test_decode_gpu.py
     timeout 150 python benchmarks/bench_fp8.py --out "$R" 2>&1 | grep -E "^\||rror|!!" ;;
-  B)  # FP8 at BK 192 (V^T in 64-byte swizzle columns; the ladder's new first rung: tile spec "2") against BK 128,
-      # kernel alone; the FP8 suite on the new ladder (BK 192 where ptxas fits it, 128 where not); bench_fp8; the
-      # decode suite (round A's ran out of time building its 27 libraries one at a time: 4 workers here)
+  B)  # FP8 at BK 192 (V^T in 64-byte swizzle columns; the ladder's new first rung: tile spec "2") against BK 128
+      # ("2-bk128"), at 3 stages ("3") and without pingpong ("2-nopp"), kernel alone; the FP8 suite on the new ladder
+      # (BK 192 where ptxas fits it, 128 where not); bench_fp8; the decode suite (round A's ran out of time building a
+      # library per (variant, head dim) case one at a time: 4 workers here)
     timeout 150 python scripts/fp8_tile_sweep.py --variants full,causal --tiles 2-bk128,2,3,2-nopp \
       2>&1 | tee "$R/fp8_tile_sweep.md" | grep -E "^\||rror|!!"
     run_tests fp8 100 tests/gpu/test_fp8_gpu.py
@@ -28,8 +31,9 @@ case "$1" in
     run_tests fp8 100 tests/gpu/test_fp8_gpu.py
     timeout 120 python benchmarks/bench_fp8.py --out "$R" 2>&1 | grep -E "^\||rror|!!" ;;
   D)  # FP8: the softmax pinned ahead of the P V wait (in round C's build ptxas put the whole softmax after it, so a
-      # warpgroup's softmax never ran under its own P V), with and without pingpong, against round C's ladder ("2-pp",
-      # "2"); the FP8 suite and bench_fp8 on the new first rung (BK 192, pinned, no pingpong)
+      # warpgroup's softmax never ran under its own P V), with and without pingpong ("2-pp", "2"), against round C's
+      # first rung ("2-pp-nopin") and its form without pingpong ("2-nopin"), and threshold 8 pinned ("2-rt8"); the FP8
+      # suite and bench_fp8 on the new first rung (BK 192, pinned, no pingpong)
     timeout 200 python scripts/fp8_tile_sweep.py --variants full,causal \
       --tiles 2-pp-nopin,2-nopin,2-pp,2,2-rt8 2>&1 | tee "$R/fp8_tile_sweep.md" | grep -E "^\||rror|!!"
     run_tests fp8 100 tests/gpu/test_fp8_gpu.py
@@ -43,4 +47,11 @@ case "$1" in
     run_tests fp8 100 tests/gpu/test_fp8_gpu.py
     timeout 120 python benchmarks/bench_fp8.py --out "$R" 2>&1 | grep -E "^\||rror|!!"
     run_tests sm90 200 tests/gpu/test_kernel_sm90.py ;;
+  F)  # the final tree: the FP8 suite (its helpers moved to tests/fp8_cases.py), the sm90 forward suite (round E's ran
+      # the pinned kernel in place of the no-pingpong one: their build keys collided); then where the shipped FP8
+      # kernel's time goes (full, one warm launch, Nsight Compute's full set; it runs at 41% of the tensor pipe's
+      # peak): the next FP8 step's starting data
+    run_tests fp8 90 tests/gpu/test_fp8_gpu.py
+    run_tests sm90 150 tests/gpu/test_kernel_sm90.py
+    ncu_profile fp8 attngen_fwd_kernel 150 full --fp8 ;;
 esac

@@ -21,17 +21,21 @@ def sm90_key(name, dtype, hd, tiles) -> str:
     """Subdirectory name of one sm90 library in a build set (every tile option that changes the kernel)."""
     t = tiles or SM90_TILES[hd]
     return (f"{name}_{str(dtype).replace('torch.', '')}_{hd}_bk{t.block_k}s{t.stages}"
-            f"{'' if t.overlap else '_noov'}{'' if t.pingpong else '_nopp'}{'_pers' if t.persistent else ''}"
+            f"{'' if t.overlap else '_noov'}{'' if t.pingpong else '_nopp'}{'_pin' if t.pin_softmax else ''}"
+            f"{'_pers' if t.persistent else ''}{f'_max{t.persistent_max_kv}' if t.persistent_max_kv else ''}"
             f"{f'_rt{t.rescale_threshold:g}' if t.rescale_threshold else ''}")
 
 
 def sm90_sources(configs) -> dict:
     """One build.ninja for many libraries: each (fixture, dtype, head dim, tiles) in its own subdirectory,
     the shared headers at the top."""
-    sources = {}
+    sources, kernels = {}, {}
     for name, dtype, hd, tiles in configs:
         src = render_sm90(fixture_inc(name), dtype, hd, tiles)
         sub = sm90_key(name, dtype, hd, tiles)
+        # two different kernels under one key would leave only the last one built (and tested)
+        kernel = kernels.setdefault(sub, src[render.KERNEL_SOURCE])
+        assert kernel == src[render.KERNEL_SOURCE], f"{sub}: two different kernels under one key"
         for f in (render.KERNEL_SOURCE, render.DECODE_SOURCE, render.VARIANT_INCLUDE):
             sources[f"{sub}/{f}"] = src.pop(f)
         sources.update(src)

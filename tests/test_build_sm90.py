@@ -198,6 +198,9 @@ def test_sass(compiled, nvcc_path):
         assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass  # mbarrier waits
         if t.overlap:
             assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass, "the overlapped loop waits for S(next) only"
+        if t.pin_softmax:  # the softmax's ex2s between the wait for S(next) and the wait for P V
+            after_s = sass.split("WARPGROUP.DEPBAR.LE gsb0, 0x1", 1)[1]
+            assert "MUFU.EX2" in after_s.split("WARPGROUP.DEPBAR.LE gsb0, 0x0", 1)[0], f"{obj}: softmax not pinned"
         local = [l for l in sass.splitlines() if re.search(r"\b(LDL|STL)\b", l)]
         assert not local, f"{obj}: local memory in the SASS:\n" + "\n".join(local[:10])
         assert not re.search(r"\bHMMA\b", sass), "mma.sync in the sm90 kernel: wgmma path not taken"

@@ -39,7 +39,7 @@ static_assert(fp8_v_word_columns(), "each 4-byte word of V^T gathers columns 2q,
 
 // A CTA stages 128 kv rows x D bytes in shared memory with 16-byte loads (zeros past L); each thread then reads one
 // 4-byte word (d rows 4 dq .. 4 dq + 3) of the 16 rows of its column group, transposes them as 4 x 4 byte blocks
-// with byte permutes, and writes 16 bytes to each of its 4 V^T rows (the 8 groups of a row: one 128-byte line).
+// with byte permutes, and writes 16 bytes to each of its 4 V^T rows (the 8 groups of a row: 128 contiguous bytes).
 __global__ void __launch_bounds__(VT_THREADS) attngen_fp8_v_transpose_kernel(
     const unsigned char* __restrict__ v, unsigned char* __restrict__ vt, int H, int L, int L16, long long s0,
     long long s1, long long s2) {
@@ -62,10 +62,11 @@ __global__ void __launch_bounds__(VT_THREADS) attngen_fp8_v_transpose_kernel(
   uint32_t out[4][4];  // [byte i of the words: d row 4 dq + i][word q of its 16 bytes]
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    const uint32_t a = w[2 * q], b2 = w[2 * q + 1], c = w[2 * q + 8], e = w[2 * q + 9];
-    const uint32_t t0 = __byte_perm(a, b2, 0x5140), t1 = __byte_perm(a, b2, 0x7362);  // a0 b0 a1 b1 | a2 b2 a3 b3
-    const uint32_t t2 = __byte_perm(c, e, 0x5140), t3 = __byte_perm(c, e, 0x7362);    // c0 e0 c1 e1 | c2 e2 c3 e3
-    out[0][q] = __byte_perm(t0, t2, 0x5410);  // a0 b0 c0 e0
+    // rows r0..r3 = 2q, 2q + 1, 2q + 8, 2q + 9; ri.j is byte j (d row 4 dq + j) of row ri's word
+    const uint32_t r0 = w[2 * q], r1 = w[2 * q + 1], r2 = w[2 * q + 8], r3 = w[2 * q + 9];
+    const uint32_t t0 = __byte_perm(r0, r1, 0x5140), t1 = __byte_perm(r0, r1, 0x7362);  // r0.0 r1.0 r0.1 r1.1 | .2 .3
+    const uint32_t t2 = __byte_perm(r2, r3, 0x5140), t3 = __byte_perm(r2, r3, 0x7362);  // r2.0 r3.0 r2.1 r3.1 | .2 .3
+    out[0][q] = __byte_perm(t0, t2, 0x5410);  // r0.0 r1.0 r2.0 r3.0
     out[1][q] = __byte_perm(t0, t2, 0x7632);
     out[2][q] = __byte_perm(t1, t3, 0x5410);
     out[3][q] = __byte_perm(t1, t3, 0x7632);

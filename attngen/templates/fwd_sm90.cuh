@@ -275,7 +275,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
 #pragma unroll
     for (int n = 0; n < NO; ++n) o[n] = 0.f;
     float m[2] = {-INFINITY, -INFINITY};  // running row max (softmax domain, see online_softmax)
-    float l[2] = {0.f, 0.f};              // running partial row sums of 2^(c (x - m))
+    float l[2] = {0.f, 0.f};              // running partial row sums of 2^(c (x - m) + P_OFFSET)
     float alpha[2] = {1.f, 1.f};          // pending rescale of O (applied just before the next P V)
     float s[NS];
     uint32_t p[KSTEPS_PV][4];

@@ -44,8 +44,9 @@ constexpr int KSTEPS_QK = D * (int)sizeof(Elem) / KSTEP_BYTES;   // k steps of Q
 constexpr int KSTEPS_PV = BK * (int)sizeof(Elem) / KSTEP_BYTES;  // k steps of P V
 
 // Shared memory (offsets from a 1024-byte aligned base; every tile is a multiple of 1024 bytes, so every
-// 8-row swizzle atom is 1024-aligned as the descriptors' base offset 0 requires):
+// 8-row swizzle atom is aligned as the descriptors' base offset 0 requires):
 //   Q [QBUFS][DB][BQ][128 B] | K [STAGES][DB][BK][128 B] | V [STAGES][DB][BK][128 B] | mbarriers | tile id
+// (FP8's V^T in the V slots: [STAGES][BK / VT_COLS][D][VT_COLS B].)
 // A persistent CTA double-buffers Q where it fits, so that the next work tile's Q loads under this one's
 // last kv tiles instead of after its last Q K^T (docs/performance.md).
 constexpr int SMEM_LIMIT = 232448;               // 227 KB opt-in maximum per block on sm90
@@ -75,6 +76,7 @@ static_assert(RESCALE_THRESHOLD >= 0.f, "rescale threshold: log2 units of growth
 static_assert(!FP8 || (RESCALE_THRESHOLD <= 8.f && RESCALE_THRESHOLD == (float)(int)RESCALE_THRESHOLD),
               "FP8: a whole rescale threshold of at most 8 (P reaches 2^8; e4m3 tops out at 448)");
 static_assert(STAGES >= 2, "the overlapped loop holds two K/V tiles at once");
+static_assert(!PIN_SOFTMAX || OVERLAP, "pin_softmax orders the softmax before the P V wait of the overlapped loop");
 static_assert(Q_BLOCK_BYTES % 1024 == 0 && KV_BLOCK_BYTES % 1024 == 0 && (!FP8 || VT_BLOCK_BYTES % 1024 == 0),
               "swizzle atoms must stay 1024-aligned");
 static_assert(SMEM_BYTES <= SMEM_LIMIT, "tiles do not fit in shared memory: lower BK or STAGES");

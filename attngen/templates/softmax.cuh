@@ -1,8 +1,8 @@
 // softmax.cuh: online softmax over one kv tile of scores held in an MMA accumulator fragment (layout:
 // score_mask.cuh), in the log2 domain (weights 2^x on the SFU's ex2). A row's values live in the 4
 // lanes of a quad (same g): row reductions are xor-shuffles 1 and 2. Two forms: the sm90 kernel's
-// (raw scores scaled in the exponent's FFMA, tree max, 4 sum chains, optional skip of small max
-// increases) and the sm80 kernel's (scores already scaled, one chain, O rescaled in place); moving the
+// (raw scores scaled in the exponent's FFMA, tree max, 4 sum chains, a max kept while it grows by at
+// most a threshold) and the sm80 kernel's (scores already scaled, one chain, O rescaled in place); moving the
 // sm80 kernel to the first is a kernel change, to be measured like any other (docs/performance.md).
 #pragma once
 
@@ -26,8 +26,8 @@ ATTNGEN_DEV_INLINE float quad_max(float x) {
 
 // sm90 form. Scores s in a domain where 2^(c x) is the softmax weight (c > 0, see score_mask.cuh):
 // updates the running row max m (same domain) and this thread's partial row sums l (its columns only;
-// quad-reduced in the epilogue), overwrites s with 2^(c (s - m)) = 2^(c s - c m), one FFMA + one ex2
-// per element, and returns in alpha the factor the previous O rows must be scaled by (rescale_o). The
+// quad-reduced in the epilogue), overwrites s with 2^(c (s - m) + P_OFFSET) = 2^(c s - c m + P_OFFSET), one
+// FFMA + one ex2 per element, and returns in alpha the factor the previous O rows must be scaled by (rescale_o). The
 // per-thread max and sum are trees / split chains, not one serial chain of N/2 dependent ops.
 // A row keeps its running max while a tile raises it by at most rescale_threshold (log2 units), so O needs no
 // rescale for it (alpha exactly 1): > 0 is FA4's conditional rescale (weights up to 2^threshold, far inside fp32 /
