@@ -43,7 +43,7 @@ cases = [
     ("two documents", attngen.compile(mask_mod=attngen.document(docs) & attngen.document(docs2)), (128,)),
     ("bias table + causal", attngen.compile(score_mod=bias_mod, causal=True), (128,)),
 ]
-print(f"| variant | head dim | kernel | tiles (BQ x BK) | grid | registers | spill stores/loads (bytes) | smem (static) "
+print("| variant | head dim | kernel | tiles (BQ x BK) | grid | registers | spill stores/loads (bytes) | smem (static) "
       "| HGMMA | LDL | STL |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 for name, attn, dims in cases:

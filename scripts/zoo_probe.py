@@ -1,7 +1,6 @@
 """Device probe: build every mask-zoo variant (bf16 hd128, as tests/gpu/test_mask_zoo_gpu.py does) one at a time,
 printing each build's time, then run each in the test's three shapes, printing before and after each call, so a
 slow build or a kernel that never returns names itself. Usage: python scripts/zoo_probe.py [names...]"""
-import os
 import sys
 import time
 from pathlib import Path
