@@ -18,8 +18,8 @@ import torch
 
 from .abi import ERROR_SCALE_NOT_POSITIVE, ERROR_SM90_NO_TMA_ENCODER, ERROR_SM90_TMA_LAYOUT
 from .errors import InputError
-from .launch import (_NO_PARAMS, _PACK_DESCALE, _PACK_HEAD, _PACK_TAIL, _ZERO_TAIL, _capable_devices, _captured_fields,
-                     _check_capability, _check_out, _check_qkv, _check_scalars, _missing_params, call_on, launch_failed)
+from .launch import (_NO_PARAMS, _PACK_DESCALE, _PACK_HEAD, _PACK_TAIL, _ZERO_TAIL, _captured_fields, _checked_call,
+                     _check_out, _check_scalars, call_on, launch_failed)
 
 FP8 = torch.float8_e4m3fn
 DESCALE_NAMES = ("q_descale", "k_descale", "v_descale")
@@ -106,12 +106,7 @@ def forward(lib, q, k, v, descales=(None, None, None), *, scale: Optional[float]
     if lib.dtype != FP8:
         raise InputError(f"{lib.path} was built for {lib.dtype}, not for FP8 inputs: compile the variant for "
                          "torch.float8_e4m3fn")
-    if params is None and lib.param_count:
-        raise _missing_params(lib)
-    _check_qkv(lib, q, k, v)
-    dev = q.get_device()
-    if dev not in _capable_devices:
-        _check_capability(dev)
+    dev = _checked_call(lib, q, k, v, params)
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     scale, q_offset = _check_scalars(scale, q_offset, D, Lq, Lk)

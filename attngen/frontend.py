@@ -244,9 +244,7 @@ class CompiledAttention:
             raise InputError("the FP8 forward is inference-only: q, k, v require grad; run it under torch.no_grad(), "
                              "or train with bfloat16 inputs")
         if self.backend == "reference" or not q.is_cuda:
-            if q.dim() == 4 and k.dim() == 4 and self.facts.captured:
-                check_extents(self.facts.captured, [c.tensor for c in self.facts.captured], q.shape[0], q.shape[1],
-                              q.shape[2], k.shape[2], q_offset)
+            self._check_reference_extents(q, k, q_offset)
             return _fp8.reference_forward(self.variant, q, k, v, descales, scale=scale, return_lse=return_lse,
                                           q_offset=q_offset)
         if self.backend == "sm80":
@@ -262,10 +260,15 @@ class CompiledAttention:
         """The call on the reference implementation (CPU tensors, or backend='reference')."""
         from . import reference
 
+        self._check_reference_extents(q, k, q_offset)
+        return reference.attention(q, k, v, self.variant, scale=scale, return_lse=return_lse, q_offset=q_offset)
+
+    def _check_reference_extents(self, q, k, q_offset):
+        """The captured tensors' extents against the call's shapes, before a reference run (a clear error, not an
+        IndexError from inside torch)."""
         if q.dim() == 4 and k.dim() == 4 and self.facts.captured:
             check_extents(self.facts.captured, [c.tensor for c in self.facts.captured], q.shape[0],
                           q.shape[1], q.shape[2], k.shape[2], q_offset)
-        return reference.attention(q, k, v, self.variant, scale=scale, return_lse=return_lse, q_offset=q_offset)
 
     def _run(self, lib, q, k, v, scale, return_lse, q_offset):
         """Launch on ``lib``; a layout the sm90 kernel's TMA cannot describe runs on the portable kernel."""

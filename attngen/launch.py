@@ -302,6 +302,18 @@ def _check_qkv(lib: KernelLibrary, q, k, v) -> None:
                              f"pass {name}.contiguous() (or {name}.clone() for a misaligned storage offset)")
 
 
+def _checked_call(lib, q, k, v, params) -> int:
+    """The device of a call of lib on q, k, v, after the checks every entry but forward's fast path makes: runtime
+    parameters passed where lib reads some, q / k / v what lib reads (_check_qkv), a device that runs lib's kernels."""
+    if params is None and lib.param_count:
+        raise _missing_params(lib)
+    _check_qkv(lib, q, k, v)
+    dev = q.get_device()
+    if dev not in _capable_devices:
+        _check_capability(dev)
+    return dev
+
+
 def _missing_params(lib) -> InputError:
     return InputError(
         f"{lib.path} reads {lib.param_count} runtime parameter(s), but this launch passed none (params=None would run "
@@ -628,12 +640,7 @@ def backward(
     dv, dcaptured) with dcaptured[i] a float32 tensor shaped like captured[i] where asked for, else None.
     ``deterministic``: dQ's additions in a fixed order, so that dq is bit-identical across runs (the sm90 family;
     dk and dv are written once per element by every family)."""
-    if params is None and lib.param_count:
-        raise _missing_params(lib)
-    _check_qkv(lib, q, k, v)
-    dev = q.get_device()
-    if dev not in _capable_devices:
-        _check_capability(dev)
+    dev = _checked_call(lib, q, k, v, params)
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     shape = (B, Hq, Lq, D)

@@ -258,8 +258,10 @@ def test_fp8_forward_packs_the_call_and_returns_its_outputs(monkeypatch, scale):
     """fp8.forward's host path on the CPU with a fake library (the device checks stubbed): the argument block names q,
     k, V^T, out, lse and the descale block with their strides, the scale rewrite flips q's sign bit (or zeroes q) and
     runs again at |scale| (or 1), and forward returns the tensors the kernel wrote, (out, lse) or out."""
-    monkeypatch.setattr(fp8, "_check_qkv", lambda lib, q, k, v: None)
-    monkeypatch.setattr(fp8, "_capable_devices", {-1})
+    from attngen import launch
+
+    monkeypatch.setattr(launch, "_check_qkv", lambda lib, q, k, v: None)
+    monkeypatch.setattr(launch, "_capable_devices", {-1})
     monkeypatch.setattr(fp8, "call_on", lambda dev, entry, packed: entry(packed, 0))
     gen = torch.Generator().manual_seed(9)
     q8, k8, v8 = _quantised(gen, 2, 4, 2, 24)

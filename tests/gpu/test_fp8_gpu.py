@@ -11,10 +11,11 @@ import pytest
 import torch
 
 import attngen
-from attngen import fp8, launch, reference
+from attngen import fp8, launch
 from attngen.errors import InputError
 from attngen.launch import load_library
-from fp8_cases import E4M3, SHAPES, dequant, eager_fp8, inputs, variants
+import fp8_cases
+from fp8_cases import E4M3, SHAPES, eager_fp8, inputs, variants
 
 pytestmark = pytest.mark.requires_sm90
 
@@ -23,8 +24,7 @@ DEV = "cuda"
 
 def _within_twice_the_eager_error(attn, out, q8, k8, v8, ds, q_offset, scale=None):
     """The suite's criterion: out's error against float64 on the dequantised inputs within 2x the eager FP8 one's."""
-    exact = reference.attention(*(dequant(t, d) for t, d in zip((q8, k8, v8), ds)), attn.variant, scale=scale,
-                                q_offset=q_offset)
+    exact = fp8_cases.exact(attn, q8, k8, v8, ds, q_offset, scale)
     err = (out.double() - exact).abs().max().item()
     eager = (eager_fp8(attn, q8, k8, v8, ds, q_offset, scale).double() - exact).abs().max().item()
     assert err <= 2 * eager + 1e-4, (err, eager)
@@ -45,8 +45,7 @@ def test_fp8_forward_within_twice_the_eager_fp8_error(name, shape):
     got, lse = fp8.forward(lib, q8, k8, v8, ds, q_offset=off, return_lse=True, out=out, params=attn._param_fields(),
                            **kw)
     assert got.data_ptr() == out.data_ptr() and not torch.isnan(out).any()
-    exact, exact_lse = reference.attention(*(dequant(t, d) for t, d in zip((q8, k8, v8), ds)), attn.variant,
-                                           return_lse=True, q_offset=off)
+    exact, exact_lse = fp8_cases.exact(attn, q8, k8, v8, ds, off, return_lse=True)
     err = (out.double() - exact).abs().max().item()
     eager = (eager_fp8(attn, q8, k8, v8, ds, off).double() - exact).abs().max().item()
     assert err <= 2 * eager + 1e-4, (err, eager)
