@@ -3,6 +3,7 @@
 # a time limit, its log and failures under $OUT, its counts, failed tests and last lines printed; smoke_backward
 # and sanitize_backward: the backward's small cases (scripts/sanitize_case.py) run plainly or under a sanitizer;
 # ncu_profile: Nsight Compute's full set on one warm launch of scripts/profile_case.py, its details and hot SASS lines.
+# ncu_nvtx: the same for every kernel a script launches inside an NVTX range named "profiled".
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache ATTNGEN_TEST_BUILD_JOBS=14
 R="$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$R/device.txt"
@@ -36,4 +37,13 @@ ncu_profile() {  # name kernel-regex timeout profile_case.py-args...: $R/ncu-<na
   grep -E "Duration|Throughput|Issue Slots Busy|No Eligible|Registers Per|Pipe|Achieved Occ" "$R/ncu-$name-details.txt" \
     | head -24
   python scripts/ncu_hot_lines.py "$R/ncu-$name-sass.csv.gz" --top 30 | tee "$R/ncu-$name-hot.txt"
+}
+ncu_nvtx() {  # name timeout script args...: Nsight Compute's full set on every kernel inside an NVTX push/pop range "profiled"
+  local name=$1 t=$2; shift 2
+  timeout "$t" ncu --clock-control none --nvtx --nvtx-include "profiled/" --set full --import-source no \
+    -f -o "$R/ncu-$name" python "$@" > "$R/ncu-$name.log" 2>&1
+  ncu --import "$R/ncu-$name.ncu-rep" --page details > "$R/ncu-$name-details.txt" 2>&1
+  rm -f "$R/ncu-$name.ncu-rep"
+  grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Memory Throughput|L2 Hit|Registers Per|Achieved Occ|No Eligible|Issue Slots Busy" \
+    "$R/ncu-$name-details.txt" | head -40
 }

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Session 17's device calls. A: the FP8 forward with V's tiles transposed inside the kernel by three warps of the
+# producer warpgroup (fwd_sm90.cuh, transpose_v; prepared at the end of session 16, index arithmetic checked on the
+# CPU), so the call makes no V^T copy (0.021 ms of round E's 1.267 ms full call): the FP8 suite, bench_fp8 (the bar:
+# >= 1.4x the bf16 figure, end to end), the pinned rung against pingpong and BK 128; then where a decode call's time
+# goes (issue 12's 4.0 TB/s bar): kernel by kernel at the three shapes beside SDPA, and Nsight Compute's full set on
+# both at B=8 L=32768.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/device_step.sh  # environment, $R, run_tests, ncu_nvtx
+case "$1" in
+  A)
+    run_tests fp8 120 tests/gpu/test_fp8_gpu.py
+    timeout 150 python benchmarks/bench_fp8.py --out "$R" 2>&1 | grep -E "^\||rror|!!"
+    timeout 100 python scripts/fp8_tile_sweep.py --variants full,causal --tiles 2,2-pp,2-bk128 \
+      2>&1 | tee "$R/fp8_tile_sweep.md" | grep -E "^\||rror|!!"
+    for s in "8 32768" "64 4096" "1 131072"; do set -- $s
+      timeout 60 python scripts/profile_decode.py --B $1 --L $2 2>&1 | tee -a "$R/profile_decode.txt"; done
+    ncu_nvtx decode 120 scripts/profile_decode.py --ncu ;;
+esac
