@@ -344,8 +344,10 @@ def _with_kvcache_kernel(attn, q, k_cache, v_cache, k, v, cache_seqlens, page_ta
     default = capacity if cache_seqlens is None else (0 if seqlens is not None else int(cache_seqlens))
 
     with torch.no_grad():  # an inference entry point: the cache is written in place
-        base = (seqlens.long().clamp(min=0) if seqlens is not None
-                else torch.full((B,), default, device=q.device)).view(B, 1)
+        # each sequence's first new position, on the device only when an append or a rotation needs it: a graph
+        # of a plain decode step holds the attention kernels alone
+        base = ((seqlens.long().clamp(min=0) if seqlens is not None
+                 else torch.full((B,), default, device=q.device)).view(B, 1) if L_new or rotary else None)
 
         def rotate(x, n):  # x (B, H, n, D) at positions s_b .. s_b + n - 1
             if not rotary:

@@ -3,7 +3,7 @@ per configuration at the shapes of benchmarks/bench_decode.py: what jit/tiles.DE
 decode.num_splits_heuristic are chosen from. One process; each configuration is its own library (the tiles are
 part of the cache key); every call is one CUDA graph replayed under triton's do_bench.
 
-    python scripts/decode_tile_sweep.py [--out DIR]
+    python scripts/decode_tile_sweep.py [--out DIR] [--configs 0 2 ...]
 """
 import argparse
 import json
@@ -21,16 +21,17 @@ import bench_decode as bd  # noqa: E402
 import bench_forward as bf  # noqa: E402
 from attngen.jit import tiles  # noqa: E402
 
-CONFIGS = [tiles.DecodeTileConfig(block_k=64, stages=3), tiles.DecodeTileConfig(block_k=64, stages=4),
-           tiles.DecodeTileConfig(block_k=64, stages=2), tiles.DecodeTileConfig(block_k=128, stages=2),
-           tiles.DecodeTileConfig(block_k=128, stages=2, num_warps=8), tiles.DecodeTileConfig(block_k=32, stages=6,
-                                                                                                 num_warps=2)]
-SPLITS = {8: (0, 2, 4, 8), 64: (0,), 1: (0, 32, 64, 128)}  # 0: the heuristic
+C = tiles.DecodeTileConfig
+CONFIGS = [C(block_k=64, stages=3), C(block_k=64, stages=3, warp_rows=True), C(block_k=64, stages=3, evict_first=True),
+           C(block_k=64, stages=3, warp_rows=True, evict_first=True),
+           C(block_k=128, stages=2, num_warps=8, warp_rows=True)]
+SPLITS = {8: (0,), 64: (0,), 1: (0, 64)}  # 0: the heuristic
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
+    p.add_argument("--configs", nargs="+", type=int, default=None, help="indices into CONFIGS (default: all)")
     args = p.parse_args()
     dev = torch.device("cuda")
     bf.heat_gpu(dev)
@@ -42,7 +43,7 @@ def main():
         vc = torch.randn(B, bd.HKV, L, bd.D, generator=g).to(dev, torch.bfloat16)
         lens = torch.full((B,), L, dtype=torch.int32, device=dev)
         nbytes = B * bd.HKV * L * bd.D * 4
-        for cfg in CONFIGS:
+        for cfg in [CONFIGS[k] for k in args.configs] if args.configs is not None else CONFIGS:
             tiles.DECODE_TILES[bd.D] = (cfg,)
             attn = attngen.compile()
             for splits in SPLITS[B]:

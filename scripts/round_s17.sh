@@ -17,4 +17,13 @@ case "$1" in
     for s in "8 32768" "64 4096" "1 131072"; do set -- $s
       timeout 60 python scripts/profile_decode.py --B $1 --L $2 2>&1 | tee -a "$R/profile_decode.txt"; done
     ncu_nvtx decode 120 scripts/profile_decode.py --ncu ;;
+  B)  # decode after round A's profile (the loader was ~60% of the kernel's instructions; cuDNN's kernel of the same
+      # grid streams at 4.56 TB/s to our 4.10): one address per tile for runs of cache rows, no row checks on whole
+      # tiles; warp_rows (each warp copies its own rows: no CTA barrier per tile) and an L2 evict-first policy as
+      # tile switches; the combine one CTA per row with its warps over the splits; no index kernels in a plain step.
+      # The decode suite on warp_rows (the default here), the tile sweep, then bench_decode on the default
+    run_tests decode 150 -n 4 tests/gpu/test_decode_gpu.py
+    timeout 200 python scripts/decode_tile_sweep.py --out "$R" 2>&1 | tee "$R/decode_tile_sweep.txt" | grep -E "TB/s|rror"
+    timeout 60 python scripts/profile_decode.py --B 1 --L 131072 2>&1 | grep -v Warn | tee "$R/profile_decode.txt"
+    timeout 200 python benchmarks/bench_decode.py --out "$R" 2>&1 | grep -E "^\||rror|!!" ;;
 esac

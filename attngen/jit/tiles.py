@@ -63,13 +63,16 @@ class DecodeTileConfig:
     """Tiles of the decode kernel (fwd_decode.cuh): 16 packed query rows (block_q: query heads of one kv head
     times query positions) per CTA, K/V tiles of ``block_k`` cache positions split over ``num_warps`` warps, in a
     ring of ``stages`` (a memory-bound kernel: the ring keeps stages - 1 tiles in flight; two CTAs per SM where
-    the ring allows)."""
+    the ring allows). ``warp_rows``: each warp copies the block_k / num_warps rows it reads, so a tile needs no
+    barrier of the CTA; ``evict_first``: the K/V reads carry an L2 evict-first policy (read once)."""
 
     block_k: int
     stages: int
     num_warps: int = 4
     min_blocks: int = 1
     block_q: int = 16
+    warp_rows: bool = False
+    evict_first: bool = False
 
     def smem_bytes(self, head_dim: int) -> int:
         """The packed Q rows, then the K/V ring, rows padded by 16 bytes."""
@@ -78,9 +81,10 @@ class DecodeTileConfig:
 
 
 DECODE_TILES = {
-    64: (DecodeTileConfig(block_k=64, stages=4),),
-    128: (DecodeTileConfig(block_k=64, stages=3), DecodeTileConfig(block_k=64, stages=2)),
-    256: (DecodeTileConfig(block_k=32, stages=3, num_warps=2), DecodeTileConfig(block_k=32, stages=2, num_warps=2)),
+    64: (DecodeTileConfig(block_k=64, stages=4, warp_rows=True),),
+    128: (DecodeTileConfig(block_k=64, stages=3, warp_rows=True), DecodeTileConfig(block_k=64, stages=2, warp_rows=True)),
+    256: (DecodeTileConfig(block_k=32, stages=3, num_warps=2, warp_rows=True),
+          DecodeTileConfig(block_k=32, stages=2, num_warps=2, warp_rows=True)),
 }
 
 

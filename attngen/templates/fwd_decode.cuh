@@ -49,7 +49,6 @@ constexpr int ROWS_PER_PASS = Rows::ROWS_PER_PASS;
 constexpr int Q_TILE = BQ * LDS;  // elements
 constexpr int KV_TILE = BK * LDS;
 constexpr int SMEM_BYTES = (Q_TILE + 2 * STAGES * KV_TILE) * 2;
-constexpr int KV_PASSES = BK / ROWS_PER_PASS;  // rows of a K/V tile one thread copies
 // The warps' softmax states, merged at the end in the (then idle) K/V ring: O rows in fp32, then m and l.
 constexpr int MERGE_BYTES = NWARPS * BQ * (D + 2) * 4;
 
@@ -83,32 +82,95 @@ ATTNGEN_DEV_INLINE Sequence sequence_of(const AttngenDecodeArgs& a, int b, int k
   return s;
 }
 
-// Copy cache positions [p0, p0 + BK) of K and V into one ring slot (rows past kvlen zero-filled). Each thread
-// copies one 16-byte column chunk of KV_PASSES rows; a row's page is looked up once for K and V.
-ATTNGEN_DEV_INLINE void load_kv_tile(uint32_t sK, uint32_t sV, const Elem* kc, const Elem* vc, const Sequence& s,
-                                     const AttngenDecodeArgs& a, int p0, int tid) {
+// The K/V loader: a thread copies one 16-byte column chunk of LOAD_PASSES rows of every tile, ROW_STEP rows apart
+// from its first row. WARP_ROWS: a warp copies the WK rows it reads itself (so a tile needs no barrier of the CTA);
+// else the CTA's threads cover the tile in passes of ROWS_PER_PASS rows.
+constexpr int ROW_STEP = WARP_ROWS ? 32 / CHUNKS_PER_ROW : ROWS_PER_PASS;
+constexpr int LOAD_PASSES = WARP_ROWS ? WK / ROW_STEP : BK / ROWS_PER_PASS;
+static_assert(!WARP_ROWS || (32 % CHUNKS_PER_ROW == 0 && WK % (32 / CHUNKS_PER_ROW) == 0),
+              "WARP_ROWS: whole rows per warp instruction, whole passes over a warp's rows");
+
+// One thread's share of every tile, fixed for the CTA.
+struct KvLoader {
+  int r0;                       // its first row of a tile
+  int col;                      // its chunk's first element of a row
+  uint32_t dst;                 // its chunk of that row in a ring slot (bytes)
+  long long k_off, v_off;       // the same chunk in the cache, from the tile's first row (elements)
+  long long k_step, v_step;     // ROW_STEP rows of the cache (elements)
+  bool runs;                    // every tile is one run of rows: a contiguous cache, or pages holding whole tiles
+  uint64_t policy;              // EVICT_FIRST's L2 policy
+};
+
+ATTNGEN_DEV_INLINE KvLoader kv_loader(const AttngenDecodeArgs& a, int tid) {
+  KvLoader L;
   const int chunk = tid % CHUNKS_PER_ROW;
-  const int r_first = tid / CHUNKS_PER_ROW;
+  L.r0 = WARP_ROWS ? (tid >> 5) * WK + (tid & 31) / CHUNKS_PER_ROW : tid / CHUNKS_PER_ROW;
+  L.col = chunk * 8;
+  L.dst = (uint32_t)(L.r0 * ROW_BYTES + chunk * 16);
+  L.k_off = (long long)L.r0 * a.k_stride[2] + L.col;
+  L.v_off = (long long)L.r0 * a.v_stride[2] + L.col;
+  L.k_step = (long long)ROW_STEP * a.k_stride[2];
+  L.v_step = (long long)ROW_STEP * a.v_stride[2];
+  L.runs = a.page_table == nullptr || a.page_size % BK == 0;
+  L.policy = EVICT_FIRST ? l2_evict_first_policy() : 0;
+  return L;
+}
+
+ATTNGEN_DEV_INLINE void copy_chunk(uint32_t dst, const Elem* src, bool valid, const KvLoader& L) {
+  if constexpr (EVICT_FIRST) cp_async_16_hint(dst, src, valid, L.policy);
+  else cp_async_16(dst, src, valid);
+}
+
+// Copy cache positions [p0, p0 + BK) of K and V into one ring slot (rows past kvlen zero-filled). A tile that is
+// one run of cache rows takes one address per tile (one page lookup when paged) and, when whole, no row checks;
+// otherwise each row is located on its own (its page looked up once for K and V).
+ATTNGEN_DEV_INLINE void load_kv_tile(uint32_t sK, uint32_t sV, const Elem* kc, const Elem* vc, const Sequence& s,
+                                     const AttngenDecodeArgs& a, const KvLoader& L, int p0) {
+  if (L.runs) {
+    long long kt = s.k_base, vt = s.v_base;  // the tile's first row
+    if (s.pages != nullptr) {
+      const long long page = min(max(__ldg(s.pages + p0 / a.page_size), 0), a.num_pages - 1);
+      const long long slot = p0 % a.page_size;
+      kt += page * a.k_stride[0] + slot * a.k_stride[2];
+      vt += page * a.v_stride[0] + slot * a.v_stride[2];
+    } else {
+      kt += (long long)p0 * a.k_stride[2];
+      vt += (long long)p0 * a.v_stride[2];
+    }
+    const Elem* kp = kc + kt + L.k_off;
+    const Elem* vp = vc + vt + L.v_off;
+    if (p0 + BK <= s.kvlen) {
 #pragma unroll
-  for (int n = 0; n < KV_PASSES; ++n) {
-    const int r = r_first + n * ROWS_PER_PASS;
-    const int p = p0 + r;
+      for (int n = 0; n < LOAD_PASSES; ++n) {
+        const uint32_t dst = L.dst + (uint32_t)(n * ROW_STEP * ROW_BYTES);
+        copy_chunk(sK + dst, kp + n * L.k_step, true, L);
+        copy_chunk(sV + dst, vp + n * L.v_step, true, L);
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < LOAD_PASSES; ++n) {
+        const bool valid = p0 + L.r0 + n * ROW_STEP < s.kvlen;
+        const uint32_t dst = L.dst + (uint32_t)(n * ROW_STEP * ROW_BYTES);
+        copy_chunk(sK + dst, kp + n * L.k_step, valid, L);
+        copy_chunk(sV + dst, vp + n * L.v_step, valid, L);
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int n = 0; n < LOAD_PASSES; ++n) {
+    const int p = p0 + L.r0 + n * ROW_STEP;
     const bool valid = p < s.kvlen;
     long long ko = s.k_base, vo = s.v_base;
     if (valid) {
-      if (s.pages != nullptr) {
-        const long long page = min(max(__ldg(s.pages + p / a.page_size), 0), a.num_pages - 1);
-        const long long slot = p % a.page_size;
-        ko += page * a.k_stride[0] + slot * a.k_stride[2];
-        vo += page * a.v_stride[0] + slot * a.v_stride[2];
-      } else {
-        ko += (long long)p * a.k_stride[2];
-        vo += (long long)p * a.v_stride[2];
-      }
+      const long long page = min(max(__ldg(s.pages + p / a.page_size), 0), a.num_pages - 1);
+      const long long slot = p % a.page_size;
+      ko += page * a.k_stride[0] + slot * a.k_stride[2];
+      vo += page * a.v_stride[0] + slot * a.v_stride[2];
     }
-    const uint32_t dst = (uint32_t)(r * ROW_BYTES + chunk * 16);
-    cp_async_16(sK + dst, kc + ko + chunk * 8, valid);
-    cp_async_16(sV + dst, vc + vo + chunk * 8, valid);
+    const uint32_t dst = L.dst + (uint32_t)(n * ROW_STEP * ROW_BYTES);
+    copy_chunk(sK + dst, kc + ko + L.col, valid, L);
+    copy_chunk(sV + dst, vc + vo + L.col, valid, L);
   }
 }
 
@@ -241,6 +303,7 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_decode_kernel(co
       cp_async_16(sQ + (uint32_t)(r * ROW_BYTES + chunk * 16), q + off + chunk * 8, valid);
     }
   }
+  const KvLoader loader = kv_loader(a, tid);
   const Elem* kc = static_cast<const Elem*>(a.k_cache);
   const Elem* vc = static_cast<const Elem*>(a.v_cache);
   // Prologue: Q with the first tile, then STAGES - 2 more tiles, one cp.async group each.
@@ -250,7 +313,7 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_decode_kernel(co
   for (int n = 0; n < STAGES - 1; ++n) {
     jq[n] = jl;
     if (jl < j_end) {
-      load_kv_tile(sK + n * KV_TILE * 2, sV + n * KV_TILE * 2, kc, vc, sq, a, jl * BK, tid);
+      load_kv_tile(sK + n * KV_TILE * 2, sV + n * KV_TILE * 2, kc, vc, sq, a, loader, jl * BK);
       jl = decode_next(C, t, i, jl + 1, j_end, range);
     }
     cp_async_commit();
@@ -278,15 +341,20 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_decode_kernel(co
   const uint32_t v_lane = lane_b_trans<ROW_BYTES>(lane) + (uint32_t)(warp * WK * ROW_BYTES);
   uint32_t qa[Q_IN_REGS ? KC_QK : 1][4];  // Q fragments kept for the whole walk (head dims up to 128)
   bool q_ready = !Q_IN_REGS;
+  bool first = true;  // every warp walks the same tiles: the CTA-wide barrier of the first one is uniform
 
   int stage = 0;
   while (jq[0] < j_end) {
     cp_async_wait<STAGES - 2>();
-    __syncthreads();  // tile jq[0] visible to all; every warp is done with the slot loaded next
+    // tile jq[0] visible to the warps that read it, which are done with the slot loaded next: with WARP_ROWS
+    // that is the warp's own rows (the CTA waits once, for Q)
+    if (!WARP_ROWS || first) __syncthreads();
+    else __syncwarp();
+    first = false;
     const int slot = (stage + STAGES - 1) % STAGES;
     const int j_new = jl;
     if (jl < j_end) {
-      load_kv_tile(sK + slot * KV_TILE * 2, sV + slot * KV_TILE * 2, kc, vc, sq, a, jl * BK, tid);
+      load_kv_tile(sK + slot * KV_TILE * 2, sV + slot * KV_TILE * 2, kc, vc, sq, a, loader, jl * BK);
       jl = decode_next(C, t, i, jl + 1, j_end, range);
     }
     cp_async_commit();
@@ -410,42 +478,62 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_decode_kernel(co
   }
 }
 
-// The splits of each output row merged by LSE: one warp per (b, h, row), lanes over the head dim. A row that
-// no split kept anything of gets O = 0 and LSE = -inf, as the one-split kernel writes.
+// The splits of each output row merged by LSE: one CTA per (b, h, row), its warps taking the splits in turn (lanes
+// over the head dim, partial sums merged through shared memory), so a row's partials are read in parallel. A row
+// that no split kept anything of gets O = 0 and LSE = -inf, as the one-split kernel writes.
 constexpr int COMBINE_WARPS = 4;
+constexpr int COMBINE_COLS = D / 32;  // columns per lane
+static_assert(COMBINE_COLS % 2 == 0, "float2 reads of the partials");
+
 __global__ void __launch_bounds__(COMBINE_WARPS * 32) attngen_decode_combine(const __grid_constant__ AttngenDecodeArgs a) {
+  __shared__ float acc_w[COMBINE_WARPS][D];
   const long long rows = (long long)a.B * a.Hq * a.Lq;
-  const long long lrow = (long long)blockIdx.x * COMBINE_WARPS + (threadIdx.x >> 5);
-  if (lrow >= rows) return;
+  const long long lrow = blockIdx.x;
   const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const float* lse_p = a.lse_partial + lrow;  // split s at lse_p[s * rows]
   float mx = -INFINITY;
-  for (int s = lane; s < a.num_splits; s += 32) mx = fmaxf(mx, a.lse_partial[s * rows + lrow]);
+  for (int s = lane; s < a.num_splits; s += 32) mx = fmaxf(mx, lse_p[s * rows]);
 #pragma unroll
   for (int w = 16; w > 0; w >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, w));
   const float m_sub = mx == -INFINITY ? 0.f : mx;
   float sum = 0.f;
-  for (int s = lane; s < a.num_splits; s += 32) sum += expf(a.lse_partial[s * rows + lrow] - m_sub);
+  for (int s = lane; s < a.num_splits; s += 32) sum += expf(lse_p[s * rows] - m_sub);
 #pragma unroll
   for (int w = 16; w > 0; w >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, w);
   const float lse = sum > 0.f ? m_sub + logf(sum) : -INFINITY;
-  constexpr int PER_LANE = D / 32;
-  float acc[PER_LANE] = {};
+  float acc[COMBINE_COLS] = {};
   if (sum > 0.f) {
-    for (int s = 0; s < a.num_splits; ++s) {
-      const float w = expf(a.lse_partial[s * rows + lrow] - lse);
-      const float* src = a.o_partial + (s * rows + lrow) * D + lane * PER_LANE;
+#pragma unroll 4
+    for (int s = warp; s < a.num_splits; s += COMBINE_WARPS) {
+      const float w = expf(lse_p[s * rows] - lse);
+      const float2* src = reinterpret_cast<const float2*>(a.o_partial + (s * rows + lrow) * D + lane * COMBINE_COLS);
 #pragma unroll
-      for (int e = 0; e < PER_LANE; ++e) acc[e] = fmaf(w, src[e], acc[e]);
+      for (int e = 0; e < COMBINE_COLS / 2; ++e) {
+        const float2 x = src[e];
+        acc[2 * e] = fmaf(w, x.x, acc[2 * e]);
+        acc[2 * e + 1] = fmaf(w, x.y, acc[2 * e + 1]);
+      }
     }
   }
+#pragma unroll
+  for (int e = 0; e < COMBINE_COLS; ++e) acc_w[warp][lane * COMBINE_COLS + e] = acc[e];
+  __syncthreads();
   const int h = (int)((lrow / a.Lq) % a.Hq);
   const int b = (int)(lrow / ((long long)a.Lq * a.Hq));
   const int row = (int)(lrow % a.Lq);
   Elem* orow = static_cast<Elem*>(a.o) + (long long)b * a.o_stride[0] + (long long)h * a.o_stride[1] +
-               (long long)row * a.o_stride[2] + lane * PER_LANE;
+                  (long long)row * a.o_stride[2];
+  for (int c = 2 * (int)threadIdx.x; c < D; c += 2 * COMBINE_WARPS * 32) {
+    float x0 = 0.f, x1 = 0.f;
 #pragma unroll
-  for (int e = 0; e < PER_LANE; e += 2) *reinterpret_cast<uint32_t*>(orow + e) = pack2<Elem>(acc[e], acc[e + 1]);
-  if (a.lse != nullptr && lane == 0) a.lse[lrow] = lse;
+    for (int w = 0; w < COMBINE_WARPS; ++w) {
+      x0 += acc_w[w][c];
+      x1 += acc_w[w][c + 1];
+    }
+    *reinterpret_cast<uint32_t*>(orow + c) = pack2<Elem>(x0, x1);
+  }
+  if (a.lse != nullptr && threadIdx.x == 0) a.lse[lrow] = lse;
 }
 
 }  // namespace
@@ -484,7 +572,9 @@ extern "C" ATTNGEN_EXPORT int attngen_decode(const AttngenDecodeArgs* a, void* s
   if (a->B == 0 || a->Hq == 0 || a->Lq == 0) return (int)cudaSuccess;
   const int nq = BQ / a->heads_per_cta;  // query positions per CTA
   const long long y = (long long)(a->Hq / a->heads_per_cta) * ((a->Lq + nq - 1) / nq);
-  if (a->B > 65535 || y > 65535 || a->num_splits > 65535) return (int)cudaErrorInvalidConfiguration;
+  const long long rows = (long long)a->B * a->Hq * a->Lq;  // the combine's CTAs
+  if (a->B > 65535 || y > 65535 || a->num_splits > 65535 || (a->num_splits > 1 && rows > 0x7fffffffLL))
+    return (int)cudaErrorInvalidConfiguration;
   if (!is_aligned16(a->q) || !is_aligned16(a->k_cache) || !is_aligned16(a->v_cache) || !is_aligned16(a->o) ||
       !strides_ok(a->q_stride, a->B, a->Hq, a->Lq) || !strides_ok(a->k_stride, 2, a->Hkv, 2) ||
       !strides_ok(a->v_stride, 2, a->Hkv, 2) || !strides_ok(a->o_stride, a->B, a->Hq, a->Lq))
@@ -497,7 +587,6 @@ extern "C" ATTNGEN_EXPORT int attngen_decode(const AttngenDecodeArgs* a, void* s
   attngen_decode_kernel<<<grid, NTHREADS, SMEM_BYTES, stream>>>(*a);
   err = cudaGetLastError();
   if (err != cudaSuccess || a->num_splits == 1) return (int)err;
-  const long long rows = (long long)a->B * a->Hq * a->Lq;
-  attngen_decode_combine<<<(unsigned)((rows + COMBINE_WARPS - 1) / COMBINE_WARPS), COMBINE_WARPS * 32, 0, stream>>>(*a);
+  attngen_decode_combine<<<(unsigned)rows, COMBINE_WARPS * 32, 0, stream>>>(*a);
   return (int)cudaGetLastError();
 }
