@@ -43,7 +43,9 @@ ncu_nvtx() {  # name timeout script args...: Nsight Compute's full set on every 
   timeout "$t" ncu --clock-control none --nvtx --nvtx-include "profiled/" --set full --import-source no \
     -f -o "$R/ncu-$name" python "$@" > "$R/ncu-$name.log" 2>&1
   ncu --import "$R/ncu-$name.ncu-rep" --page details > "$R/ncu-$name-details.txt" 2>&1
+  ncu --import "$R/ncu-$name.ncu-rep" --page source --csv --print-source sass | gzip > "$R/ncu-$name-sass.csv.gz"
   rm -f "$R/ncu-$name.ncu-rep"
+  python scripts/ncu_loads.py "$R/ncu-$name-sass.csv.gz" > "$R/ncu-$name-loads.txt" 2>&1
   grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Memory Throughput|L2 Hit|Registers Per|Achieved Occ|No Eligible|Issue Slots Busy" \
     "$R/ncu-$name-details.txt" | head -40
 }

@@ -26,4 +26,11 @@ case "$1" in
     timeout 200 python scripts/decode_tile_sweep.py --out "$R" 2>&1 | tee "$R/decode_tile_sweep.txt" | grep -E "TB/s|rror"
     timeout 60 python scripts/profile_decode.py --B 1 --L 131072 2>&1 | grep -v Warn | tee "$R/profile_decode.txt"
     timeout 200 python benchmarks/bench_decode.py --out "$R" 2>&1 | grep -E "^\||rror|!!" ;;
+  C)  # round B: 3.96 / 3.98 / 3.54 TB/s (was 3.81 / 3.86 / 3.42); the kernel alone 4.06 TB/s at B=1 to cuDNN's 4.46
+      # with the same grid; evict-first slower. Round A's profile counted 48% more L2 sectors than the bytes read
+      # (L2 hit rate 34%, cuDNN's 0.5%): which instructions, and how cuDNN's kernel reads (Nsight Compute source
+      # pages of both at B=8); the cp.async forms as tile switches (.ca, .cg with a 256-byte L2 prefetch)
+    ncu_nvtx decode 150 scripts/profile_decode.py --ncu
+    cat "$R/ncu-decode-loads.txt" | head -80
+    timeout 240 python scripts/decode_tile_sweep.py --out "$R" 2>&1 | tee "$R/decode_tile_sweep.txt" | grep -E "TB/s|rror" ;;
 esac

@@ -64,7 +64,8 @@ class DecodeTileConfig:
     times query positions) per CTA, K/V tiles of ``block_k`` cache positions split over ``num_warps`` warps, in a
     ring of ``stages`` (a memory-bound kernel: the ring keeps stages - 1 tiles in flight; two CTAs per SM where
     the ring allows). ``warp_rows``: each warp copies the block_k / num_warps rows it reads, so a tile needs no
-    barrier of the CTA; ``evict_first``: the K/V reads carry an L2 evict-first policy (read once)."""
+    barrier of the CTA; ``kv_copy``: the K/V reads' cp.async form (sm80_copy.cuh, cp_async_16_as: 0 .cg, 1 .ca,
+    2 .cg with a 256-byte L2 prefetch, 3 .cg evict-first)."""
 
     block_k: int
     stages: int
@@ -72,7 +73,7 @@ class DecodeTileConfig:
     min_blocks: int = 1
     block_q: int = 16
     warp_rows: bool = False
-    evict_first: bool = False
+    kv_copy: int = 0
 
     def smem_bytes(self, head_dim: int) -> int:
         """The packed Q rows, then the K/V ring, rows padded by 16 bytes."""

@@ -98,7 +98,7 @@ struct KvLoader {
   long long k_off, v_off;       // the same chunk in the cache, from the tile's first row (elements)
   long long k_step, v_step;     // ROW_STEP rows of the cache (elements)
   bool runs;                    // every tile is one run of rows: a contiguous cache, or pages holding whole tiles
-  uint64_t policy;              // EVICT_FIRST's L2 policy
+  uint64_t policy;              // KV_COPY 3's L2 policy
 };
 
 ATTNGEN_DEV_INLINE KvLoader kv_loader(const AttngenDecodeArgs& a, int tid) {
@@ -112,13 +112,12 @@ ATTNGEN_DEV_INLINE KvLoader kv_loader(const AttngenDecodeArgs& a, int tid) {
   L.k_step = (long long)ROW_STEP * a.k_stride[2];
   L.v_step = (long long)ROW_STEP * a.v_stride[2];
   L.runs = a.page_table == nullptr || a.page_size % BK == 0;
-  L.policy = EVICT_FIRST ? l2_evict_first_policy() : 0;
+  L.policy = KV_COPY == 3 ? l2_evict_first_policy() : 0;
   return L;
 }
 
 ATTNGEN_DEV_INLINE void copy_chunk(uint32_t dst, const Elem* src, bool valid, const KvLoader& L) {
-  if constexpr (EVICT_FIRST) cp_async_16_hint(dst, src, valid, L.policy);
-  else cp_async_16(dst, src, valid);
+  cp_async_16_as<KV_COPY>(dst, src, valid, L.policy);
 }
 
 // Copy cache positions [p0, p0 + BK) of K and V into one ring slot (rows past kvlen zero-filled). A tile that is
