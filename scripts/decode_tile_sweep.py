@@ -22,10 +22,9 @@ import bench_forward as bf  # noqa: E402
 from attngen.jit import tiles  # noqa: E402
 
 C = tiles.DecodeTileConfig
-CONFIGS = [C(block_k=64, stages=3, warp_rows=True), C(block_k=64, stages=3, warp_rows=True, kv_copy=1),
-           C(block_k=64, stages=3, warp_rows=True, kv_copy=2), C(block_k=64, stages=3, warp_rows=True, kv_copy=3),
-           C(block_k=128, stages=2, num_warps=8, warp_rows=True), C(block_k=128, stages=2, num_warps=8, warp_rows=True,
-                                                                   kv_copy=2)]
+CONFIGS = [C(block_k=64, stages=3, warp_rows=True), C(block_k=64, stages=3), C(block_k=64, stages=3, warp_rows=True,
+                                                                              kv_copy=2),
+           C(block_k=128, stages=2, num_warps=8, warp_rows=True), C(block_k=64, stages=4, warp_rows=True)]
 SPLITS = {8: (0,), 64: (0,), 1: (0, 64)}  # 0: the heuristic
 
 

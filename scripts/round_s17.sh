@@ -33,4 +33,15 @@ case "$1" in
     ncu_nvtx decode 150 scripts/profile_decode.py --ncu
     cat "$R/ncu-decode-loads.txt" | head -80
     timeout 240 python scripts/decode_tile_sweep.py --out "$R" 2>&1 | tee "$R/decode_tile_sweep.txt" | grep -E "TB/s|rror" ;;
+  D)  # round C: the excess is ours alone and per instruction: 24 L2 sectors per 512-byte cp.async where cuDNN's (the
+      # same instruction) has the ideal 16, with 4-8 excess shared-store wavefronts: the padded rows split a warp's
+      # copy. K/V ring rows now unpadded with XOR-swizzled chunks (whole 128-byte lines per copy, conflict-free
+      # ldmatrix). The decode suite, the profile (kernel times; Nsight Compute's sectors), the sweep, bench_decode
+    run_tests decode 150 -n 4 tests/gpu/test_decode_gpu.py
+    for s in "8 32768" "1 131072"; do set -- $s
+      timeout 60 python scripts/profile_decode.py --B $1 --L $2 2>&1 | grep -v arn | tee -a "$R/profile_decode.txt"; done
+    ncu_nvtx decode 150 scripts/profile_decode.py --ncu
+    awk '/^== /{k++} k==1 && /LDGSTS/ && $(NF-12) > 10000' "$R/ncu-decode-loads.txt" | head -8
+    timeout 200 python scripts/decode_tile_sweep.py --out "$R" 2>&1 | tee "$R/decode_tile_sweep.txt" | grep -E "TB/s|rror"
+    timeout 200 python benchmarks/bench_decode.py --out "$R" 2>&1 | grep -E "^\||rror" ;;
 esac

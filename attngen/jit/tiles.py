@@ -76,9 +76,8 @@ class DecodeTileConfig:
     kv_copy: int = 0
 
     def smem_bytes(self, head_dim: int) -> int:
-        """The packed Q rows, then the K/V ring, rows padded by 16 bytes."""
-        pitch = (head_dim + 8) * 2
-        return (self.block_q + 2 * self.stages * self.block_k) * pitch
+        """The packed Q rows (padded by 16 bytes), then the K/V ring (unpadded, swizzled rows)."""
+        return self.block_q * (head_dim + 8) * 2 + 2 * self.stages * self.block_k * head_dim * 2
 
 
 DECODE_TILES = {

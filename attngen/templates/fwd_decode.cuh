@@ -47,7 +47,12 @@ constexpr int ROW_BYTES = Rows::ROW_BYTES;
 constexpr int CHUNKS_PER_ROW = Rows::CHUNKS_PER_ROW;
 constexpr int ROWS_PER_PASS = Rows::ROWS_PER_PASS;
 constexpr int Q_TILE = BQ * LDS;  // elements
-constexpr int KV_TILE = BK * LDS;
+// K/V ring rows are unpadded, their 16-byte chunks XOR-swizzled by the row's low 3 bits (chunk c of row r at
+// c ^ (r & 7)): a warp's cp.async then writes whole 128-byte lines of shared memory, which keeps its global reads
+// at the ideal sector count (padded rows split them: 24 sectors per 512 bytes), and ldmatrix's 8 rows of a chunk
+// fall in 8 bank groups.
+constexpr int KV_ROW_BYTES = D * 2;
+constexpr int KV_TILE = BK * D;  // elements
 constexpr int SMEM_BYTES = (Q_TILE + 2 * STAGES * KV_TILE) * 2;
 // The warps' softmax states, merged at the end in the (then idle) K/V ring: O rows in fp32, then m and l.
 constexpr int MERGE_BYTES = NWARPS * BQ * (D + 2) * 4;
@@ -55,6 +60,7 @@ constexpr int MERGE_BYTES = NWARPS * BQ * (D + 2) * 4;
 static_assert(BQ == 16, "one m16 tile of packed query rows");
 static_assert(WK % 16 == 0 && BK % ROWS_PER_PASS == 0, "BK: whole k16 steps per warp and whole loader passes");
 static_assert(STAGES >= 2, "a ring of at least two K/V tiles");
+static_assert(CHUNKS_PER_ROW % 8 == 0, "the K/V swizzle permutes chunks within 128-byte lines");
 static_assert(MERGE_BYTES <= 2 * STAGES * KV_TILE * 2, "the merge buffers fit in the K/V ring");
 static_assert((BQ * CHUNKS_PER_ROW) % NTHREADS == 0 && (BQ * D) % NTHREADS == 0, "whole passes over Q and O");
 static_assert(attngen_head_dim_supported(D), "head dim: one of ATTNGEN_HEAD_DIMS");
@@ -90,11 +96,30 @@ constexpr int LOAD_PASSES = WARP_ROWS ? WK / ROW_STEP : BK / ROWS_PER_PASS;
 static_assert(!WARP_ROWS || (32 % CHUNKS_PER_ROW == 0 && WK % (32 / CHUNKS_PER_ROW) == 0),
               "WARP_ROWS: whole rows per warp instruction, whole passes over a warp's rows");
 
+// Byte offset of chunk `chunk` of row r in a ring slot (the swizzle above).
+ATTNGEN_DEV_INLINE uint32_t kv_slot_offset(int r, int chunk) {
+  return (uint32_t)(r * KV_ROW_BYTES + ((chunk ^ (r & 7)) << 4));
+}
+
+// A lane's ldmatrix offsets in a ring slot: its row's start, and for chunk pairs 2k (k = 0..3 within a 128-byte
+// line) the swizzled offset of its chunk 2k + c (c: which chunk of the pair the lane addresses), so the column
+// step 2k of an unrolled loop is the line (k / 4) * 128 plus xo[k % 4].
+struct SwizzledLane {
+  uint32_t row;
+  uint32_t xo[4];
+  ATTNGEN_DEV_INLINE SwizzledLane(int r, int c) {
+    row = (uint32_t)(r * KV_ROW_BYTES);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) xo[k] = (uint32_t)(((2 * k) ^ c ^ (r & 7)) << 4);
+  }
+  ATTNGEN_DEV_INLINE uint32_t at(int pair) const { return row + (uint32_t)((pair / 4) * 128) + xo[pair % 4]; }
+};
+
 // One thread's share of every tile, fixed for the CTA.
 struct KvLoader {
   int r0;                       // its first row of a tile
-  int col;                      // its chunk's first element of a row
-  uint32_t dst;                 // its chunk of that row in a ring slot (bytes)
+  int chunk;                    // its 16-byte chunk of a row
+  int col;                      // that chunk's first element
   long long k_off, v_off;       // the same chunk in the cache, from the tile's first row (elements)
   long long k_step, v_step;     // ROW_STEP rows of the cache (elements)
   bool runs;                    // every tile is one run of rows: a contiguous cache, or pages holding whole tiles
@@ -106,7 +131,7 @@ ATTNGEN_DEV_INLINE KvLoader kv_loader(const AttngenDecodeArgs& a, int tid) {
   const int chunk = tid % CHUNKS_PER_ROW;
   L.r0 = WARP_ROWS ? (tid >> 5) * WK + (tid & 31) / CHUNKS_PER_ROW : tid / CHUNKS_PER_ROW;
   L.col = chunk * 8;
-  L.dst = (uint32_t)(L.r0 * ROW_BYTES + chunk * 16);
+  L.chunk = chunk;
   L.k_off = (long long)L.r0 * a.k_stride[2] + L.col;
   L.v_off = (long long)L.r0 * a.v_stride[2] + L.col;
   L.k_step = (long long)ROW_STEP * a.k_stride[2];
@@ -141,7 +166,7 @@ ATTNGEN_DEV_INLINE void load_kv_tile(uint32_t sK, uint32_t sV, const Elem* kc, c
     if (p0 + BK <= s.kvlen) {
 #pragma unroll
       for (int n = 0; n < LOAD_PASSES; ++n) {
-        const uint32_t dst = L.dst + (uint32_t)(n * ROW_STEP * ROW_BYTES);
+        const uint32_t dst = kv_slot_offset(L.r0 + n * ROW_STEP, L.chunk);
         copy_chunk(sK + dst, kp + n * L.k_step, true, L);
         copy_chunk(sV + dst, vp + n * L.v_step, true, L);
       }
@@ -149,7 +174,7 @@ ATTNGEN_DEV_INLINE void load_kv_tile(uint32_t sK, uint32_t sV, const Elem* kc, c
 #pragma unroll
       for (int n = 0; n < LOAD_PASSES; ++n) {
         const bool valid = p0 + L.r0 + n * ROW_STEP < s.kvlen;
-        const uint32_t dst = L.dst + (uint32_t)(n * ROW_STEP * ROW_BYTES);
+        const uint32_t dst = kv_slot_offset(L.r0 + n * ROW_STEP, L.chunk);
         copy_chunk(sK + dst, kp + n * L.k_step, valid, L);
         copy_chunk(sV + dst, vp + n * L.v_step, valid, L);
       }
@@ -167,7 +192,7 @@ ATTNGEN_DEV_INLINE void load_kv_tile(uint32_t sK, uint32_t sV, const Elem* kc, c
       ko += page * a.k_stride[0] + slot * a.k_stride[2];
       vo += page * a.v_stride[0] + slot * a.v_stride[2];
     }
-    const uint32_t dst = L.dst + (uint32_t)(n * ROW_STEP * ROW_BYTES);
+    const uint32_t dst = kv_slot_offset(L.r0 + n * ROW_STEP, L.chunk);
     copy_chunk(sK + dst, kc + ko + L.col, valid, L);
     copy_chunk(sV + dst, vc + vo + L.col, valid, L);
   }
@@ -252,8 +277,8 @@ ATTNGEN_DEV_INLINE void score_packed(float (&s)[1][NT_S][4], float scale, const 
 __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_decode_kernel(const __grid_constant__ AttngenDecodeArgs a) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t sQ = smem_addr(smem_raw);
-  const uint32_t sK = sQ + Q_TILE * 2;             // [STAGES][BK][LDS]
-  const uint32_t sV = sK + STAGES * KV_TILE * 2;   // [STAGES][BK][LDS]
+  const uint32_t sK = sQ + Q_TILE * 2;             // [STAGES][BK][D], swizzled
+  const uint32_t sV = sK + STAGES * KV_TILE * 2;   // [STAGES][BK][D], swizzled
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -336,8 +361,10 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_decode_kernel(co
   zero(o);
 
   const uint32_t q_lane = lane_a<ROW_BYTES>(lane, 0);
-  const uint32_t k_lane = lane_b<ROW_BYTES>(lane) + (uint32_t)(warp * WK * ROW_BYTES);
-  const uint32_t v_lane = lane_b_trans<ROW_BYTES>(lane) + (uint32_t)(warp * WK * ROW_BYTES);
+  // lane_b / lane_b_trans (sm80_tiles.cuh) on the swizzled rows of this warp's WK positions (WK % 8 == 0 keeps
+  // the swizzle of a row's low bits)
+  const SwizzledLane k_lane(warp * WK + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+  const SwizzledLane v_lane(warp * WK + (lane & 15), lane >> 4);
   uint32_t qa[Q_IN_REGS ? KC_QK : 1][4];  // Q fragments kept for the whole walk (head dims up to 128)
   bool q_ready = !Q_IN_REGS;
   bool first = true;  // every warp walks the same tiles: the CTA-wide barrier of the first one is uniform
@@ -380,7 +407,7 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_decode_kernel(co
 #pragma unroll
       for (int np = 0; np < NT_S / 2; ++np) {
         uint32_t kb[4];
-        ldmatrix_x4(kb, sKs + k_lane + np * 16 * ROW_BYTES + kc16 * 32);
+        ldmatrix_x4(kb, sKs + k_lane.at(kc16) + (uint32_t)(np * 16 * KV_ROW_BYTES));
         mma_16816<Elem>(s[0][2 * np], qf, kb[0], kb[1]);
         mma_16816<Elem>(s[0][2 * np + 1], qf, kb[2], kb[3]);
       }
@@ -402,7 +429,7 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_decode_kernel(co
 #pragma unroll
       for (int dp = 0; dp < NT_O / 2; ++dp) {
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, sVs + v_lane + kc16 * 16 * ROW_BYTES + dp * 32);
+        ldmatrix_x4_trans(vb, sVs + v_lane.at(dp) + (uint32_t)(kc16 * 16 * KV_ROW_BYTES));
         mma_16816<Elem>(o[0][2 * dp], pa, vb[0], vb[1]);
         mma_16816<Elem>(o[0][2 * dp + 1], pa, vb[2], vb[3]);
       }
