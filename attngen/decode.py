@@ -56,6 +56,7 @@ def pack_head(fields: dict) -> bytes:
 
 
 MAX_SPLITS = 128  # FA3's cap on Flash-Decoding splits
+CTA_COST_TILES = 2  # a decode CTA's fixed cost in kv tiles (first tile's latency, epilogue): an estimate
 
 
 class DecodeLibrary(_Library):
@@ -87,21 +88,19 @@ def load_decode_library(path) -> DecodeLibrary:
                                _PACK_DECODE_HEAD.size + _PACK_TAIL.size)
 
 
-def num_splits_heuristic(ctas: int, slots: int, kv_tiles: int, max_splits: int = MAX_SPLITS,
-                         within: float = 0.95) -> int:
-    """FA3's rule: one split when the CTAs already fill 80% of the GPU's CTA slots or a sequence has at most 4 kv
-    tiles; else the smallest split count whose wave efficiency (CTAs / slots over its whole waves) reaches
-    ``within`` of the best count's. FA3 takes 85%; this memory-bound kernel gains from the fuller last wave
-    (docs/performance.md, decode). ``slots``: SMs times the CTAs of this kernel one SM holds."""
+def num_splits_heuristic(ctas: int, slots: int, kv_tiles: int, max_splits: int = MAX_SPLITS) -> int:
+    """FA3's rule for when not to split: one split when the CTAs already fill 80% of the GPU's CTA slots or a
+    sequence has at most 4 kv tiles. Else the count with the shortest critical path: the waves of CTAs times a
+    CTA's time, one split's kv tiles (ceil(kv_tiles / s)) plus CTA_COST_TILES for its first tile's latency and its
+    epilogue; the fewest splits among equals. FA3 takes the smallest count within 85% of the best wave efficiency,
+    which misses that tiles divide unevenly: one sequence of 2048 tiles over 8 kv heads on 264 slots runs 63 tiles
+    per CTA with 33 splits, 64 with the 32 that fill the most slots (docs/performance.md, decode). ``slots``: SMs
+    times the CTAs of this kernel one SM holds."""
     if ctas <= 0 or ctas >= 0.8 * slots or kv_tiles <= 4:
         return 1
-    top = max(1, min(max_splits, slots, kv_tiles))
-    eff = []
-    for s in range(1, top + 1):
-        waves = ctas * s / slots
-        eff.append(waves / math.ceil(waves))
-    best = max(eff)
-    return next(s for s in range(1, top + 1) if eff[s - 1] >= within * best)
+    top = max(1, min(max_splits, kv_tiles))
+    return min(range(1, top + 1),
+               key=lambda s: (math.ceil(ctas * s / slots) * (math.ceil(kv_tiles / s) + CTA_COST_TILES), s))
 
 
 _slots_cache: dict = {}

@@ -69,6 +69,9 @@ def descale_block(descales: Sequence, B: int, Hkv: int, device: torch.device) ->
     in on the device, so only a CPU tensor costs a host-to-device copy."""
     if len(descales) != 3:
         raise InputError(f"descales must be (q_descale, k_descale, v_descale), got {len(descales)} of them")
+    if device.type == "cuda" and all(isinstance(d, torch.Tensor) and d.device == device and d.dtype == torch.float32
+                                     and tuple(d.shape) == (B, Hkv) for d in descales):
+        return torch.stack(tuple(descales))  # the common case (FlashAttention-3's layout) in one kernel, not three
     block = torch.empty((3, B, Hkv), dtype=torch.float32, device=device)
     for row, name, d in zip(block, DESCALE_NAMES, descales):
         if d is None:

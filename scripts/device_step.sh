@@ -4,6 +4,7 @@
 # and sanitize_backward: the backward's small cases (scripts/sanitize_case.py) run plainly or under a sanitizer;
 # ncu_profile: Nsight Compute's full set on one warm launch of scripts/profile_case.py, its details and hot SASS lines.
 # ncu_nvtx: the same for every kernel a script launches inside an NVTX range named "profiled".
+# pack_results: everything under $OUT in one archive (a call brings back a handful of files).
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache ATTNGEN_TEST_BUILD_JOBS=14
 R="$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$R/device.txt"
@@ -48,4 +49,7 @@ ncu_nvtx() {  # name timeout script args...: Nsight Compute's full set on every 
   python scripts/ncu_loads.py "$R/ncu-$name-sass.csv.gz" > "$R/ncu-$name-loads.txt" 2>&1
   grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Memory Throughput|L2 Hit|Registers Per|Achieved Occ|No Eligible|Issue Slots Busy" \
     "$R/ncu-$name-details.txt" | head -40
+}
+pack_results() {  # every file under $R into $R/results.tgz (a call brings back only a few files)
+  (cd "$R" && tar czf /tmp/results.tgz --exclude=results.tgz . && find . -type f -delete && mv /tmp/results.tgz .)
 }

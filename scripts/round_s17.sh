@@ -44,4 +44,16 @@ case "$1" in
     awk '/^== /{k++} k==1 && /LDGSTS/ && $(NF-12) > 10000' "$R/ncu-decode-loads.txt" | head -8
     timeout 200 python scripts/decode_tile_sweep.py --out "$R" 2>&1 | tee "$R/decode_tile_sweep.txt" | grep -E "TB/s|rror"
     timeout 200 python benchmarks/bench_decode.py --out "$R" 2>&1 | grep -E "^\||rror" ;;
+  E)  # round D: 4.19 / 4.21 / 3.81 TB/s, the kernel level with cuDNN's (240.6 / 240.9 us at B=8, ideal L2 sectors).
+      # The combine: one round trip for up to 64 splits (8 warps, 8 splits each in flight); the split count by the
+      # critical path (waves x tiles per split + a CTA's fixed cost: 33 at B=1, 32 before). The decode suite, kernel
+      # times, 33 against 32 splits at B=1, bench_decode; the FP8 suite and bench_fp8 (descales stacked in one kernel)
+    run_tests decode 150 -n 4 tests/gpu/test_decode_gpu.py
+    for s in "8 32768" "1 131072"; do set -- $s
+      timeout 60 python scripts/profile_decode.py --B $1 --L $2 2>&1 | grep -v arn | tee -a "$R/profile_decode.txt"; done
+    timeout 100 python scripts/decode_tile_sweep.py --configs 0 2>&1 | tee "$R/decode_tile_sweep.txt" | grep -E "B=1 |rror"
+    timeout 200 python benchmarks/bench_decode.py --out "$R" 2>&1 | grep -E "^\||rror"
+    run_tests fp8 120 tests/gpu/test_fp8_gpu.py
+    timeout 150 python benchmarks/bench_fp8.py --out "$R" 2>&1 | grep -E "^\||rror|!!"
+    pack_results ;;
 esac

@@ -13,7 +13,7 @@ import torch
 import attngen
 from attngen import abi
 from attngen.codegen import render_variant_inc
-from attngen.decode import DECODE_ABI_VERSION, load_decode_library, num_splits_heuristic
+from attngen.decode import CTA_COST_TILES, DECODE_ABI_VERSION, load_decode_library, num_splits_heuristic
 from attngen.jit import render, tiles
 from attngen.jit.ninja import LIBRARY_NAME, run_ninja, write_build_ninja
 
@@ -74,19 +74,23 @@ def test_variant_inc_says_whether_the_kv_walk_reads_the_head():
     assert doc.predicates.summaries  # the decode kernel walks every tile for such a variant
 
 
-def test_num_splits_heuristic_follows_fa3():
+def test_num_splits_heuristic_minimises_the_critical_path():
     slots = 132
     assert num_splits_heuristic(512, slots, 64) == 1  # the CTAs fill the GPU already
     assert num_splits_heuristic(8, slots, 4) == 1  # too few kv tiles to split
-    s = num_splits_heuristic(64, slots, 512)  # B8 x 8 kv heads: two splits fill 128 of 132 slots
-    assert s == 2
-    s = num_splits_heuristic(8, slots, 2048)  # one long sequence: the first count within 95% of the best waves
-    waves = [8 * n / slots for n in range(1, 129)]
-    eff = [w / -(-w // 1) for w in waves]
-    assert s == next(n for n in range(1, 129) if eff[n - 1] >= 0.95 * max(eff)) == 16  # 128 of 132 slots
-    assert num_splits_heuristic(8, 264, 2048) == 32  # two CTAs per SM: 256 of 264
-    assert num_splits_heuristic(8, slots, 2048, within=0.85) == 15  # FA3 threshold: 120 of 132
-    assert num_splits_heuristic(3, slots, 10) <= 10  # never more splits than kv tiles
+
+    def path(ctas, slots, tiles, s):  # waves times a CTA's time: one split's tiles and its fixed cost
+        return -(-ctas * s // slots) * (-(-tiles // s) + CTA_COST_TILES)
+
+    for ctas, sl, n_tiles in ((64, 132, 512), (8, 132, 2048), (8, 264, 2048), (64, 264, 64), (3, 132, 10),
+                            (1, 264, 100000), (20, 264, 37)):
+        s = num_splits_heuristic(ctas, sl, n_tiles)
+        best = min(path(ctas, sl, n_tiles, n) for n in range(1, min(128, n_tiles) + 1))
+        assert path(ctas, sl, n_tiles, s) == best and all(path(ctas, sl, n_tiles, n) > best for n in range(1, s))
+        assert 1 <= s <= min(128, n_tiles)
+    assert num_splits_heuristic(64, slots, 512) == 2  # B8 x 8 kv heads: two splits, 128 of 132 slots, 256 tiles
+    assert num_splits_heuristic(8, 264, 2048) == 33  # one wave of 264 CTAs, 63 tiles each (32 splits: 64)
+    assert num_splits_heuristic(64, 264, 64) == 4  # a window of 64 tiles over B8: 16 tiles per CTA in one wave
 
 
 def test_packed_arguments_land_in_their_ctypes_fields():
