@@ -56,4 +56,9 @@ case "$1" in
     run_tests fp8 120 tests/gpu/test_fp8_gpu.py
     timeout 150 python benchmarks/bench_fp8.py --out "$R" 2>&1 | grep -E "^\||rror|!!"
     pack_results ;;
+  F)  # the final tree's decode in issue 12's greedy loop: the suite (tokens against SDPA, graph replays against eager
+      # steps) and llama_decode.py's tokens/s
+    run_tests llama 60 -s tests/gpu/test_llama_decode_gpu.py
+    timeout 100 python benchmarks/llama_decode.py --out "$R" 2>&1 | tail -n 12
+    pack_results ;;
 esac
