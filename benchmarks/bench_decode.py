@@ -130,13 +130,17 @@ def run(args):
     return rows
 
 
+def ratio(x) -> str:
+    return "–" if x is None else f"{x:.2f}x"
+
+
 def table(rows) -> str:
     head = ("| variant | B | L | keys read | attngen µs | attngen TB/s | flex TB/s | SDPA TB/s | ÷ flex | ÷ SDPA |"
             " max abs diff vs flex |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = [f"| {r['key']} | {r['B']} | {r['L']} | {r['kept']} | {bf.fmt(r.get('attngen_us'), 1)} | "
              f"{bf.fmt(r.get('attngen_tbps'), 2)} | {bf.fmt(r.get('flex_tbps'), 2)}{' (eager)' * bool(r.get('flex_eager'))}"
              f" | {bf.fmt(r.get('sdpa_tbps'), 2)} | "
-             f"{bf.fmt(r.get('attngen_over_flex'), 2)}x | {bf.fmt(r.get('attngen_over_sdpa'), 2)}x | "
+             f"{ratio(r.get('attngen_over_flex'))} | {ratio(r.get('attngen_over_sdpa'))} | "
              f"{bf.fmt(r.get('max_abs_diff_vs_flex'), 4)} |" for r in rows]
     return head + "\n".join(lines) + "\n"
 
