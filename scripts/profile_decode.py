@@ -8,7 +8,6 @@ time (do_bench) as TB/s of K/V, so a gap between kernels and between a kernel an
 """
 import argparse
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,22 +20,7 @@ import torch.nn.functional as F  # noqa: E402
 import attngen  # noqa: E402
 import bench_decode as bd  # noqa: E402
 import bench_forward as bf  # noqa: E402
-
-
-def kernel_means(fn, calls: int) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    total = defaultdict(float)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            total[e.name[:70]] += e.time_range.elapsed_us()
-    return {name: us / calls for name, us in total.items()}
+from step_kernel_times import kernel_means  # noqa: E402  (scripts/: mean µs per call of each kernel)
 
 
 def main():
@@ -78,7 +62,7 @@ def main():
         print(f"  {name}: graph replay {us:.1f} us = {nbytes / (us * 1e-6) / 1e12:.2f} TB/s; kernels "
               f"{sum(kernels.values()):.1f} us")
         for k, v in sorted(kernels.items(), key=lambda kv: -kv[1]):
-            print(f"    {v:8.1f} us  {nbytes / (v * 1e-6) / 1e12:5.2f} TB/s  {k}")
+            print(f"    {v:8.1f} us  {nbytes / (v * 1e-6) / 1e12:5.2f} TB/s  {k[:70]}")
 
 
 if __name__ == "__main__":
