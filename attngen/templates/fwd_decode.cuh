@@ -3,13 +3,14 @@
 // query heads of one kv head times 16 / heads_per_cta query positions (row r: head h0 + r % heads_per_cta,
 // position r / heads_per_cta of the chunk), so each K/V tile is read once for all of them; the NWARPS warps split
 // every tile's BK cache positions (BK / NWARPS each) and keep their own softmax state, merged through shared
-// memory at the end. K/V tiles stream through a STAGES-deep cp.async ring, gathered row by row (contiguous
-// cache, cache_batch_idx, or a page table with any page size). S = Q K^T and O += P V on mma.sync m16n8k16, the
+// memory at the end. K/V tiles stream through a STAGES-deep cp.async ring of swizzled rows, one address per tile
+// where a tile is one run of cache rows (contiguous cache, cache_batch_idx, pages holding whole tiles), row by row
+// otherwise (a page table with any page size). S = Q K^T and O += P V on mma.sync m16n8k16, the
 // variant's score_mod / mask_mod and block skipping as in the forward kernels, with per-sequence lengths. A CTA
 // walks its split's share of the derived kv range; with several splits each writes its normalised O and LSE in
 // fp32 and a combine kernel merges them by LSE.
-// Configuration (Elem, D, BQ, BK, NWARPS, STAGES, MIN_BLOCKS, kDtypeCode, kArch) and variant.inc come from the
-// including attngen_fwd.cu (templates/attngen_fwd.cu.j2).
+// Configuration (Elem, D, BQ, BK, NWARPS, STAGES, WARP_ROWS, KV_COPY, MIN_BLOCKS, kDtypeCode, kArch) and variant.inc
+// come from the including attngen_fwd.cu (templates/attngen_fwd.cu.j2).
 #pragma once
 
 #include "attngen_common.cuh"

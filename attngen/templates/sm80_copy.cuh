@@ -9,7 +9,8 @@ namespace attngen {
 // reused from shared memory, not L1). When `valid` is false nothing is read and the 16 destination
 // bytes are zeroed instead: out-of-range rows must be zero, not stale data, because a masked P (= 0)
 // times a stale NaN in V would still give NaN. The zeros are an ordinary shared store (not cp.async's
-// src-size form); callers order both kinds of write before readers with the same __syncthreads().
+// src-size form); callers order both kinds of write before readers with the same barrier (__syncthreads(), or
+// __syncwarp() where the warp that copied a row is the only one reading it).
 // Both addresses 16-byte aligned.
 __device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gmem, bool valid) {
   if (valid) {
@@ -54,7 +55,8 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy() {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Wait until at most N of this thread's most recent groups are still in flight. Only this thread's
-// copies are covered: a __syncthreads() must follow before other threads read the data.
+// copies are covered: a barrier must follow before other threads read the data (__syncthreads(), or __syncwarp()
+// for rows only the copying warp reads).
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
