@@ -5,6 +5,8 @@
 # >= 1.4x the bf16 figure, end to end), the pinned rung against pingpong and BK 128; then where a decode call's time
 # goes (issue 12's 4.0 TB/s bar): kernel by kernel at the three shapes beside SDPA, and Nsight Compute's full set on
 # both at B=8 L=32768.
+# The sweeps of rounds B-D ran scripts/decode_tile_sweep.py as it stood at each round's commit (its warp_rows and
+# kv_copy switches were removed after round F; docs/performance.md, decode).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests, ncu_nvtx

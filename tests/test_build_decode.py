@@ -44,6 +44,7 @@ def test_decode_tiles_fit_shared_memory(arch):
         cfg = tiles.decode_tile_config(hd, arch)
         assert cfg.smem_bytes(hd) <= limit and cfg.block_q == 16 and cfg.stages >= 2
         assert (cfg.block_k // cfg.num_warps) % 16 == 0 and cfg.block_k % (cfg.num_warps * 32 // (hd // 8)) == 0
+        assert (cfg.block_k // cfg.num_warps) % max(1, 32 // (hd // 8)) == 0  # a warp copies its own rows
         merge = cfg.num_warps * cfg.block_q * (hd + 2) * 4  # the warps' softmax states, merged in the K/V ring
         assert merge <= 2 * cfg.stages * cfg.block_k * hd * 2 and hd % 64 == 0  # unpadded rows, 8-chunk swizzle
 

@@ -135,7 +135,7 @@ def decode_source(dtype, head_dim: int, arch: str, tiles=None, template_dir: Pat
     return _render(KERNEL_TEMPLATE, template_dir, kernel="decode", elem_type=elem_type, out_type=elem_type,
                    dtype_code=dtype_code, dtype_name=dtype_name, head_dim=head_dim, variant_include=VARIANT_INCLUDE,
                    block_q=t.block_q, block_k=t.block_k, num_warps=t.num_warps, stages=t.stages, min_blocks=t.min_blocks,
-                   warp_rows=t.warp_rows, kv_copy=t.kv_copy, arch_number=arch_number(arch))
+                   arch_number=arch_number(arch))
 
 
 # The Python that turns a traced variant into a binary besides the templates: its derivation, printing and build

@@ -63,17 +63,13 @@ class DecodeTileConfig:
     """Tiles of the decode kernel (fwd_decode.cuh): 16 packed query rows (block_q: query heads of one kv head
     times query positions) per CTA, K/V tiles of ``block_k`` cache positions split over ``num_warps`` warps, in a
     ring of ``stages`` (a memory-bound kernel: the ring keeps stages - 1 tiles in flight; two CTAs per SM where
-    the ring allows). ``warp_rows``: each warp copies the block_k / num_warps rows it reads, so a tile needs no
-    barrier of the CTA; ``kv_copy``: the K/V reads' cp.async form (sm80_copy.cuh, cp_async_16_as: 0 .cg, 1 .ca,
-    2 .cg with a 256-byte L2 prefetch, 3 .cg evict-first)."""
+    the ring allows)."""
 
     block_k: int
     stages: int
     num_warps: int = 4
     min_blocks: int = 1
     block_q: int = 16
-    warp_rows: bool = False
-    kv_copy: int = 0
 
     def smem_bytes(self, head_dim: int) -> int:
         """The packed Q rows (padded by 16 bytes), then the K/V ring (unpadded, swizzled rows)."""
@@ -81,10 +77,9 @@ class DecodeTileConfig:
 
 
 DECODE_TILES = {
-    64: (DecodeTileConfig(block_k=64, stages=4, warp_rows=True),),
-    128: (DecodeTileConfig(block_k=64, stages=3, warp_rows=True), DecodeTileConfig(block_k=64, stages=2, warp_rows=True)),
-    256: (DecodeTileConfig(block_k=32, stages=3, num_warps=2, warp_rows=True),
-          DecodeTileConfig(block_k=32, stages=2, num_warps=2, warp_rows=True)),
+    64: (DecodeTileConfig(block_k=64, stages=4),),
+    128: (DecodeTileConfig(block_k=64, stages=3), DecodeTileConfig(block_k=64, stages=2)),
+    256: (DecodeTileConfig(block_k=32, stages=3, num_warps=2), DecodeTileConfig(block_k=32, stages=2, num_warps=2)),
 }
 
 

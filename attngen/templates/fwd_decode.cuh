@@ -9,8 +9,8 @@
 // variant's score_mod / mask_mod and block skipping as in the forward kernels, with per-sequence lengths. A CTA
 // walks its split's share of the derived kv range; with several splits each writes its normalised O and LSE in
 // fp32 and a combine kernel merges them by LSE.
-// Configuration (Elem, D, BQ, BK, NWARPS, STAGES, WARP_ROWS, KV_COPY, MIN_BLOCKS, kDtypeCode, kArch) and variant.inc
-// come from the including attngen_fwd.cu (templates/attngen_fwd.cu.j2).
+// Configuration (Elem, D, BQ, BK, NWARPS, STAGES, MIN_BLOCKS, kDtypeCode, kArch) and variant.inc come from the
+// including attngen_fwd.cu (templates/attngen_fwd.cu.j2).
 #pragma once
 
 #include "attngen_common.cuh"
@@ -89,13 +89,13 @@ ATTNGEN_DEV_INLINE Sequence sequence_of(const AttngenDecodeArgs& a, int b, int k
   return s;
 }
 
-// The K/V loader: a thread copies one 16-byte column chunk of LOAD_PASSES rows of every tile, ROW_STEP rows apart
-// from its first row. WARP_ROWS: a warp copies the WK rows it reads itself (so a tile needs no barrier of the CTA);
-// else the CTA's threads cover the tile in passes of ROWS_PER_PASS rows.
-constexpr int ROW_STEP = WARP_ROWS ? 32 / CHUNKS_PER_ROW : ROWS_PER_PASS;
-constexpr int LOAD_PASSES = WARP_ROWS ? WK / ROW_STEP : BK / ROWS_PER_PASS;
-static_assert(!WARP_ROWS || (32 % CHUNKS_PER_ROW == 0 && WK % (32 / CHUNKS_PER_ROW) == 0),
-              "WARP_ROWS: whole rows per warp instruction, whole passes over a warp's rows");
+// The K/V loader: each warp copies the WK rows it reads itself, so a tile needs a barrier of the warp only (copying
+// the tile with the whole CTA measured the same). A thread copies one 16-byte column chunk of LOAD_PASSES rows, ROW_STEP
+// rows apart from its first row.
+constexpr int ROW_STEP = 32 / CHUNKS_PER_ROW;  // rows per warp instruction
+constexpr int LOAD_PASSES = WK / ROW_STEP;
+static_assert(32 % CHUNKS_PER_ROW == 0 && WK % ROW_STEP == 0,
+              "whole rows per warp instruction, whole passes over a warp's rows");
 
 // Byte offset of chunk `chunk` of row r in a ring slot (the swizzle above).
 ATTNGEN_DEV_INLINE uint32_t kv_slot_offset(int r, int chunk) {
@@ -124,13 +124,12 @@ struct KvLoader {
   long long k_off, v_off;       // the same chunk in the cache, from the tile's first row (elements)
   long long k_step, v_step;     // ROW_STEP rows of the cache (elements)
   bool runs;                    // every tile is one run of rows: a contiguous cache, or pages holding whole tiles
-  uint64_t policy;              // KV_COPY 3's L2 policy
 };
 
 ATTNGEN_DEV_INLINE KvLoader kv_loader(const AttngenDecodeArgs& a, int tid) {
   KvLoader L;
   const int chunk = tid % CHUNKS_PER_ROW;
-  L.r0 = WARP_ROWS ? (tid >> 5) * WK + (tid & 31) / CHUNKS_PER_ROW : tid / CHUNKS_PER_ROW;
+  L.r0 = (tid >> 5) * WK + (tid & 31) / CHUNKS_PER_ROW;
   L.col = chunk * 8;
   L.chunk = chunk;
   L.k_off = (long long)L.r0 * a.k_stride[2] + L.col;
@@ -138,12 +137,7 @@ ATTNGEN_DEV_INLINE KvLoader kv_loader(const AttngenDecodeArgs& a, int tid) {
   L.k_step = (long long)ROW_STEP * a.k_stride[2];
   L.v_step = (long long)ROW_STEP * a.v_stride[2];
   L.runs = a.page_table == nullptr || a.page_size % BK == 0;
-  L.policy = KV_COPY == 3 ? l2_evict_first_policy() : 0;
   return L;
-}
-
-ATTNGEN_DEV_INLINE void copy_chunk(uint32_t dst, const Elem* src, bool valid, const KvLoader& L) {
-  cp_async_16_as<KV_COPY>(dst, src, valid, L.policy);
 }
 
 // Copy cache positions [p0, p0 + BK) of K and V into one ring slot (rows past kvlen zero-filled). A tile that is
@@ -168,16 +162,16 @@ ATTNGEN_DEV_INLINE void load_kv_tile(uint32_t sK, uint32_t sV, const Elem* kc, c
 #pragma unroll
       for (int n = 0; n < LOAD_PASSES; ++n) {
         const uint32_t dst = kv_slot_offset(L.r0 + n * ROW_STEP, L.chunk);
-        copy_chunk(sK + dst, kp + n * L.k_step, true, L);
-        copy_chunk(sV + dst, vp + n * L.v_step, true, L);
+        cp_async_16(sK + dst, kp + n * L.k_step, true);
+        cp_async_16(sV + dst, vp + n * L.v_step, true);
       }
     } else {
 #pragma unroll
       for (int n = 0; n < LOAD_PASSES; ++n) {
         const bool valid = p0 + L.r0 + n * ROW_STEP < s.kvlen;
         const uint32_t dst = kv_slot_offset(L.r0 + n * ROW_STEP, L.chunk);
-        copy_chunk(sK + dst, kp + n * L.k_step, valid, L);
-        copy_chunk(sV + dst, vp + n * L.v_step, valid, L);
+        cp_async_16(sK + dst, kp + n * L.k_step, valid);
+        cp_async_16(sV + dst, vp + n * L.v_step, valid);
       }
     }
     return;
@@ -194,8 +188,8 @@ ATTNGEN_DEV_INLINE void load_kv_tile(uint32_t sK, uint32_t sV, const Elem* kc, c
       vo += page * a.v_stride[0] + slot * a.v_stride[2];
     }
     const uint32_t dst = kv_slot_offset(L.r0 + n * ROW_STEP, L.chunk);
-    copy_chunk(sK + dst, kc + ko + L.col, valid, L);
-    copy_chunk(sV + dst, vc + vo + L.col, valid, L);
+    cp_async_16(sK + dst, kc + ko + L.col, valid);
+    cp_async_16(sV + dst, vc + vo + L.col, valid);
   }
 }
 
@@ -373,9 +367,9 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_decode_kernel(co
   int stage = 0;
   while (jq[0] < j_end) {
     cp_async_wait<STAGES - 2>();
-    // tile jq[0] visible to the warps that read it, which are done with the slot loaded next: with WARP_ROWS
-    // that is the warp's own rows (the CTA waits once, for Q)
-    if (!WARP_ROWS || first) __syncthreads();
+    // tile jq[0] visible to the warp that reads its rows, which is done with the slot loaded next: its own rows
+    // (the CTA waits once, for Q)
+    if (first) __syncthreads();
     else __syncwarp();
     first = false;
     const int slot = (stage + STAGES - 1) % STAGES;

@@ -21,36 +21,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gmem
   }
 }
 
-// cp_async_16 in one of the forms a streaming reader can pick (fwd_decode.cuh's KV_COPY): 0 .cg (bypass L1),
-// 1 .ca (through L1), 2 .cg with a 256-byte L2 prefetch, 3 .cg under an L2 evict-first policy (`policy`, from
-// createpolicy; read once).
-template <int MODE>
-__device__ __forceinline__ void cp_async_16_as(uint32_t smem_addr, const void* gmem, bool valid, uint64_t policy) {
-  static_assert(MODE >= 0 && MODE <= 3, "copy forms 0..3");
-  if (!valid) {
-    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(smem_addr), "r"(0) : "memory");
-    return;
-  }
-  const unsigned long long gaddr = static_cast<unsigned long long>(__cvta_generic_to_global(gmem));
-  if constexpr (MODE == 0) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gaddr) : "memory");
-  } else if constexpr (MODE == 1) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gaddr) : "memory");
-  } else if constexpr (MODE == 2) {
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gaddr) : "memory");
-  } else {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gaddr),
-                 "l"(policy) : "memory");
-  }
-}
-
-// An L2 policy that evicts the lines it tags first (cp_async_16_as<3>).
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-
 // Close the current group of cp.async operations (an empty group is legal and completes at once).
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
