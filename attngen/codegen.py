@@ -616,7 +616,7 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
     """The ``variant.inc`` of docs/kernel-interface.md for ``traced`` and its block predicates.
 
     fast_tanh / fast_exp2 select ``tanh.approx.f32`` / ``ex2.approx.ftz.f32`` (see ``CudaPrinter``), fast_div
-    ``__fdividef`` for a mod's float division.
+    ``rcp.approx`` (variant_math.cuh's ag_fdiv) for a mod's float division.
     Raises BuildError for expressions the printers cannot express, naming the node.
     """
     em = _Emitter(traced, preds, fast_tanh, fast_exp2, fast_div)
@@ -834,7 +834,7 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
           for k, (lo, hi, flo, fhi) in enumerate(preds.kv_parts)],
         f"// tile_any: {_comment(preds.tile_any)}",
         f"// tile_all: {_comment(preds.tile_all)}",
-        f"// fast paths: tanh.approx={int(fast_tanh)} ex2.approx={int(fast_exp2)} fdividef={int(fast_div)}",
+        f"// fast paths: tanh.approx={int(fast_tanh)} ex2.approx={int(fast_exp2)} rcp.approx={int(fast_div)}",
         "// Needs attngen_common.cuh (CapturedArgs, TileArgs, py_floordiv, py_mod) included first, and",
         "// variant_math.cuh (the ag_* helpers) beside it.",
         "#pragma once",
@@ -847,6 +847,8 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         f"#define ATTNGEN_SCORE_HEAD_SCALE {int(head_scale is not None)}",
         f"#define ATTNGEN_SCORE_REL {int(rel is not None)}",
         f"#define ATTNGEN_SCORE_REL_LOADS {int(rel is not None and _has_rel_loads(sympy.Tuple(*rel)))}",
+        # score_mod(s) = a(d) s: the softmax applies the scale (score_mask.cuh's score_tile_rel)
+        f"#define ATTNGEN_SCORE_REL_SCALES {int(rel is not None and rel[1] == 0)}",
         f"#define ATTNGEN_HAS_MASK {has_mask}",
         f"#define ATTNGEN_NEEDS_CLASSIFIER {int(bool(preds.needs_classifier))}",
         f"#define ATTNGEN_KV_PARTS {len(preds.kv_parts) if has_mask else 0}",

@@ -13,6 +13,9 @@
 #define ATTNGEN_SCORE_REL 0  // hand-written variant.inc files (tests/data) that predate relative score mods
 #define ATTNGEN_SCORE_REL_LOADS 0
 #endif
+#ifndef ATTNGEN_SCORE_REL_SCALES
+#define ATTNGEN_SCORE_REL_SCALES 0  // variant.inc files from before the define: b(d) may be nonzero
+#endif
 
 namespace attngen {
 
@@ -33,7 +36,9 @@ ATTNGEN_DEV_INLINE float& frag_at(float (&s)[MT][NT][4], int mt, int nt, int k) 
 // so a thread's 4 NT elements need 2 (NT + 1) evaluations of score_rel, two chunks' worth live at a time;
 // each gets d and float(d) (from one conversion per tile: exact below 2^24). Row g + 8 is q_idx + 8 unless
 // it lies past QLEN (clamped in qi, never stored): its d is then off, harmless for arithmetic; for loads
-// d is clamped to the range that in-range (q_idx, kv_idx) pairs have. Masks as in score_tile.
+// d is clamped to the range that in-range (q_idx, kv_idx) pairs have. Masks as in score_tile. When b is 0
+// (ATTNGEN_SCORE_REL_SCALES: s / (1 + c d^2), s * table[d]) x = a qk, and the softmax factor carries the scale
+// instead (raw_score_factor; scale > 0 here, see score_tile): one FMUL per evaluation fewer.
 template <bool MASK, bool BOUNDS, typename Frag>
 ATTNGEN_DEV_INLINE void score_tile_rel(Frag& s, float scale, const CapturedArgs& C, const TileArgs& t,
                                        const HeadCtx& hc, const RowCtx (&rc)[1][2], const int (&qi)[1][2], int kv0,
@@ -48,7 +53,7 @@ ATTNGEN_DEV_INLINE void score_tile_rel(Frag& s, float scale, const CapturedArgs&
     d = min(max(d, t.QOFF - (KVLEN - 1)), t.QOFF + t.QLEN - 1);
 #endif
     RelTerms r = score_rel(C, hc, d, fd0 - (float)k);
-    r.a *= scale;
+    if (!ATTNGEN_SCORE_REL_SCALES) r.a *= scale;
     return r;
   };
   RelTerms prev[2] = {terms(0), terms(1)};
@@ -134,7 +139,9 @@ ATTNGEN_DEV_INLINE void score_tile(Frag& s, float scale, const CapturedArgs& C, 
 
 // Factor c of the softmax domain of RAW scores (2^(c x) is the weight of score x).
 ATTNGEN_DEV_INLINE float raw_score_factor(float scale) {
-#if ATTNGEN_SCORE_REL
+#if ATTNGEN_SCORE_REL && ATTNGEN_SCORE_REL_SCALES
+  return scale * LOG2E;  // score_tile_rel's x is the score over the scale
+#elif ATTNGEN_SCORE_REL
   return LOG2E;  // score_tile_rel's x is the score
 #elif ATTNGEN_HAS_SCORE_MOD
   return 1.f;

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Session 18's device calls. A: the division score mod after the codegen change (ag_fdiv as rcp.approx.ftz times the
+# numerator, no per-call denormal rescale; score_rel's a(d) s without the scale when b(d) = 0, the softmax factor
+# carrying it): the API and codegen GPU suites (rel_div in a window, its LSE), the tile sweep of div_score with and
+# without the persistent grid, the masked anchors on the persistent grid at S = 8192 against the default (one CTA per
+# tile beyond 4096 kv rows), then bench_forward (attngen, flex, cuDNN in one process) on the affected variants.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/device_step.sh  # environment, $R, run_tests
+case "$1" in
+  A)
+    run_tests api 200 -n 4 tests/gpu/test_gpu_api.py tests/gpu/test_codegen_gpu.py
+    timeout 150 python scripts/tile_sweep.py --variants div_score --tiles 176x2-rt8,176x2-rt8-pers,128x2-rt8,128x2-rt8-pers \
+      2>&1 | tee "$R/tile_sweep_div.md" | grep -E "^\||rror"
+    timeout 150 python scripts/tile_sweep.py --variants sliding_window,alibi_causal,causal \
+      --tiles 128x2-rt8-pers4096,128x2-rt8-pers 2>&1 | tee "$R/tile_sweep_masked.md" | grep -E "^\||rror"
+    timeout 240 python benchmarks/bench_forward.py --variants div_score head_scale alibi_causal sliding_window \
+      --no-compile-figures --out "$R" 2>&1 | tee "$R/bench.log" | grep -E "^\||rror" | tail -n 14
+    pack_results ;;
+esac
