@@ -17,7 +17,7 @@ FP8_HEAD_DIMS = (128,)  # sm90_layout.cuh: the FP8 forward's head dims
 # Return codes of attngen_fwd beyond cudaError_t (ATTNGEN_ERROR_*).
 ERROR_SM90_TMA_LAYOUT = 9001  # q/k/v cannot be described by a TMA tensor map
 ERROR_SM90_NO_TMA_ENCODER = 9002  # the driver does not provide cuTensorMapEncodeTiled
-ERROR_SCALE_NOT_POSITIVE = 9003  # no score_mod and scale <= 0: the caller rewrites the call exactly
+ERROR_SCALE_NOT_POSITIVE = 9003  # scale <= 0 without score_mod (or with a(d) * score): the caller rewrites the call exactly
 ERROR_BWD_OPTION = 9004  # a backward asked for captured-tensor gradients or determinism it lacks (sm80)
 # Codes meaning "this call cannot run on the sm90 kernel; run the portable sm80 kernel instead".
 SM90_FALLBACK_CODES = (ERROR_SM90_TMA_LAYOUT, ERROR_SM90_NO_TMA_ENCODER)

@@ -454,6 +454,17 @@ def _int_poly(e) -> bool:
     return (e.is_Add or e.is_Mul) and all(_int_poly(x) for x in e.args)
 
 
+def _linear_slope(b):
+    """beta where ``b == beta * fd + b(0)`` with beta free of d and fd (alibi's ``slope * fd``), else None: the
+    kernel then computes b at fd0 - k as ``b(fd0) - k * beta``, one FFMA instead of a subtraction and a product."""
+    if REL_D in b.free_symbols or REL_FD not in b.free_symbols:
+        return None
+    beta = sympy.diff(b, REL_FD)
+    if beta.free_symbols & {REL_D, REL_FD} or sympy.expand(b - beta * REL_FD - b.xreplace({REL_FD: 0})) != 0:
+        return None
+    return beta
+
+
 class _Emitter:
     """Holds the printing context shared by all generated functions."""
 
@@ -671,6 +682,7 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
     # hoisted here, before the context structs are printed, so that their per-head parts join HeadCtx
     rel = None if head_scale is not None else _relative_terms(score_f)
     rel_hoisted = tuple(hoist.top(x) for x in rel) if rel is not None else None
+    rel_slope = _linear_slope(rel_hoisted[1]) if rel_hoisted is not None else None
     # the backward kernels' derivatives, hoisted here too (new context fields only for variants with a score_mod)
     # A score_mod without derivatives (a construct gradients.py has no rule for, or one the printer cannot print)
     # still gets its forward: gradients.py and the printer run before anything is hoisted, the gradient functions
@@ -748,6 +760,12 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
             + "".join(x + "\n" for x in r_lines)
             + f"  return {{{pr.doprint(a_r, as_type=FLOAT)}, {pr.doprint(b_r, as_type=FLOAT)}}};\n}}"
         )
+        if rel_slope is not None:
+            funcs.append(
+                "// b(fd) = score_rel_slope * fd + b(0): the kernel steps b along a thread's columns, one FFMA each\n"
+                "__device__ __forceinline__ float score_rel_slope(const CapturedArgs& c, const HeadCtx& hc) {\n"
+                f"  return {pr.doprint(rel_slope, as_type=FLOAT)};\n}}"
+            )
 
     if grad_error is None:
         try:
@@ -849,6 +867,7 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         f"#define ATTNGEN_SCORE_REL_LOADS {int(rel is not None and _has_rel_loads(sympy.Tuple(*rel)))}",
         # score_mod(s) = a(d) s: the softmax applies the scale (score_mask.cuh's score_tile_rel)
         f"#define ATTNGEN_SCORE_REL_SCALES {int(rel is not None and rel[1] == 0)}",
+        f"#define ATTNGEN_SCORE_REL_LINEAR {int(rel_slope is not None)}",
         f"#define ATTNGEN_HAS_MASK {has_mask}",
         f"#define ATTNGEN_NEEDS_CLASSIFIER {int(bool(preds.needs_classifier))}",
         f"#define ATTNGEN_KV_PARTS {len(preds.kv_parts) if has_mask else 0}",

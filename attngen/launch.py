@@ -500,9 +500,10 @@ def forward(
         packed = head + _ZERO_FWD_TAIL
     rc = call_on(dev, lib._fwd, packed)  # lib._fwd is lib.launch without the method call: the per-call hot path
     if rc == ERROR_SCALE_NOT_POSITIVE:
-        # The SM90 kernel of a variant without score_mod takes the row max over raw q.k (the scale is
-        # folded into the exponent), which needs scale > 0. Both rewrites are exact: softmax(s * qk)
-        # = softmax(|s| * (-q)k), and scale 0 makes every score 0, as q = 0 with scale 1 does.
+        # The SM90 kernel of a variant without score_mod (or whose score_mod is a(q - kv) * score) takes the
+        # row max over raw q.k (a(d) q.k; the scale is folded into the exponent), which needs scale > 0. Both
+        # rewrites are exact: softmax(s * qk) = softmax(|s| * (-q)k), and scale 0 makes every score 0, as q = 0
+        # with scale 1 does.
         q2, scale2 = (-q, -scale) if scale < 0 else (torch.zeros_like(q), 1.0)
         return forward(lib, q2, k, v, scale=scale2, q_offset=q_offset, return_lse=return_lse, captured=captured,
                        summaries=summaries, out=out, lse_out=lse, params=params)

@@ -17,4 +17,16 @@ case "$1" in
     timeout 240 python benchmarks/bench_forward.py --variants div_score head_scale alibi_causal sliding_window \
       --no-compile-figures --out "$R" 2>&1 | tee "$R/bench.log" | grep -E "^\||rror" | tail -n 14
     pack_results ;;
+  B)  # round A: div_score 1.42x flex (562.1 vs 394.5 TFLOP/s); test_explicit_scale[rel_div] failed at scale <= 0 (the
+      # row max over a(d) q.k needs scale > 0: the call is now rewritten as for variants without score_mod); the masked
+      # sweep had run without the runtime parameters (tile_sweep.py now passes them). Now also: alibi's b(d) stepped with
+      # one FFMA per d (SCORE_REL_LINEAR), and s * a[h] left raw where scale a[h] > 0. The API suite (new head_factor
+      # variants: factors of both signs and zero), the masked anchors on the persistent grid at S = 8192, bench_forward
+      # on the two changed variants
+    run_tests api 300 -n 4 tests/gpu/test_gpu_api.py
+    timeout 150 python scripts/tile_sweep.py --variants sliding_window,alibi_causal,causal \
+      --tiles 128x2-rt8-pers4096,128x2-rt8-pers 2>&1 | tee "$R/tile_sweep_masked.md" | grep -E "^\||rror"
+    timeout 140 python benchmarks/bench_forward.py --variants head_scale alibi_causal \
+      --no-compile-figures --out "$R" 2>&1 | tee "$R/bench.log" | grep -E "^\||rror" | tail -n 6
+    pack_results ;;
 esac

@@ -100,8 +100,11 @@ for var, configs in by_var.items():
         captured = [c.tensor for c in attn.traced.captured]
         tensors = {c.name: t for c, t in zip(attn.traced.captured, captured)}
         summaries = [sm.compute(tensors, lib.block_q, lib.block_k, S, S, 0) for sm in attn.predicates.summaries]
-        fn = (lambda lib=lib, captured=captured, summaries=summaries:
-              forward(lib, q, k, v, captured=captured, summaries=summaries))
+        # runtime parameters (a window's size, alibi's head count) are kernel arguments, as the call passes them
+        lib.param_count = len(attn.facts.params)
+        params = attn._param_fields()
+        fn = (lambda lib=lib, captured=captured, summaries=summaries, params=params:
+              forward(lib, q, k, v, captured=captured, summaries=summaries, params=params))
         errs[spec] = (fn().float() - ref.float()).abs().max().item()
         fns[spec] = fn
     if var in ("full", "causal"):

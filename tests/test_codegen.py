@@ -92,7 +92,7 @@ def test_macros(rendered):
     def macros(text):
         return {m.group(1): int(m.group(2)) for m in re.finditer(r"#define ATTNGEN_(\w+) (\d)", text)}
 
-    plain = {"SCORE_HEAD_SCALE": 0, "SCORE_REL": 0, "SCORE_REL_LOADS": 0, "SCORE_REL_SCALES": 0, "KV_PARTS": 0, "Q_PARTS": 0,
+    plain = {"SCORE_HEAD_SCALE": 0, "SCORE_REL": 0, "SCORE_REL_LOADS": 0, "SCORE_REL_SCALES": 0, "SCORE_REL_LINEAR": 0, "KV_PARTS": 0, "Q_PARTS": 0,
              "NUM_SUMMARIES": 0, "TILES_READ_HEAD": 0, "GRAD_DIAG_SITES": 0}
     assert macros(rendered["causal"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 0, **plain,
                                           "NUM_GRAD_SITES": 0}
@@ -132,12 +132,15 @@ def test_relative_score_mods_get_score_rel():
 
     # SCORE_REL_SCALES: b(d) is 0, so the softmax factor may carry the scale (alibi and relbias add, the
     # division scales)
-    assert macros(r["alibi"]) == {"SCORE_REL": 1, "SCORE_REL_LOADS": 0, "SCORE_REL_SCALES": 0}
-    assert macros(r["relbias"]) == {"SCORE_REL": 1, "SCORE_REL_LOADS": 1, "SCORE_REL_SCALES": 0}
-    assert macros(r["d_div_square"]) == {"SCORE_REL": 1, "SCORE_REL_LOADS": 0, "SCORE_REL_SCALES": 1}
+    # SCORE_REL_LINEAR: b(d) = slope * d (alibi), stepped along a row with one FFMA per d
+    assert macros(r["alibi"]) == {"SCORE_REL": 1, "SCORE_REL_LOADS": 0, "SCORE_REL_SCALES": 0, "SCORE_REL_LINEAR": 1}
+    assert macros(r["relbias"]) == {"SCORE_REL": 1, "SCORE_REL_LOADS": 1, "SCORE_REL_SCALES": 0, "SCORE_REL_LINEAR": 0}
+    assert macros(r["d_div_square"]) == {"SCORE_REL": 1, "SCORE_REL_LOADS": 0, "SCORE_REL_SCALES": 1,
+                                         "SCORE_REL_LINEAR": 0}
     for k in ("bias", "softcap", "compound"):
-        assert macros(r[k]) == {"SCORE_REL": 0, "SCORE_REL_LOADS": 0, "SCORE_REL_SCALES": 0}, k
+        assert macros(r[k]) == {"SCORE_REL": 0, "SCORE_REL_LOADS": 0, "SCORE_REL_SCALES": 0, "SCORE_REL_LINEAR": 0}, k
         assert "score_rel" not in r[k]
+    assert body(r["alibi"], "score_rel_slope").strip() == "return hc.h1;", body(r["alibi"], "score_rel_slope")
     alibi = body(r["alibi"], "score_rel")
     assert "fd * hc.h" in alibi and "(float)" not in alibi, alibi
     div = body(r["d_div_square"], "score_rel")

@@ -23,7 +23,7 @@
 // the sm90 kernel, run the sm80 kernel (same variant, same summaries sized by ITS block sizes) instead.
 #define ATTNGEN_ERROR_SM90_TMA_LAYOUT 9001      // q/k/v cannot be described by a TMA tensor map
 #define ATTNGEN_ERROR_SM90_NO_TMA_ENCODER 9002  // the driver does not provide cuTensorMapEncodeTiled
-#define ATTNGEN_ERROR_SCALE_NOT_POSITIVE 9003   // no score_mod and scale <= 0 (or NaN): see score_mask.cuh
+#define ATTNGEN_ERROR_SCALE_NOT_POSITIVE 9003   // scale <= 0 (or NaN) where the row max is over unscaled scores: score_mask.cuh
 #define ATTNGEN_ERROR_BWD_OPTION 9004           // a backward asked for what only the sm90 one does (see host_abi_common)
 
 // The libraries are ELF shared objects loaded by attngen/launch.py; only the C ABI is exported.

@@ -217,7 +217,7 @@ __device__ __forceinline__ void step(const Consumer& c, int k_stage, uint32_t k_
     c.release_k(k_stage);
     if (!(PIN_SOFTMAX && PV) || w.t.QLEN > 0) {
       score_kv_tile</*RAW=*/true, BQ, BK>(r.s, jn, f_lo, f_hi, w.scale, w.C, w.t, w.i, w.hc, w.rc, w.qi, w.tig);
-      online_softmax<P_OFFSET>(r.s, raw_score_factor(w.scale), RESCALE_THRESHOLD, r.m, r.l, r.alpha);
+      online_softmax<P_OFFSET>(r.s, raw_score_factor(w.scale, w.C, w.hc), RESCALE_THRESHOLD, r.m, r.l, r.alpha);
     }
   }
   if (PV) {
@@ -324,7 +324,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
       l[1] *= unscale;
       o_scale *= unscale;
     }
-    store_rows<OutElem>(a, b, h, t.QLEN, i * BQ + r0, tig, o, m, l, raw_score_factor(tile_scale), o_scale);
+    store_rows<OutElem>(a, b, h, t.QLEN, i * BQ + r0, tig, o, m, l, raw_score_factor(tile_scale, C, hc), o_scale);
   }
   // Consumer 1's initial pass left one extra arrival on consumer 0's barrier: consume it, so that every
   // named barrier is balanced when the CTA exits.
@@ -373,8 +373,11 @@ AttngenKernelInfo kernel_info() {
   return {ATTNGEN_ABI_VERSION, (int)sizeof(AttngenFwdArgs), D, kDtypeCode, BQ, BK, NTHREADS, SMEM_BYTES, kArch};
 }
 
-// The row max is taken over raw q.k (score_tile, RAW): only a positive scale keeps its order.
-bool accepts_scale(float scale) { return ATTNGEN_HAS_SCORE_MOD || scale > 0.f; }
+// The row max is taken over raw q.k (score_tile, RAW), or over a(d) q.k for a score_mod a(d) s (score_tile_rel,
+// ATTNGEN_SCORE_REL_SCALES): only a positive scale keeps its order.
+bool accepts_scale(float scale) {
+  return (ATTNGEN_HAS_SCORE_MOD && !(ATTNGEN_SCORE_REL && ATTNGEN_SCORE_REL_SCALES)) || scale > 0.f;
+}
 
 int launch(const AttngenFwdArgs& a, cudaStream_t stream) {
   if (FP8 && a.descale == nullptr) return (int)cudaErrorInvalidValue;  // entered without attngen/fp8.py's V^T, descales

@@ -65,8 +65,8 @@ extern "C" ATTNGEN_EXPORT const char* attngen_error_string(int code) {
            "dQ's additions deterministically (the sm90 backward does both); attngen's autograd runs the float32 "
            "recompute for such calls instead";
   if (code == ATTNGEN_ERROR_SCALE_NOT_POSITIVE)
-    return "attngen sm90 kernel: a variant without score_mod needs scale > 0 here (attngen's Python entry points "
-           "pass -q and -scale for a negative scale)";
+    return "attngen sm90 kernel: a variant without score_mod, or whose score_mod is a(q_idx - kv_idx) * score, needs "
+           "scale > 0 here (attngen's Python entry points pass -q and -scale for a negative scale)";
   return cudaGetErrorString(static_cast<cudaError_t>(code));
 }
 

@@ -16,6 +16,9 @@
 #ifndef ATTNGEN_SCORE_REL_SCALES
 #define ATTNGEN_SCORE_REL_SCALES 0  // variant.inc files from before the define: b(d) may be nonzero
 #endif
+#ifndef ATTNGEN_SCORE_REL_LINEAR
+#define ATTNGEN_SCORE_REL_LINEAR 0  // ... and not known linear in d
+#endif
 
 namespace attngen {
 
@@ -38,7 +41,8 @@ ATTNGEN_DEV_INLINE float& frag_at(float (&s)[MT][NT][4], int mt, int nt, int k) 
 // it lies past QLEN (clamped in qi, never stored): its d is then off, harmless for arithmetic; for loads
 // d is clamped to the range that in-range (q_idx, kv_idx) pairs have. Masks as in score_tile. When b is 0
 // (ATTNGEN_SCORE_REL_SCALES: s / (1 + c d^2), s * table[d]) x = a qk, and the softmax factor carries the scale
-// instead (raw_score_factor; scale > 0 here, see score_tile): one FMUL per evaluation fewer.
+// instead (raw_score_factor; scale > 0 here, see score_tile): one FMUL per evaluation fewer. When b is linear in d
+// (ATTNGEN_SCORE_REL_LINEAR: alibi), b at d0 - k is b(d0) - k slope, one FFMA per evaluation (within an ulp of b(d0)).
 template <bool MASK, bool BOUNDS, typename Frag>
 ATTNGEN_DEV_INLINE void score_tile_rel(Frag& s, float scale, const CapturedArgs& C, const TileArgs& t,
                                        const HeadCtx& hc, const RowCtx (&rc)[1][2], const int (&qi)[1][2], int kv0,
@@ -47,12 +51,18 @@ ATTNGEN_DEV_INLINE void score_tile_rel(Frag& s, float scale, const CapturedArgs&
   const int KVLEN = t.KVLEN;
   const int d0 = qi[0][0] + 8 - (kv0 + 2 * tig);  // d of row g + 8 at chunk 0, e = 0
   const float fd0 = (float)d0;
+#if ATTNGEN_SCORE_REL_LINEAR
+  const float b_slope = score_rel_slope(C, hc), b_d0 = score_rel(C, hc, d0, fd0).b;
+#endif
   auto terms = [&](int k) {  // the terms at d0 - k
     int d = d0 - k;
 #if ATTNGEN_SCORE_REL_LOADS
     d = min(max(d, t.QOFF - (KVLEN - 1)), t.QOFF + t.QLEN - 1);
 #endif
     RelTerms r = score_rel(C, hc, d, fd0 - (float)k);
+#if ATTNGEN_SCORE_REL_LINEAR
+    r.b = fmaf(-(float)k, b_slope, b_d0);
+#endif
     if (!ATTNGEN_SCORE_REL_SCALES) r.a *= scale;
     return r;
   };
@@ -90,7 +100,8 @@ ATTNGEN_DEV_INLINE void score_tile_rel(Frag& s, float scale, const CapturedArgs&
 // With a score_mod, x = score_mod(qk * scale) * log2(e). Without one, RAW keeps x = qk (the softmax
 // folds the factor scale * log2(e) into its exponent's FFMA, which needs scale > 0: attngen_fwd refuses
 // scale <= 0 with ATTNGEN_ERROR_SCALE_NOT_POSITIVE and the Python side rewrites the call), else
-// x = qk * scale * log2(e). MASK: evaluate mask_mod (the tile is not known FULL); BOUNDS: the tile
+// x = qk * scale * log2(e). A per-head factor (score_mod(s) = a[h] s) counts as part of the scale: RAW keeps
+// x = qk too where score_kv_tile found scale a[h] > 0, else x = qk * scale * a[h] * log2(e). MASK: evaluate mask_mod (the tile is not known FULL); BOUNDS: the tile
 // straddles KVLEN, columns past it are -inf. score_mod / mask_mod / col_ctx only see in-range indices:
 // past-the-end columns (and, via qi, past-the-end rows) are clamped to the last valid index and their
 // results discarded.
@@ -101,7 +112,7 @@ ATTNGEN_DEV_INLINE void score_tile(Frag& s, float scale, const CapturedArgs& C, 
 #if !ATTNGEN_HAS_SCORE_MOD
   const float scale_log2 = scale * LOG2E;
 #elif ATTNGEN_SCORE_HEAD_SCALE
-  // score_mod(s) = a s with a per-head factor a: one multiply per element
+  // score_mod(s) = a s with a per-head factor a: one multiply per element unless RAW
   const float head_log2 = scale * score_head_scale(C, hc) * LOG2E;
 #endif
 #pragma unroll
@@ -120,7 +131,7 @@ ATTNGEN_DEV_INLINE void score_tile(Frag& s, float scale, const CapturedArgs& C, 
         for (int rh = 0; rh < 2; ++rh) {
           float& x = frag_at(s, mt, nt, rh * 2 + e);
 #if ATTNGEN_HAS_SCORE_MOD && ATTNGEN_SCORE_HEAD_SCALE
-          const float y = x * head_log2;
+          const float y = RAW ? x : x * head_log2;
 #elif ATTNGEN_HAS_SCORE_MOD
           const float y = score_mod(x * scale, C, hc, rc[mt][rh], cc, qi[mt][rh], kv) * LOG2E;
 #else
@@ -137,17 +148,40 @@ ATTNGEN_DEV_INLINE void score_tile(Frag& s, float scale, const CapturedArgs& C, 
   }
 }
 
+#if ATTNGEN_HAS_SCORE_MOD && ATTNGEN_SCORE_HEAD_SCALE
+// score_mod(s) = a[h] s: the scale and a[h] in one factor
+ATTNGEN_DEV_INLINE float head_score_factor(float scale, const CapturedArgs& C, const HeadCtx& hc) {
+  return scale * score_head_scale(C, hc);
+}
+#endif
+
 // Factor c of the softmax domain of RAW scores (2^(c x) is the weight of score x).
-ATTNGEN_DEV_INLINE float raw_score_factor(float scale) {
+ATTNGEN_DEV_INLINE float raw_score_factor(float scale, const CapturedArgs& C, const HeadCtx& hc) {
 #if ATTNGEN_SCORE_REL && ATTNGEN_SCORE_REL_SCALES
   return scale * LOG2E;  // score_tile_rel's x is the score over the scale
 #elif ATTNGEN_SCORE_REL
   return LOG2E;  // score_tile_rel's x is the score
+#elif ATTNGEN_HAS_SCORE_MOD && ATTNGEN_SCORE_HEAD_SCALE
+  const float f = head_score_factor(scale, C, hc);  // > 0: score_kv_tile left the scores raw
+  return f > 0.f ? f * LOG2E : 1.f;
 #elif ATTNGEN_HAS_SCORE_MOD
   return 1.f;
 #else
   return scale * LOG2E;
 #endif
+}
+
+template <bool RAW, typename Frag, int MT>
+ATTNGEN_DEV_INLINE void score_tiles(Frag& s, bool masked, bool bounds, float scale, const CapturedArgs& C,
+                                    const HeadCtx& hc, const RowCtx (&rc)[MT][2], const int (&qi)[MT][2], int kv0,
+                                    int KVLEN, int tig) {
+  if (masked) {
+    if (bounds) score_tile<true, true, RAW>(s, scale, C, hc, rc, qi, kv0, KVLEN, tig);
+    else score_tile<true, false, RAW>(s, scale, C, hc, rc, qi, kv0, KVLEN, tig);
+  } else {
+    if (bounds) score_tile<false, true, RAW>(s, scale, C, hc, rc, qi, kv0, KVLEN, tig);
+    else score_tile<false, false, RAW>(s, scale, C, hc, rc, qi, kv0, KVLEN, tig);
+  }
 }
 
 // The scores of visited kv tile j of q-block i in a (BQ x BK)-tiled kernel: mask_mod only where the
@@ -167,7 +201,7 @@ ATTNGEN_DEV_INLINE void score_kv_tile(Frag& s, int j, int f_lo, int f_hi, float 
   const bool bounds = (j + 1) * BK > t.KVLEN;
   const int kv0 = j * BK;
 #if ATTNGEN_SCORE_REL
-  if constexpr (RAW) {  // the sm90 kernel: raw_score_factor is log2(e) for this path, not for score_tile's
+  if constexpr (RAW) {  // the sm90 kernel: raw_score_factor is this path's (log2(e) times the scale with SCALES)
     static_assert(MT == 1, "score_tile_rel walks the sm90 fragment (one m16 slice)");
     if (masked) {
       if (bounds) score_tile_rel<true, true>(s, scale, C, t, hc, rc, qi, kv0, tig);
@@ -179,13 +213,14 @@ ATTNGEN_DEV_INLINE void score_kv_tile(Frag& s, int j, int f_lo, int f_hi, float 
     return;
   }
 #endif
-  if (masked) {
-    if (bounds) score_tile<true, true, RAW>(s, scale, C, hc, rc, qi, kv0, t.KVLEN, tig);
-    else score_tile<true, false, RAW>(s, scale, C, hc, rc, qi, kv0, t.KVLEN, tig);
-  } else {
-    if (bounds) score_tile<false, true, RAW>(s, scale, C, hc, rc, qi, kv0, t.KVLEN, tig);
-    else score_tile<false, false, RAW>(s, scale, C, hc, rc, qi, kv0, t.KVLEN, tig);
+#if ATTNGEN_HAS_SCORE_MOD && ATTNGEN_SCORE_HEAD_SCALE
+  // a per-head factor: raw scores where scale a[h] > 0 (raw_score_factor's test), the product per element else
+  if (RAW && !(head_score_factor(scale, C, hc) > 0.f)) {
+    score_tiles<false>(s, masked, bounds, scale, C, hc, rc, qi, kv0, t.KVLEN, tig);
+    return;
   }
+#endif
+  score_tiles<RAW>(s, masked, bounds, scale, C, hc, rc, qi, kv0, t.KVLEN, tig);
 }
 
 }  // namespace attngen

@@ -42,16 +42,21 @@ def data() -> types.SimpleNamespace:
     VALID = (torch.rand(NPOS, generator=_GEN) > 0.3).to(DEV)
     DOCS_2 = torch.randint(0, 9, (NPOS,), generator=_GEN).sort().values.to(DEV)
     PAD = attngen.MaskMod(lambda b, h, q, k: VALID[k], "valid")
+    # per-head factors of both signs and zero: the sm90 kernel keeps q.k raw only where scale * factor > 0
+    HEAD_FACTOR = torch.tensor([1.5, -0.7, 0.0, 0.3, 2.0, -1.2, 0.9, 1.0], device=DEV)
 
     def _bias_mod(s, b, h, q, k):
         return s + BIAS[h, q - k + 2100]
 
-    VARIANTS = _variants(DOCS, DOCS_B, SLOPES, DOCS_2, PAD, _bias_mod)
+    def _head_factor(s, b, h, q, k):
+        return s * HEAD_FACTOR[h]
+
+    VARIANTS = _variants(DOCS, DOCS_B, SLOPES, DOCS_2, PAD, _bias_mod, _head_factor)
     assert list(VARIANTS) == VARIANT_NAMES
     return types.SimpleNamespace(DOCS=DOCS, VARIANTS=VARIANTS)
 
 
-def _variants(DOCS, DOCS_B, SLOPES, DOCS_2, PAD, _bias_mod):
+def _variants(DOCS, DOCS_B, SLOPES, DOCS_2, PAD, _bias_mod, _head_factor):
     return {
         "full": attngen.compile(backend=BACKEND),
         "causal": attngen.compile(causal=True, backend=BACKEND),
@@ -75,13 +80,17 @@ def _variants(DOCS, DOCS_B, SLOPES, DOCS_2, PAD, _bias_mod):
         # a relative score mod with a factor of q - kv (the sm90 kernel's score_rel path), in a window
         "rel_div": attngen.compile(score_mod=attngen.ScoreMod(lambda s, b, h, q, k: s / (1 + 1e-3 * (q - k) ** 2), "rel_div"),
                                    window=256, backend=BACKEND),
+        # score_mod(s) = a[h] s (the kernel's per-head factor path), masked and not
+        "head_factor": attngen.compile(score_mod=attngen.ScoreMod(_head_factor, "head_factor"), backend=BACKEND),
+        "head_factor_causal": attngen.compile(score_mod=attngen.ScoreMod(_head_factor, "head_factor"), causal=True,
+                                              backend=BACKEND),
     }
 
 
 VARIANT_NAMES = ["full", "causal", "sliding_window", "local", "softcap", "softcap_causal", "alibi_causal", "alibi_tensor",
                  "prefix_lm", "chunked", "document", "document_batched_causal", "block_diagonal", "dilated",
                  "prefix_or_window_not_chunk", "bias_table", "masked_rows", "key_padding_document", "two_documents",
-                 "rel_div"]
+                 "rel_div", "head_factor", "head_factor_causal"]
 # (variant, dtype, head dim) signatures exercised below; built in parallel up front
 MAIN = [(n, torch.bfloat16, 128) for n in VARIANT_NAMES]
 DTYPE_DIM = [(n, dt, d) for n in ("full", "causal", "softcap_causal", "document")
@@ -150,10 +159,11 @@ def test_odd_lengths_and_offsets(name, Lq, Lk, q_offset):
 
 
 @pytest.mark.parametrize("scale", [0.3, -0.08, 0.0])
-@pytest.mark.parametrize("name", ["full", "causal", "softcap", "alibi_causal", "rel_div"])
+@pytest.mark.parametrize("name", ["full", "causal", "softcap", "alibi_causal", "rel_div", "head_factor"])
 def test_explicit_scale(name, scale):
     """Scales other than 1/sqrt(D), negative and zero included (the SM90 kernel folds the scale into
-    the exponent for variants without score_mod; the API rewrites scale <= 0 exactly)."""
+    the exponent for variants without score_mod or with a(q - kv) * score: rel_div; the API rewrites scale <= 0
+    exactly)."""
     _run_case(name, scale=scale, Lq=300, Lk=500)
 
 
