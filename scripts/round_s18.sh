@@ -29,4 +29,15 @@ case "$1" in
     timeout 140 python benchmarks/bench_forward.py --variants head_scale alibi_causal \
       --no-compile-figures --out "$R" 2>&1 | tee "$R/bench.log" | grep -E "^\||rror" | tail -n 6
     pack_results ;;
+  C)  # round B: API suite 138 passed; head_scale 1.40x flex (was 1.31x), alibi + causal 1.49x (1.44x); at S = 8192 the
+      # persistent grid beat one CTA per tile on the three masked anchors swept (window +5.2%, alibi + causal +2.0%,
+      # causal +1.3%), so masked variants now take it at every kv length. The other masked anchors and issue 15's
+      # masked variants swept both ways (pers4096: the old default), then bench_forward on every anchor and issue 15 variant
+    timeout 200 python scripts/tile_sweep.py \
+      --variants prefix_lm,document,document_cuts,softcap_causal,local_global,dilated_window,document_unsorted \
+      --tiles 128x2-rt8-pers4096,128x2-rt8-pers 2>&1 | tee "$R/tile_sweep_masked.md" | grep -E "^\||rror"
+    timeout 340 python benchmarks/bench_forward.py --no-compile-figures --out "$R" --variants full causal sliding_window \
+      softcap softcap_causal alibi_causal document document_cuts prefix_lm dilated_window div_score head_scale \
+      document_unsorted local_global 2>&1 | tee "$R/bench.log" | grep -E "^\||rror" | tail -n 18
+    pack_results ;;
 esac

@@ -289,10 +289,9 @@ def test_build_takes_first_ladder_rung_without_spills(tmp_path):
     assert (chosen, spill) == (SM90_TILES[128], 0)
     # without a mask the ladder starts at the wide tiles (plain attention on the persistent grid): full
     # keeps them, softcap spills there and drops to the default BK
-    # masked variants: the same rungs, on the persistent grid up to MASKED_PERSISTENT_MAX_KV kv rows
-    masked = lambda t: replace(t, persistent=True, persistent_max_kv=tiles.MASKED_PERSISTENT_MAX_KV)  # noqa: E731
-    assert tiles.sm90_ladder(128, True, False) == tiles.sm90_ladder(128, True, True) == tuple(map(masked, LADDER[128]))
+    # masked variants: the same rungs, on the persistent grid at every kv length
     pers = lambda t: replace(t, persistent=True)  # noqa: E731
+    assert tiles.sm90_ladder(128, True, False) == tiles.sm90_ladder(128, True, True) == tuple(map(pers, LADDER[128]))
     assert tiles.sm90_ladder(128, False, True) == (tiles.SM90_WIDE[128],) + LADDER[128]
     assert tiles.sm90_ladder(128, False, False) == tuple(map(pers, (tiles.SM90_WIDE[128],) + LADDER[128]))
     assert tiles.sm90_ladder(256, False, False) == tuple(map(pers, LADDER[256]))

@@ -213,7 +213,6 @@ class Sm90Tiles:
 
 
 SM90_SMEM_LIMIT = SMEM_PER_BLOCK[90]  # sm90_layout.cuh SMEM_LIMIT: 227 KiB opt-in per block
-MASKED_PERSISTENT_MAX_KV = 4096
 _RT = 8.0
 SM90_TILES = {64: Sm90Tiles(128, 3, rescale_threshold=_RT), 128: Sm90Tiles(128, 2, rescale_threshold=_RT),
               256: Sm90Tiles(80, 2, rescale_threshold=_RT)}
@@ -232,15 +231,13 @@ SM90_LADDER = {
 def sm90_ladder(head_dim: int, has_mask: bool, has_score_mod: bool) -> tuple:
     """The tile settings a variant's SM90 build tries, best first (the spec builds the first that ptxas
     compiles without spills). Without a mask the ladder starts at the wide tiles; plain attention (no
-    mask, no score_mod) runs every rung on the persistent grid, masked variants up to
-    MASKED_PERSISTENT_MAX_KV kv rows."""
+    mask, no score_mod) and masked variants run every rung on the persistent grid."""
     if head_dim not in SM90_LADDER:
         raise BuildError(f"head dim {head_dim} is not supported: expected one of {sorted(SM90_LADDER)}")
     if has_mask:
-        # Masked variants: the persistent grid (next tile's Q and K/V loaded under this one's end) at short
-        # kv lengths, where work tiles are short; one CTA per tile beyond (docs/performance.md).
-        return tuple(replace(t, persistent=True, persistent_max_kv=MASKED_PERSISTENT_MAX_KV)
-                     for t in SM90_LADDER[head_dim])
+        # Masked variants: the persistent grid (next tile's Q and K/V loaded under this one's end) at every kv
+        # length; short work tiles gain most (docs/performance.md).
+        return tuple(replace(t, persistent=True) for t in SM90_LADDER[head_dim])
     wide = SM90_WIDE.get(head_dim)
     ladder = ((wide,) if wide is not None else ()) + SM90_LADDER[head_dim]
     return ladder if has_score_mod else tuple(replace(t, persistent=True) for t in ladder)
