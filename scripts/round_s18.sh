@@ -40,4 +40,13 @@ case "$1" in
       softcap softcap_causal alibi_causal document document_cuts prefix_lm dilated_window div_score head_scale \
       document_unsorted local_global 2>&1 | tee "$R/bench.log" | grep -E "^\||rror" | tail -n 18
     pack_results ;;
+  D)  # round C: the persistent grid matched or beat one CTA per tile on every masked variant swept; every anchor and
+      # issue 15 variant 1.33-2.44x flex. The final tree: the API and sm90 kernel suites (masked variants past 4096 kv
+      # rows now persistent), then issue 15's short-sequence and D = 64 causal points beside cuDNN
+    run_tests fwd 330 -n 4 tests/gpu/test_gpu_api.py tests/gpu/test_kernel_sm90.py
+    timeout 60 python benchmarks/bench_forward.py --no-compile-figures --out "$R" --variants causal --seq 1024 \
+      --batch 16 2>&1 | tee "$R/bench-s1024.log" | grep -E "^\||rror" | tail -n 3
+    timeout 80 python benchmarks/bench_forward.py --no-compile-figures --out "$R" --variants causal full --head-dim 64 \
+      2>&1 | tee "$R/bench-d64.log" | grep -E "^\||rror" | tail -n 4
+    pack_results ;;
 esac
