@@ -149,8 +149,8 @@ def _launch(lib, dev, q, k, vt, out, lse, block, scale, q_offset, captured, summ
             if captured or summaries or params else _ZERO_TAIL)
     rc = call_on(dev, lib._fwd_fp8, head + tail + _PACK_DESCALE.pack(block.data_ptr()))
     if rc == ERROR_SCALE_NOT_POSITIVE:
-        # As launch.forward: without score_mod the kernel needs scale > 0, and softmax(s qk) = softmax(|s| (-q) k),
-        # scale 0 is q = 0 at scale 1 (e4m3's sign is its top bit: -q is exact).
+        # As launch.forward: without score_mod (or with a(q - kv) * score) the kernel needs scale > 0, and
+        # softmax(s qk) = softmax(|s| (-q) k), scale 0 is q = 0 at scale 1 (e4m3's sign is its top bit: -q is exact).
         q = (q.view(torch.uint8) ^ 0x80).view(FP8) if scale < 0 else torch.zeros_like(q.view(torch.uint8)).view(FP8)
         _launch(lib, dev, q, k, vt, out, lse, block, -scale if scale < 0 else 1.0, q_offset, captured, summaries,
                 params)

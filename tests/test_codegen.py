@@ -43,6 +43,7 @@ GXX = shutil.which("g++")
 
 
 _HEAD_SCALE = torch.tensor([0.5, -1.25, 2.0, 0.75])
+_REL_TABLE = torch.linspace(0.5, 1.5, 127)  # d = q - kv in [-63, 63]
 
 
 def derived_variants():
@@ -141,6 +142,10 @@ def test_relative_score_mods_get_score_rel():
         assert macros(r[k]) == {"SCORE_REL": 0, "SCORE_REL_LOADS": 0, "SCORE_REL_SCALES": 0, "SCORE_REL_LINEAR": 0}, k
         assert "score_rel" not in r[k]
     assert body(r["alibi"], "score_rel_slope").strip() == "return hc.h1;", body(r["alibi"], "score_rel_slope")
+    # a d-indexed load in a(d) with a linear b(d): the kernel clamps d for the loads and steps b from b(d0)
+    t = _traced(ScoreMod(lambda s, b, h, q, k: s * _REL_TABLE[q - k + 63] + 0.5 * (k - q), "table_slope"))
+    assert macros(render_variant_inc(*t)) == {"SCORE_REL": 1, "SCORE_REL_LOADS": 1, "SCORE_REL_SCALES": 0,
+                                              "SCORE_REL_LINEAR": 1}
     alibi = body(r["alibi"], "score_rel")
     assert "fd * hc.h" in alibi and "(float)" not in alibi, alibi
     div = body(r["d_div_square"], "score_rel")

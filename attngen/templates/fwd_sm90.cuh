@@ -58,8 +58,9 @@ __device__ __forceinline__ bool ascending_q_blocks(const AttngenFwdArgs& a) {
 ATTNGEN_HD constexpr int fp8_v_position(int col) { return 4 * ((col >> 1) & 3) + 2 * (col >> 3) + (col & 1); }
 
 // FP8: the q and k descale factors of batch b, query head h's kv head fold into the score scale; v's scales O.
-// Quantisation scales are positive, and without score_mod the row max is taken over raw q.k, which needs that: a
-// factor <= 0 or NaN (the host reads no CUDA descale back) makes this head's output and LSE NaN, not quietly wrong.
+// Quantisation scales are positive, and without score_mod (or with a(d) s or a[h] s: score_mask.cuh) the row max is
+// taken over raw q.k (a(d) q.k), which needs that: a factor <= 0 or NaN (the host reads no CUDA descale back) makes
+// this head's output and LSE NaN, not quietly wrong.
 __device__ __forceinline__ void fp8_descale(const AttngenFwdArgs& a, int b, int h, float& scale, float& o_scale) {
   const long long bh = (long long)a.B * a.Hkv, i = (long long)b * a.Hkv + h / (a.Hq / a.Hkv);
   const float qd = __ldg(a.descale + i), kd = __ldg(a.descale + bh + i), vd = __ldg(a.descale + 2 * bh + i);

@@ -51,17 +51,23 @@ ATTNGEN_DEV_INLINE void score_tile_rel(Frag& s, float scale, const CapturedArgs&
   const int KVLEN = t.KVLEN;
   const int d0 = qi[0][0] + 8 - (kv0 + 2 * tig);  // d of row g + 8 at chunk 0, e = 0
   const float fd0 = (float)d0;
-#if ATTNGEN_SCORE_REL_LINEAR
-  const float b_slope = score_rel_slope(C, hc), b_d0 = score_rel(C, hc, d0, fd0).b;
-#endif
-  auto terms = [&](int k) {  // the terms at d0 - k
+  auto rel_at = [&](int k) {  // score_rel at d0 - k
     int d = d0 - k;
 #if ATTNGEN_SCORE_REL_LOADS
     d = min(max(d, t.QOFF - (KVLEN - 1)), t.QOFF + t.QLEN - 1);
 #endif
-    RelTerms r = score_rel(C, hc, d, fd0 - (float)k);
+    return score_rel(C, hc, d, fd0 - (float)k);
+  };
 #if ATTNGEN_SCORE_REL_LINEAR
-    r.b = fmaf(-(float)k, b_slope, b_d0);
+  const RelTerms r0 = rel_at(0);  // b(d0), the base of the others (a(d0)'s loads, if any, at the clamped d)
+  const float b_slope = score_rel_slope(C, hc);
+#endif
+  auto terms = [&](int k) {  // the terms at d0 - k
+#if ATTNGEN_SCORE_REL_LINEAR
+    RelTerms r = k == 0 ? r0 : rel_at(k);
+    r.b = fmaf(-(float)k, b_slope, r0.b);
+#else
+    RelTerms r = rel_at(k);
 #endif
     if (!ATTNGEN_SCORE_REL_SCALES) r.a *= scale;
     return r;

@@ -52,3 +52,21 @@ def test_debug_build_reports_an_out_of_range_read(monkeypatch):
     out = ok(q, k, v)
     monkeypatch.delenv("ATTNGEN_DEBUG")
     torch.testing.assert_close(out, attngen.compile(score_mod=lambda s, b, h, q, kv: s + table[kv // 2])(q, k, v))
+
+
+def test_debug_build_relative_table_with_linear_bias_stays_in_range(monkeypatch):
+    """s * table[q - kv + L - 1] + slope * (kv - q): the sm90 kernel's score_rel path with a d-indexed load and a bias
+    stepped from b(d0) (SCORE_REL_LOADS and SCORE_REL_LINEAR). The table covers exactly the d of in-range pairs, so a
+    read at an unclamped d (up to 8 past the last row's) would raise in the debug build; the result matches float64."""
+    monkeypatch.setenv("ATTNGEN_DEBUG", "1")
+    table = 1 + 0.1 * torch.randn(2 * L - 1, device="cuda")
+
+    def rel(s, b, h, q, kv):
+        return s * table[q - kv + L - 1] + 0.01 * (kv - q)
+
+    q, k, v = _qkv(seed=18)
+    out = attngen.compile(score_mod=rel, causal=True)(q.cuda(), k.cuda(), v.cuda())
+    torch.cuda.synchronize()
+    ref = reference64.attention(q.double(), k.double(), v.double(), score_mod=rel,
+                                mask_mod=lambda b, h, qi, kv: qi >= kv)[0]
+    torch.testing.assert_close(out.double().cpu(), ref, atol=2e-2, rtol=0)
