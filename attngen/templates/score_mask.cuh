@@ -107,10 +107,10 @@ ATTNGEN_DEV_INLINE void score_tile_rel(Frag& s, float scale, const CapturedArgs&
 // folds the factor scale * log2(e) into its exponent's FFMA, which needs scale > 0: attngen_fwd refuses
 // scale <= 0 with ATTNGEN_ERROR_SCALE_NOT_POSITIVE and the Python side rewrites the call), else
 // x = qk * scale * log2(e). A per-head factor (score_mod(s) = a[h] s) counts as part of the scale: RAW keeps
-// x = qk too where score_kv_tile found scale a[h] > 0, else x = qk * scale * a[h] * log2(e). MASK: evaluate mask_mod (the tile is not known FULL); BOUNDS: the tile
-// straddles KVLEN, columns past it are -inf. score_mod / mask_mod / col_ctx only see in-range indices:
-// past-the-end columns (and, via qi, past-the-end rows) are clamped to the last valid index and their
-// results discarded.
+// x = qk too (score_kv_tile passes RAW only where scale a[h] > 0), else x = qk * scale * a[h] * log2(e). MASK:
+// evaluate mask_mod (the tile is not known FULL); BOUNDS: the tile straddles KVLEN, columns past it are -inf.
+// score_mod / mask_mod / col_ctx only see in-range indices: past-the-end columns (and, via qi, past-the-end
+// rows) are clamped to the last valid index and their results discarded.
 template <bool MASK, bool BOUNDS, bool RAW, typename Frag, int MT>
 ATTNGEN_DEV_INLINE void score_tile(Frag& s, float scale, const CapturedArgs& C, const HeadCtx& hc,
                                    const RowCtx (&rc)[MT][2], const int (&qi)[MT][2], int kv0, int KVLEN, int tig) {
@@ -177,6 +177,7 @@ ATTNGEN_DEV_INLINE float raw_score_factor(float scale, const CapturedArgs& C, co
 #endif
 }
 
+// score_tile with MASK and BOUNDS known at run time.
 template <bool RAW, typename Frag, int MT>
 ATTNGEN_DEV_INLINE void score_tiles(Frag& s, bool masked, bool bounds, float scale, const CapturedArgs& C,
                                     const HeadCtx& hc, const RowCtx (&rc)[MT][2], const int (&qi)[MT][2], int kv0,
