@@ -1,6 +1,7 @@
 """Build the anchor variants with the attngen on PYTHONPATH (through the variant's kernel spec, so each gets the tiles
 its spill ladder picks) and write each library's SASS instruction lines to OUT/<variant>-hd<D>.sass.
-Run it from git worktrees of two revisions and `cmp` the files to tell which kernels a change touched.
+Run it from git worktrees of two revisions and `cmp` the files to tell which kernels a change touched, or count an
+instruction in both (`grep -cE ' (FADD|FMUL|FFMA) ' OUT/alibi_causal-hd128.sass`).
 Usage: ATTNGEN_CACHE_DIR=... PYTHONPATH=<tree> python scripts/sass_dump_anchors.py OUT --cuobjdump PATH"""
 import argparse
 import os
@@ -23,7 +24,10 @@ cases = [("full", attngen.compile(), (64, 128, 256)), ("causal", attngen.compile
          ("softcap_causal", attngen.compile(softcap=30.0, causal=True), (128,)),
          ("alibi_causal", attngen.compile(score_mod=attngen.alibi(16), causal=True), (128,)),
          ("document", attngen.compile(mask_mod=attngen.document(docs)), (128,)),
-         ("prefix", attngen.compile(mask_mod=attngen.prefix_lm(2048)), (128,))]
+         ("prefix", attngen.compile(mask_mod=attngen.prefix_lm(2048)), (128,)),
+         # issue 15's division score mod (bench_forward.py's div_score)
+         ("div_score", attngen.compile(score_mod=attngen.ScoreMod(
+             lambda s, b, h, q, kv: s / (1 + 1e-4 * (q - kv) ** 2), "div_score")), (128,))]
 for name, attn, dims in cases:
     for d in dims:
         lib = attn.spec(torch.bfloat16, d, "sm_90a", "sm90").build_cached()

@@ -303,3 +303,35 @@ def test_build_takes_first_ladder_rung_without_spills(tmp_path):
     assert (chosen, spill) == (SM90_TILES[128], 0)
 
 
+
+
+def test_relative_loads_clamped_with_a_linear_bias(nvcc_path, tmp_path):
+    """score_tile_rel with a captured table read at d = q - kv in a(d) and a bias linear in d (SCORE_REL_LOADS and
+    SCORE_REL_LINEAR): b is stepped from b(d0), which must come from the same d-clamped score_rel call as the
+    others. Taken from an unclamped call, the table read at d0 (up to 8 rows past the last row's d) stays in the
+    PTX (an __ldg is volatile): the kernel's PTX then holds more table reads than with LINEAR off."""
+    import attngen
+    from attngen.codegen import render_variant_inc
+
+    table = torch.linspace(0.5, 1.5, 511)
+
+    def rel(s, b, h, q, kv):
+        return s * table[q - kv + 255] + 0.01 * (kv - q)
+
+    attn = attngen.compile(score_mod=rel, causal=True)
+    inc = render_variant_inc(attn.traced, attn.predicates)
+    assert "#define ATTNGEN_SCORE_REL_LOADS 1" in inc and "#define ATTNGEN_SCORE_REL_LINEAR 1" in inc
+    loads = {}
+    for linear in (1, 0):
+        d = tmp_path / f"linear{linear}"
+        d.mkdir()
+        srcs = render.render_sources(inc.replace("#define ATTNGEN_SCORE_REL_LINEAR 1",
+                                                 f"#define ATTNGEN_SCORE_REL_LINEAR {linear}"),
+                                     torch.bfloat16, 64, "sm_90a", kernel="sm90")
+        for name, text in srcs.items():
+            (d / name).write_text(text)
+        ptx = subprocess.run([nvcc_path, "-ptx", "-arch=sm_90a", "-std=c++17", "-O3", "-o", "-",
+                              str(d / render.KERNEL_SOURCE)], capture_output=True, text=True)
+        assert ptx.returncode == 0, ptx.stderr[-2000:]
+        loads[linear] = ptx.stdout.count("ld.global.nc")
+    assert loads[1] == loads[0] > 0, loads

@@ -119,8 +119,7 @@ struct SwizzledLane {
 // One thread's share of every tile, fixed for the CTA.
 struct KvLoader {
   int r0;                       // its first row of a tile
-  int chunk;                    // its 16-byte chunk of a row
-  int col;                      // that chunk's first element
+  int chunk;                    // its 16-byte chunk of a row (elements 8 chunk ..)
   long long k_off, v_off;       // the same chunk in the cache, from the tile's first row (elements)
   long long k_step, v_step;     // ROW_STEP rows of the cache (elements)
   bool runs;                    // every tile is one run of rows: a contiguous cache, or pages holding whole tiles
@@ -130,10 +129,9 @@ ATTNGEN_DEV_INLINE KvLoader kv_loader(const AttngenDecodeArgs& a, int tid) {
   KvLoader L;
   const int chunk = tid % CHUNKS_PER_ROW;
   L.r0 = (tid >> 5) * WK + (tid & 31) / CHUNKS_PER_ROW;
-  L.col = chunk * 8;
   L.chunk = chunk;
-  L.k_off = (long long)L.r0 * a.k_stride[2] + L.col;
-  L.v_off = (long long)L.r0 * a.v_stride[2] + L.col;
+  L.k_off = (long long)L.r0 * a.k_stride[2] + chunk * 8;
+  L.v_off = (long long)L.r0 * a.v_stride[2] + chunk * 8;
   L.k_step = (long long)ROW_STEP * a.k_stride[2];
   L.v_step = (long long)ROW_STEP * a.v_stride[2];
   L.runs = a.page_table == nullptr || a.page_size % BK == 0;
@@ -188,8 +186,8 @@ ATTNGEN_DEV_INLINE void load_kv_tile(uint32_t sK, uint32_t sV, const Elem* kc, c
       vo += page * a.v_stride[0] + slot * a.v_stride[2];
     }
     const uint32_t dst = kv_slot_offset(L.r0 + n * ROW_STEP, L.chunk);
-    cp_async_16(sK + dst, kc + ko + L.col, valid);
-    cp_async_16(sV + dst, vc + vo + L.col, valid);
+    cp_async_16(sK + dst, kc + ko + L.chunk * 8, valid);
+    cp_async_16(sV + dst, vc + vo + L.chunk * 8, valid);
   }
 }
 
