@@ -1,7 +1,8 @@
 // bwd_prepost.cuh: the launches around a backward main kernel (bwd_sm80.cuh, bwd_sm90.cuh), on its stream:
 //  preprocess, a block per q-block: delta = rowsum(dO * O) (fp32), lse in the log2 domain (+inf for rows with
 //  nothing kept and for the padding of the last q-block, so P = 0 there), the fp32 dQ accumulator zeroed;
-//  postprocess: dQ = dQ_acc * scale in the input dtype, read in the main kernel's layout of dQ_acc.
+//  postprocess of a row-major dQ_acc (bwd_sm80.cuh; bwd_sm90.cuh has its own, for its tiled one): dQ = dQ_acc *
+//  scale in the input dtype.
 //  Configuration (Elem, D) from the including attngen_bwd.cu.
 #pragma once
 
@@ -44,44 +45,52 @@ constexpr int PRE_LANES = PRE_PIECES <= 8 ? 8 : PRE_PIECES <= 16 ? 16 : 32;
 constexpr int PRE_ROWS = PRE_THREADS / PRE_LANES;  // rows per step of a block
 static_assert(D % 8 == 0 && PRE_PIECES <= 32, "the preprocess reads a row in at most 32 pieces of 8 elements");
 
-// Block `tile` = (b * Hq + h) * nqb + i: the bq rows of q-block i of head (b, h), rows past Lq padding:
+// Block `tile` = (b * Hq + h) * nqb + i: the BQ_ rows of q-block i of head (b, h), rows past Lq padding:
 // delta, lse_log2 (+inf for rows with nothing kept and padding), the rows of dQ_acc zeroed (whichever layout the
-// main kernel keeps in a q-block's bq * D floats).
-__global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __grid_constant__ AttngenBwdArgs a,
-                                                                      int bq) {
-  const int nqb = (a.Lq + bq - 1) / bq;
+// main kernel keeps in a q-block's BQ_ * D floats). Every load of the block is issued before the first reduction,
+// so that a thread waits for memory once, not once per row.
+template <int BQ_>
+__global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __grid_constant__ AttngenBwdArgs a) {
+  constexpr int STEPS = (BQ_ + PRE_ROWS - 1) / PRE_ROWS;
+  const int nqb = (a.Lq + BQ_ - 1) / BQ_;
   const long long tile = blockIdx.x;
   const long long bh = tile / nqb;
   const int i = (int)(tile - bh * nqb);
   const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);
   const int piece = threadIdx.x % PRE_LANES;
-  for (int step = 0; step < bq; step += PRE_ROWS) {  // the same steps for every warp: the shuffles take all lanes
-    const int rr = step + (int)threadIdx.x / PRE_LANES;
-    const int r = i * bq + rr;
-    const bool real = rr < bq && r < a.Lq;
-    float delta = 0.f;
-    if (real && piece < PRE_PIECES) {
-      const uint4* o = reinterpret_cast<const uint4*>(static_cast<const Elem*>(a.o) + b * a.o_stride[0] +
-                                                      h * a.o_stride[1] + r * a.o_stride[2]);
-      const uint4* d = reinterpret_cast<const uint4*>(static_cast<const Elem*>(a.dout) + b * a.do_stride[0] +
-                                                      h * a.do_stride[1] + r * a.do_stride[2]);
-      delta = dot8(o[piece], d[piece]);
+  uint4 o[STEPS], d[STEPS];
+#pragma unroll
+  for (int step = 0; step < STEPS; ++step) {
+    const int rr = step * PRE_ROWS + (int)threadIdx.x / PRE_LANES;
+    const int r = i * BQ_ + rr;
+    o[step] = d[step] = make_uint4(0u, 0u, 0u, 0u);
+    if (rr < BQ_ && r < a.Lq && piece < PRE_PIECES) {
+      o[step] = __ldcs(reinterpret_cast<const uint4*>(static_cast<const Elem*>(a.o) + b * a.o_stride[0] +
+                                                      h * a.o_stride[1] + r * a.o_stride[2]) + piece);
+      d[step] = __ldcs(reinterpret_cast<const uint4*>(static_cast<const Elem*>(a.dout) + b * a.do_stride[0] +
+                                                      h * a.do_stride[1] + r * a.do_stride[2]) + piece);
     }
+  }
+#pragma unroll
+  for (int step = 0; step < STEPS; ++step) {  // the same steps for every warp: the shuffles take all lanes
+    const int rr = step * PRE_ROWS + (int)threadIdx.x / PRE_LANES;
+    const int r = i * BQ_ + rr;
+    float delta = dot8(o[step], d[step]);  // 0 for padding rows and pieces past the row
 #pragma unroll
     for (int m = PRE_LANES / 2; m >= 1; m >>= 1) delta += __shfl_xor_sync(0xffffffffu, delta, m);
-    if (rr >= bq) continue;
-    const long long row_id = bh * nqb * bq + r;
+    if (rr >= BQ_) continue;
+    const long long row_id = bh * nqb * BQ_ + r;
     if (piece < PRE_PIECES) {
       float4* acc = reinterpret_cast<float4*>(a.dq_accum + row_id * D) + 2 * piece;
       acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
     if (piece == 0) {
       float lse2 = INFINITY;
-      if (real) {
+      if (r < a.Lq) {
         const float lse = a.lse[bh * a.Lq + r];
         lse2 = lse == -INFINITY ? INFINITY : lse * LOG2E;
       }
-      a.delta[row_id] = delta;  // 0 for padding rows
+      a.delta[row_id] = delta;
       a.lse_log2[row_id] = lse2;
     }
   }
@@ -89,18 +98,8 @@ __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __gr
 
 constexpr int POST_THREADS = 256;
 
-// dQ_acc as (B, Hq, Lq, D) row-major (bwd_sm80.cuh). A main kernel that
-// keeps another layout passes its own to the postprocess: load8 reads row r, columns col .. col + 7 of head bh.
-struct DqAccRowMajor {
-  __device__ static void load8(const float* acc, long long bh, int r, int col, int Lq, float (&x)[8]) {
-    const float4* src = reinterpret_cast<const float4*>(acc + (bh * Lq + r) * D + col);
-    const float4 u = src[0], v = src[1];
-    x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = v.x, x[5] = v.y, x[6] = v.z, x[7] = v.w;
-  }
-};
-
-// dQ = dQ_acc * scale in Elem, 8 elements (one 16-byte store) per thread and step.
-template <class Layout>
+// dQ = dQ_acc * scale in Elem from a row-major (B, Hq, Lq, D) dQ_acc (bwd_sm80.cuh; the sm90 kernel tiles dQ_acc
+// and has a postprocess of its own), 8 elements (one 16-byte store) per thread and step.
 __global__ void __launch_bounds__(POST_THREADS) attngen_bwd_post_kernel(const __grid_constant__ AttngenBwdArgs a) {
   const long long n8 = (long long)a.B * a.Hq * a.Lq * (D / 8);
   for (long long idx = (long long)blockIdx.x * POST_THREADS + threadIdx.x; idx < n8;
@@ -110,32 +109,32 @@ __global__ void __launch_bounds__(POST_THREADS) attngen_bwd_post_kernel(const __
     const long long bh = row_id / a.Lq;
     const int r = (int)(row_id - bh * a.Lq);
     const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);
-    float x[8];
-    Layout::load8(a.dq_accum, bh, r, c * 8, a.Lq, x);
+    const float4* src = reinterpret_cast<const float4*>(a.dq_accum + row_id * D + c * 8);
+    const float4 u = src[0], w = src[1];
     const float f = a.scale;
     uint4 v;
-    v.x = pack2<Elem>(x[0] * f, x[1] * f);
-    v.y = pack2<Elem>(x[2] * f, x[3] * f);
-    v.z = pack2<Elem>(x[4] * f, x[5] * f);
-    v.w = pack2<Elem>(x[6] * f, x[7] * f);
+    v.x = pack2<Elem>(u.x * f, u.y * f);
+    v.y = pack2<Elem>(u.z * f, u.w * f);
+    v.z = pack2<Elem>(w.x * f, w.y * f);
+    v.w = pack2<Elem>(w.z * f, w.w * f);
     st_global_16(static_cast<Elem*>(a.dq) + b * a.dq_stride[0] + h * a.dq_stride[1] + r * a.dq_stride[2] + c * 8, v);
   }
 }
 
-// The preprocess over every q-block of bq rows, a block each.
-inline void launch_bwd_pre(const AttngenBwdArgs& a, int bq, cudaStream_t stream) {
-  const long long tiles = (long long)a.B * a.Hq * ((a.Lq + bq - 1) / bq);
-  if (tiles > 0) attngen_bwd_pre_kernel<<<(unsigned)tiles, PRE_THREADS, 0, stream>>>(a, bq);
+// The preprocess over every q-block of BQ_ rows, a block each.
+template <int BQ_>
+inline void launch_bwd_pre(const AttngenBwdArgs& a, cudaStream_t stream) {
+  const long long tiles = (long long)a.B * a.Hq * ((a.Lq + BQ_ - 1) / BQ_);
+  if (tiles > 0) attngen_bwd_pre_kernel<BQ_><<<(unsigned)tiles, PRE_THREADS, 0, stream>>>(a);
 }
 
-// The postprocess, at most 16 blocks per SM (each loops).
-template <class Layout = DqAccRowMajor>
+// The row-major postprocess, at most 16 blocks per SM (each loops).
 inline void launch_bwd_post(const AttngenBwdArgs& a, int sms, cudaStream_t stream) {
   const long long n8 = (long long)a.B * a.Hq * a.Lq * (D / 8);
   if (n8 > 0) {
     const long long want = (n8 + POST_THREADS - 1) / POST_THREADS;
     const long long blocks = want < (long long)sms * 16 ? want : (long long)sms * 16;
-    attngen_bwd_post_kernel<Layout><<<(unsigned)blocks, POST_THREADS, 0, stream>>>(a);
+    attngen_bwd_post_kernel<<<(unsigned)blocks, POST_THREADS, 0, stream>>>(a);
   }
 }
 

@@ -1,6 +1,6 @@
 // bwd_sm90.cuh: attention backward for sm_90a (Hopper), FlashAttention-3 style, warp specialized, in three
 // launches on one stream: bwd_prepost.cuh's preprocess (delta, lse in log2, dQ_acc zeroed), the main kernel,
-// the postprocess (dQ = dQ_acc * scale). A CTA owns kv-block j (BK = 128 rows) of one kv head: grid
+// its own postprocess (dQ = dQ_acc * scale, below). A CTA owns kv-block j (BK = 128 rows) of one kv head: grid
 // (ceil(Lk / BK), Hkv, B), low kv blocks first (under causal-like masks they see the most q blocks).
 // Warpgroup 0 is the producer: one thread loads K and V once, then for each q-block the mask does not prove
 // EMPTY (block_range_bwd.cuh, over the query heads that share the kv head) its Q and dO tiles (TMA, 128-byte
@@ -398,6 +398,49 @@ __global__ void __launch_bounds__(NTHREADS, 1)
   consume(a, sm, wg);
 }
 
+// ------------------------------------------------------------------------------------------- postprocess
+// dQ = dQ_acc * scale in Elem, a block per q-block of the tiled dQ_acc: read in the staging order (a warp reads 512
+// contiguous bytes), turned into rows in shared memory, and stored 16 bytes per thread along dQ's rows, so that
+// every 32-byte sector is written whole (pairs stored where they fall, 4 bytes each, took longer than reading
+// dQ_acc 8 bytes at a time: docs/performance.md).
+constexpr int POST_SM90_THREADS = 256;
+constexpr int POST_PITCH = D / 2 + 4;  // 32-bit words per staged row: the 8 rows a warp writes start 4 banks apart
+static_assert((BQ * D / 4) % POST_SM90_THREADS == 0 && (BQ * D / 8) % POST_SM90_THREADS == 0 && (D / 2) % 32 == 0,
+              "the postprocess's loops cover a q-block evenly, conflict-free");
+
+__global__ void __launch_bounds__(POST_SM90_THREADS)
+    attngen_bwd_post_tiled_kernel(const __grid_constant__ AttngenBwdArgs a) {
+  constexpr int LOADS = BQ * D / 4 / POST_SM90_THREADS, STORES = BQ * D / 8 / POST_SM90_THREADS;
+  __shared__ __align__(16) uint32_t rows[BQ * POST_PITCH];
+  const int nqb = (a.Lq + BQ - 1) / BQ;
+  const long long tile = blockIdx.x;  // (b * Hq + h) * nqb + i
+  const long long bh = tile / nqb;
+  const int i = (int)(tile - bh * nqb);
+  const float4* src = reinterpret_cast<const float4*>(a.dq_accum) + tile * (BQ * D / 4);
+  float4 x[LOADS];
+#pragma unroll
+  for (int n = 0; n < LOADS; ++n) x[n] = __ldcs(src + n * POST_SM90_THREADS + threadIdx.x);  // read once: streamed
+  const float s = a.scale;
+#pragma unroll
+  for (int n = 0; n < LOADS; ++n) {
+    const DqPlace p = dq_float4_place(n * POST_SM90_THREADS + (int)threadIdx.x);
+    rows[p.row * POST_PITCH + p.col / 2] = pack2<Elem>(x[n].x * s, x[n].y * s);
+    rows[(p.row + 8) * POST_PITCH + p.col / 2] = pack2<Elem>(x[n].z * s, x[n].w * s);
+  }
+  __syncthreads();
+  const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);
+  Elem* out = static_cast<Elem*>(a.dq) + b * a.dq_stride[0] + h * a.dq_stride[1];
+  const int rows_here = min(BQ, a.Lq - i * BQ);  // the last q-block's padding rows are not stored
+#pragma unroll
+  for (int n = 0; n < STORES; ++n) {
+    const int u = n * POST_SM90_THREADS + (int)threadIdx.x;
+    const int r = u / (D / 8), c = u % (D / 8);
+    if (r < rows_here)
+      st_global_16(out + (long long)(i * BQ + r) * a.dq_stride[2] + c * 8,
+                   *reinterpret_cast<const uint4*>(rows + r * POST_PITCH + 4 * c));
+  }
+}
+
 // ------------------------------------------------------------------------------------------- host side
 
 AttngenKernelInfo bwd_kernel_info() {
@@ -417,13 +460,14 @@ int launch_bwd(const AttngenBwdArgs& a, cudaStream_t stream) {
       tma_encode_bhld_memo(memo_k, &tm_k, a.k, kDtypeCode, D, a.B, a.Hkv, a.Lk, a.k_stride, BK) != CUDA_SUCCESS ||
       tma_encode_bhld_memo(memo_v, &tm_v, a.v, kDtypeCode, D, a.B, a.Hkv, a.Lk, a.v_stride, BK) != CUDA_SUCCESS)
     return ATTNGEN_ERROR_SM90_TMA_LAYOUT;
-  launch_bwd_pre(a, BQ, stream);
+  launch_bwd_pre<BQ>(a, stream);
   const int nkb = (a.Lk + BK - 1) / BK;
   if (nkb > 0) {
     const dim3 grid((unsigned)nkb, (unsigned)a.Hkv, (unsigned)a.B);
     attngen_bwd_kernel<<<grid, NTHREADS, SMEM_BYTES, stream>>>(a, tm_q, tm_do, tm_k, tm_v);
   }
-  launch_bwd_post<DqAccTiled>(a, sms, stream);
+  const long long qblocks = (long long)a.B * a.Hq * ((a.Lq + BQ - 1) / BQ);
+  if (qblocks > 0) attngen_bwd_post_tiled_kernel<<<(unsigned)qblocks, POST_SM90_THREADS, 0, stream>>>(a);
   return (int)cudaGetLastError();
 }
 

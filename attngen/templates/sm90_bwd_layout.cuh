@@ -152,17 +152,28 @@ constexpr bool dq_tile_offset_inverts_staging() {
 }
 static_assert(dq_tile_offset_inverts_staging(), "the postprocess reads dQ_acc where the staging did not put it");
 
-// The postprocess's view of a tiled dQ_acc (bwd_prepost.cuh): row r, columns col .. col + 7 of head bh.
-struct DqAccTiled {
-  __device__ static void load8(const float* acc, long long bh, int r, int col, int Lq, float (&x)[8]) {
-    const float* tile = acc + (bh * ((Lq + BQ - 1) / BQ) + r / BQ) * BQ * D;
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const float2 u = *reinterpret_cast<const float2*>(tile + dq_tile_offset(r % BQ, col + 2 * p));
-      x[2 * p] = u.x, x[2 * p + 1] = u.y;
-    }
-  }
+// Where float4 f (< BQ * D / 4) of a tiled dQ_acc q-block lies: x, y at tile row `row`, columns col, col + 1; z, w
+// at row + 8 (the staging order above, read back in that order by the postprocess, bwd_sm90.cuh).
+struct DqPlace {
+  int row, col;
 };
+__host__ __device__ constexpr DqPlace dq_float4_place(int f) {
+  const int c = f / (16 * DQ_N), v = f % (16 * DQ_N) / 128, t = f % 128;
+  return {16 * (t / 32) + t % 32 / 4, c * DQ_N + 8 * v + 2 * (t % 4)};
+}
+
+// dq_float4_place agrees with dq_tile_offset on every float of a q-block.
+constexpr bool dq_float4_place_matches_offsets() {
+  for (int f = 0; f < BQ * D / 4; ++f) {
+    const DqPlace p = dq_float4_place(f);
+    if (p.row + 8 >= BQ || p.col + 1 >= D) return false;
+    if (dq_tile_offset(p.row, p.col) != 4 * f || dq_tile_offset(p.row, p.col + 1) != 4 * f + 1 ||
+        dq_tile_offset(p.row + 8, p.col) != 4 * f + 2 || dq_tile_offset(p.row + 8, p.col + 1) != 4 * f + 3)
+      return false;
+  }
+  return true;
+}
+static_assert(dq_float4_place_matches_offsets(), "the postprocess would put dQ_acc's floats in the wrong places");
 
 // The next slot of the Q / dO ring (stage) and the parity of its use (phase; sm90_mbarrier.cuh).
 __device__ __forceinline__ void advance(int& stage, uint32_t& phase) {
