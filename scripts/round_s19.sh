@@ -5,11 +5,12 @@
 # smoke cases, its GPU suites (dq poisoned: a misplaced element fails), the step kernel by kernel (bwd_post against
 # session 15's 117.5-121.9 us and session 13's 70.3-72.6 us for the same layout), the training anchors beside flex
 # and cuDNN (issue 11's bar).
-# B: what session 18's last commits left unrun on the GPU (the debug-build test of a d-indexed table with a linear
-# bias, a1cd658's clamp; the FP8 suite, whose alibi + causal now steps its bias with one FFMA), then tile sweeps for
-# issue 15's open forward points, each against the shipped rung: causal at S = 1024 (B16 H16, 0.93x cuDNN in session
-# 18), causal at D = 64 (0.985x), the sliding window at S = 8192 (0.93x FA4 by flex), causal at S = 8192 (0.976x /
-# 0.988x FA4).
+# B: the forward's cross-tile switch (Sm90Tiles.cross_tile: a tile's last P V and the next tile's first Q K^T issued
+# together, the epilogue under that Q K^T): the sm90 suite (its new template paths `cross`, `cross_nopp`; the default
+# path's consumer loop was restructured around it), then tile sweeps of the shipped rung against it for issue 15's
+# open forward points: causal and the sliding window at S = 8192 (0.976x / 0.932x FA4), causal at S = 1024 (B16 H16,
+# 0.93x cuDNN), causal at D = 64 (0.985x); then what session 18's last commits left unrun on the GPU (the debug-build
+# test of a d-indexed table with a linear bias; the FP8 suite, whose alibi + causal steps its bias with one FFMA).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -23,16 +24,17 @@ case "$1" in
     timeout 220 python benchmarks/bench_training.py --out "$R" 2>&1 | tee "$R/training.log" | grep -E "^\||rror"
     pack_results ;;
   B)
-    run_tests checks 120 tests/gpu/test_mod_checks_gpu.py
-    run_tests fp8 120 tests/gpu/test_fp8_gpu.py
-    timeout 100 python scripts/tile_sweep.py --variants causal --S 1024 --B 16 \
-      --tiles 128x2-rt8-pers,128x3-rt8-pers,96x2-rt8-pers,64x2-rt8-pers,128x2-rt8-pers-nopp 2>&1 \
-      | tee "$R/tile_sweep_s1024.md" | grep -E "^\||rror"
-    timeout 100 python scripts/tile_sweep.py --variants causal --D 64 \
-      --tiles 128x3-rt8-pers,128x2-rt8-pers,96x3-rt8-pers,176x3-rt8-pers,128x3-rt8-pers-nopp 2>&1 \
-      | tee "$R/tile_sweep_d64.md" | grep -E "^\||rror"
-    timeout 100 python scripts/tile_sweep.py --variants sliding_window,causal \
-      --tiles 128x2-rt8-pers,128x3-rt8-pers,96x2-rt8-pers,128x2-rt8-pers-nopp 2>&1 \
+    run_tests sm90 240 tests/gpu/test_kernel_sm90.py
+    timeout 110 python scripts/tile_sweep.py --variants causal,sliding_window \
+      --tiles 128x2-rt8-pers,128x2-rt8-pers-cross,128x2-rt8-pers-nopp-cross 2>&1 \
       | tee "$R/tile_sweep_s8192.md" | grep -E "^\||rror"
+    timeout 70 python scripts/tile_sweep.py --variants causal --S 1024 --B 16 \
+      --tiles 128x2-rt8-pers,128x2-rt8-pers-cross,128x2-rt8-pers-nopp-cross 2>&1 \
+      | tee "$R/tile_sweep_s1024.md" | grep -E "^\||rror"
+    timeout 70 python scripts/tile_sweep.py --variants causal --D 64 \
+      --tiles 128x3-rt8-pers,128x3-rt8-pers-cross 2>&1 \
+      | tee "$R/tile_sweep_d64.md" | grep -E "^\||rror"
+    run_tests checks 60 tests/gpu/test_mod_checks_gpu.py
+    run_tests fp8 60 tests/gpu/test_fp8_gpu.py
     pack_results ;;
 esac

@@ -194,6 +194,9 @@ class Sm90Tiles:
     persistent: bool = False  # grid = number of SMs; CTAs take work tiles from a global counter
     # > 0: the persistent grid only for kv lengths up to this (longer: one CTA per work tile)
     persistent_max_kv: int = 0
+    # on the persistent grid with overlap: a tile's last P V and the next tile's first Q K^T issued together, the
+    # epilogue under that Q K^T
+    cross_tile: bool = False
     # keep a row's running max while it grows by at most this (log2 units) and skip rescaling O (0: only while it
     # does not grow)
     rescale_threshold: float = 0.0

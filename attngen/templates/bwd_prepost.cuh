@@ -45,52 +45,44 @@ constexpr int PRE_LANES = PRE_PIECES <= 8 ? 8 : PRE_PIECES <= 16 ? 16 : 32;
 constexpr int PRE_ROWS = PRE_THREADS / PRE_LANES;  // rows per step of a block
 static_assert(D % 8 == 0 && PRE_PIECES <= 32, "the preprocess reads a row in at most 32 pieces of 8 elements");
 
-// Block `tile` = (b * Hq + h) * nqb + i: the BQ_ rows of q-block i of head (b, h), rows past Lq padding:
+// Block `tile` = (b * Hq + h) * nqb + i: the bq rows of q-block i of head (b, h), rows past Lq padding:
 // delta, lse_log2 (+inf for rows with nothing kept and padding), the rows of dQ_acc zeroed (whichever layout the
-// main kernel keeps in a q-block's BQ_ * D floats). Every load of the block is issued before the first reduction,
-// so that a thread waits for memory once, not once per row.
-template <int BQ_>
-__global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __grid_constant__ AttngenBwdArgs a) {
-  constexpr int STEPS = (BQ_ + PRE_ROWS - 1) / PRE_ROWS;
-  const int nqb = (a.Lq + BQ_ - 1) / BQ_;
+// main kernel keeps in a q-block's bq * D floats).
+__global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __grid_constant__ AttngenBwdArgs a,
+                                                                      int bq) {
+  const int nqb = (a.Lq + bq - 1) / bq;
   const long long tile = blockIdx.x;
   const long long bh = tile / nqb;
   const int i = (int)(tile - bh * nqb);
   const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);
   const int piece = threadIdx.x % PRE_LANES;
-  uint4 o[STEPS], d[STEPS];
-#pragma unroll
-  for (int step = 0; step < STEPS; ++step) {
-    const int rr = step * PRE_ROWS + (int)threadIdx.x / PRE_LANES;
-    const int r = i * BQ_ + rr;
-    o[step] = d[step] = make_uint4(0u, 0u, 0u, 0u);
-    if (rr < BQ_ && r < a.Lq && piece < PRE_PIECES) {
-      o[step] = __ldcs(reinterpret_cast<const uint4*>(static_cast<const Elem*>(a.o) + b * a.o_stride[0] +
-                                                      h * a.o_stride[1] + r * a.o_stride[2]) + piece);
-      d[step] = __ldcs(reinterpret_cast<const uint4*>(static_cast<const Elem*>(a.dout) + b * a.do_stride[0] +
-                                                      h * a.do_stride[1] + r * a.do_stride[2]) + piece);
+  for (int step = 0; step < bq; step += PRE_ROWS) {  // the same steps for every warp: the shuffles take all lanes
+    const int rr = step + (int)threadIdx.x / PRE_LANES;
+    const int r = i * bq + rr;
+    const bool real = rr < bq && r < a.Lq;
+    float delta = 0.f;
+    if (real && piece < PRE_PIECES) {
+      const uint4* o = reinterpret_cast<const uint4*>(static_cast<const Elem*>(a.o) + b * a.o_stride[0] +
+                                                      h * a.o_stride[1] + r * a.o_stride[2]);
+      const uint4* d = reinterpret_cast<const uint4*>(static_cast<const Elem*>(a.dout) + b * a.do_stride[0] +
+                                                      h * a.do_stride[1] + r * a.do_stride[2]);
+      delta = dot8(o[piece], d[piece]);
     }
-  }
-#pragma unroll
-  for (int step = 0; step < STEPS; ++step) {  // the same steps for every warp: the shuffles take all lanes
-    const int rr = step * PRE_ROWS + (int)threadIdx.x / PRE_LANES;
-    const int r = i * BQ_ + rr;
-    float delta = dot8(o[step], d[step]);  // 0 for padding rows and pieces past the row
 #pragma unroll
     for (int m = PRE_LANES / 2; m >= 1; m >>= 1) delta += __shfl_xor_sync(0xffffffffu, delta, m);
-    if (rr >= BQ_) continue;
-    const long long row_id = bh * nqb * BQ_ + r;
+    if (rr >= bq) continue;
+    const long long row_id = bh * nqb * bq + r;
     if (piece < PRE_PIECES) {
       float4* acc = reinterpret_cast<float4*>(a.dq_accum + row_id * D) + 2 * piece;
       acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
     if (piece == 0) {
       float lse2 = INFINITY;
-      if (r < a.Lq) {
+      if (real) {
         const float lse = a.lse[bh * a.Lq + r];
         lse2 = lse == -INFINITY ? INFINITY : lse * LOG2E;
       }
-      a.delta[row_id] = delta;
+      a.delta[row_id] = delta;  // 0 for padding rows
       a.lse_log2[row_id] = lse2;
     }
   }
@@ -121,11 +113,10 @@ __global__ void __launch_bounds__(POST_THREADS) attngen_bwd_post_kernel(const __
   }
 }
 
-// The preprocess over every q-block of BQ_ rows, a block each.
-template <int BQ_>
-inline void launch_bwd_pre(const AttngenBwdArgs& a, cudaStream_t stream) {
-  const long long tiles = (long long)a.B * a.Hq * ((a.Lq + BQ_ - 1) / BQ_);
-  if (tiles > 0) attngen_bwd_pre_kernel<BQ_><<<(unsigned)tiles, PRE_THREADS, 0, stream>>>(a);
+// The preprocess over every q-block of bq rows, a block each.
+inline void launch_bwd_pre(const AttngenBwdArgs& a, int bq, cudaStream_t stream) {
+  const long long tiles = (long long)a.B * a.Hq * ((a.Lq + bq - 1) / bq);
+  if (tiles > 0) attngen_bwd_pre_kernel<<<(unsigned)tiles, PRE_THREADS, 0, stream>>>(a, bq);
 }
 
 // The row-major postprocess, at most 16 blocks per SM (each loops).

@@ -460,7 +460,7 @@ int launch_bwd(const AttngenBwdArgs& a, cudaStream_t stream) {
       tma_encode_bhld_memo(memo_k, &tm_k, a.k, kDtypeCode, D, a.B, a.Hkv, a.Lk, a.k_stride, BK) != CUDA_SUCCESS ||
       tma_encode_bhld_memo(memo_v, &tm_v, a.v, kDtypeCode, D, a.B, a.Hkv, a.Lk, a.v_stride, BK) != CUDA_SUCCESS)
     return ATTNGEN_ERROR_SM90_TMA_LAYOUT;
-  launch_bwd_pre<BQ>(a, stream);
+  launch_bwd_pre(a, BQ, stream);
   const int nkb = (a.Lk + BK - 1) / BK;
   if (nkb > 0) {
     const dim3 grid((unsigned)nkb, (unsigned)a.Hkv, (unsigned)a.B);

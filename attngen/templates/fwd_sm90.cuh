@@ -230,6 +230,54 @@ __device__ __forceinline__ void step(const Consumer& c, int k_stage, uint32_t k_
   if (QK) pack_a_frags<Elem, BK>(r.s, r.p);
 }
 
+// CROSS_TILE (persistent grid, overlapped loop, two Q buffers): a work tile's last P V and the next tile's first
+// Q K^T are issued together, and this tile's epilogue runs under that Q K^T, where the tensor cores would otherwise
+// wait for the epilogue, the next tile's set-up and its first Q K^T. The epilogue's m and l are copies: the next
+// tile's softmax starts over in the same registers.
+constexpr bool CROSS = CROSS_TILE && OVERLAP && PERSISTENT && QBUFS == 2;
+
+// The last P V of a tile (slot v_stage) and the next tile's first Q K^T (its Q buffer in c_next, K slot k_stage,
+// kv tile jn) in one turn; then, with P V complete, `epilogue` under the Q K^T; then the next tile's scores and
+// softmax from fresh statistics (O zeroed), P packed.
+template <class Epilogue>
+__device__ __forceinline__ void cross_step(const Consumer& c, const Consumer& c_next, uint32_t q_bar, uint32_t q_par,
+                                           int k_stage, uint32_t k_phase, int v_stage, uint32_t v_phase, int jn,
+                                           int f_lo, int f_hi, const TileCtx& w, const Regs& r, Epilogue epilogue) {
+  rescale_o(r.o, r.alpha);
+  mbar_wait(c.sm.full_v(v_stage), v_phase);
+  c.schedule_wait();
+  wgmma_fence();
+  if constexpr (FP8)
+    wgmma_rs_kmajor<Elem, D, KSTEPS_PV, VT_COLS, VT_BLOCK_BYTES>(r.o, r.p, c.desc_v(v_stage));
+  else
+    wgmma_rs_mnmajor<Elem, D, KSTEPS_PV>(r.o, r.p, c.desc_v(v_stage));
+  wgmma_commit();
+  mbar_wait(q_bar, q_par);
+  mbar_wait(c.sm.full_k(k_stage), k_phase);
+  wgmma_ss_kmajor<Elem, BK, KSTEPS_QK, Q_BLOCK_BYTES, KV_BLOCK_BYTES>(r.s, c_next.desc_q, c.desc_k(k_stage));
+  wgmma_commit();
+  c.schedule_pass();
+  wgmma_wait<1>();  // P V complete (the Q K^T may still run): O final, its V slot free
+  fence_regs(r.o);
+  fence_regs(r.p);
+  c.release_v(v_stage);
+  epilogue();
+#pragma unroll
+  for (int n = 0; n < NO; ++n) r.o[n] = 0.f;
+#pragma unroll
+  for (int rh = 0; rh < 2; ++rh) {
+    r.m[rh] = -INFINITY;
+    r.l[rh] = 0.f;
+    r.alpha[rh] = 1.f;
+  }
+  wgmma_wait<0>();
+  fence_regs(r.s);
+  c.release_k(k_stage);
+  score_kv_tile</*RAW=*/true, BQ, BK>(r.s, jn, f_lo, f_hi, w.scale, w.C, w.t, w.i, w.hc, w.rc, w.qi, w.tig);
+  online_softmax<P_OFFSET>(r.s, raw_score_factor(w.scale, w.C, w.hc), RESCALE_THRESHOLD, r.m, r.l, r.alpha);
+  pack_a_frags<Elem, BK>(r.s, r.p);
+}
+
 // The consumer warpgroup wg's work: every work tile the producer announces (or this CTA's one tile).
 __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm, int wg) {
   const int cw = wg - 1;
@@ -247,24 +295,27 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
   const bool ascending = ascending_q_blocks(a);
   if (PINGPONG && cw == 1) named_bar_arrive(BAR_SCHEDULE + 0, 256);  // consumer 0 takes the first turn
 
-  for (bool first = true;; first = false) {
-    int wt = first ? (int)blockIdx.x : -1;
-    if (PERSISTENT) wt = sm.mailbox().receive(n & 1u);
-    if (wt < 0) break;
-    const int qb = q_buffer(n);
-    const uint32_t qpar = q_parity(n);
+  // The work tile in hand: set up by `take`, which CROSS calls for the next tile before this one's epilogue.
+  Consumer c{sm, cw, lane, 0};
+  int qb = 0, i = 0;
+  uint32_t qpar = 0;
+  TileArgs t;
+  KvRange tr;
+  HeadCtx hc;
+  float tile_scale = scale, o_scale = 1.f;
+  int qi[MT][2];
+  RowCtx rc[MT][2];
+  auto take = [&](int wt) {
+    qb = q_buffer(n);
+    qpar = q_parity(n);
     ++n;
-    const Consumer c{sm, cw, lane, make_smem_desc_sw128(sm.q(qb) + cw * 64 * 128, 16, 1024)};
-    int i;
-    const TileArgs t = tile_args<BQ>(a, wt, i, ascending);
-    const int h = t.h, b = t.b;
-    const KvRange tr = kv_range<BQ, BK>(C, t, i);
-    const int j_end = tr.j_end, f_lo = tr.f_lo, f_hi = tr.f_hi;
-    const HeadCtx hc = head_ctx(C, b, h);
-    float tile_scale = scale, o_scale = 1.f;
-    if constexpr (FP8) fp8_descale(a, b, h, tile_scale, o_scale);
-    int qi[MT][2];
-    RowCtx rc[MT][2];
+    c.desc_q = make_smem_desc_sw128(sm.q(qb) + cw * 64 * 128, 16, 1024);
+    t = tile_args<BQ>(a, wt, i, ascending);
+    tr = kv_range<BQ, BK>(C, t, i);
+    hc = head_ctx(C, t.b, t.h);
+    tile_scale = scale;
+    o_scale = 1.f;
+    if constexpr (FP8) fp8_descale(a, t.b, t.h, tile_scale, o_scale);
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) {
       // Rows past QLEN are computed (never stored) with the last valid row's index, so mods that load
@@ -272,60 +323,114 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
       qi[0][rh] = min(i * BQ + r0 + rh * 8, t.QLEN - 1) + t.QOFF;
       rc[0][rh] = row_ctx(C, hc, qi[0][rh]);
     }
-    float o[NO];
-#pragma unroll
-    for (int n = 0; n < NO; ++n) o[n] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY};  // running row max (softmax domain, see online_softmax)
-    float l[2] = {0.f, 0.f};              // running partial row sums of 2^(c (x - m) + P_OFFSET)
-    float alpha[2] = {1.f, 1.f};          // pending rescale of O (applied just before the next P V)
-    float s[NS];
-    uint32_t p[KSTEPS_PV][4];
-    const Regs r{s, p, o, m, l, alpha};
-    const TileCtx w{C, t, i, hc, rc, qi, tig, tile_scale};
+  };
+  auto first_kv_tile = [&]() { return next_kv_tile<BQ, BK>(C, t, i, tr.j_begin, tr.j_end, tr.f_lo, tr.f_hi, tr); };
 
-    mbar_wait(sm.bar_q(qb), qpar);
-    bool q_released = false;
-    int j = next_kv_tile<BQ, BK>(C, t, i, tr.j_begin, j_end, f_lo, f_hi, tr);
+  float o[NO];
+  float m[2], l[2], alpha[2];  // per row: running max (softmax domain, see online_softmax), partial sum of
+                               // 2^(c (x - m) + P_OFFSET), O's pending rescale (applied just before the next P V)
+  float s[NS];
+  uint32_t p[KSTEPS_PV][4];
+  const Regs r{s, p, o, m, l, alpha};
+  auto fresh = [&]() {
+#pragma unroll
+    for (int k = 0; k < NO; ++k) o[k] = 0.f;
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+      m[rh] = -INFINITY;
+      l[rh] = 0.f;
+      alpha[rh] = 1.f;
+    }
+  };
+
+  int wt = PERSISTENT ? sm.mailbox().receive(n & 1u) : (int)blockIdx.x;
+  if (wt >= 0) take(wt);
+  bool primed = false;  // the tile's first Q K^T is done, its P packed (cross_step did it)
+  int j = 0;
+  while (wt >= 0) {
+    if (!primed) {
+      fresh();
+      mbar_wait(sm.bar_q(qb), qpar);
+      j = first_kv_tile();
+      if (OVERLAP && j < tr.j_end)
+        step<true, false>(c, stage, phase, stage, phase, j, tr.f_lo, tr.f_hi, TileCtx{C, t, i, hc, rc, qi, tig, tile_scale}, r);
+    }
+    const bool work = j < tr.j_end;
     if (OVERLAP) {
-      if (j < j_end) {
-        step<true, false>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
+      if (work) {
+        const TileCtx w{C, t, i, hc, rc, qi, tig, tile_scale};
         while (true) {
-          const int jn = next_kv_tile<BQ, BK>(C, t, i, j + 1, j_end, f_lo, f_hi, tr);
-          if (jn >= j_end) break;
+          const int jn = next_kv_tile<BQ, BK>(C, t, i, j + 1, tr.j_end, tr.f_lo, tr.f_hi, tr);
+          if (jn >= tr.j_end) break;
           int nstage = stage;
           uint32_t nphase = phase;
           advance(nstage, nphase);
-          step<true, true>(c, nstage, nphase, stage, phase, jn, f_lo, f_hi, w, r);
+          step<true, true>(c, nstage, nphase, stage, phase, jn, tr.f_lo, tr.f_hi, w, r);
           j = jn;
           stage = nstage;
           phase = nphase;
         }
-        // Every Q K^T of this tile is complete: the producer may load the next tile's Q under this P V.
-        if (lane == 0) mbar_arrive(sm.bar_q_empty(qb));
-        q_released = true;
-        step<false, true>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
-        advance(stage, phase);  // the next work tile starts at the next slot
       }
     } else {
-      for (; j < j_end; j = next_kv_tile<BQ, BK>(C, t, i, j + 1, j_end, f_lo, f_hi, tr)) {
-        step<true, false>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
-        step<false, true>(c, stage, phase, stage, phase, j, f_lo, f_hi, w, r);
+      const TileCtx w{C, t, i, hc, rc, qi, tig, tile_scale};
+      for (; j < tr.j_end; j = next_kv_tile<BQ, BK>(C, t, i, j + 1, tr.j_end, tr.f_lo, tr.f_hi, tr)) {
+        step<true, false>(c, stage, phase, stage, phase, j, tr.f_lo, tr.f_hi, w, r);
+        step<false, true>(c, stage, phase, stage, phase, j, tr.f_lo, tr.f_hi, w, r);
         advance(stage, phase);
       }
     }
-    // Every wgmma of this tile is complete: the producer may load the next tile's Q.
-    if (!q_released && lane == 0) mbar_arrive(sm.bar_q_empty(qb));
+    // Every Q K^T of this tile is complete: the producer may load the next tile's Q (under this P V).
+    if (lane == 0) mbar_arrive(sm.bar_q_empty(qb));
 
     // Epilogue: O straight from registers to global memory (staging it through shared memory would need
     // the Q buffer, which the producer is already refilling for the next tile, or 32 KB more). P's offset
-    // leaves the sums 2^P_OFFSET too large: l and O's factor scaled back exactly, for the LSE.
+    // leaves the sums 2^P_OFFSET too large: l and O's factor scaled back exactly, for the LSE. m and l stay
+    // this tile's until the epilogue has run; the rest of its context is copied (`take` replaces it).
+    float escale = o_scale;
     if constexpr (P_OFFSET != 0) {
       constexpr float unscale = 1.f / (float)(1 << P_OFFSET);
       l[0] *= unscale;
       l[1] *= unscale;
-      o_scale *= unscale;
+      escale *= unscale;
     }
-    store_rows<OutElem>(a, b, h, t.QLEN, i * BQ + r0, tig, o, m, l, raw_score_factor(tile_scale, C, hc), o_scale);
+    const float efactor = raw_score_factor(tile_scale, C, hc);
+    const int eb = t.b, eh = t.h, erow = i * BQ + r0;
+    auto epilogue = [&]() { store_rows<OutElem>(a, eb, eh, a.Lq, erow, tig, o, m, l, efactor, escale); };
+
+    if constexpr (CROSS) {  // the next tile taken before this one's last P V
+      const Consumer c_done = c;
+      wt = sm.mailbox().receive(n & 1u);
+      if (wt >= 0) {
+        take(wt);
+        const int jn = first_kv_tile();
+        if (work && jn < tr.j_end) {
+          int nstage = stage;
+          uint32_t nphase = phase;
+          advance(nstage, nphase);
+          cross_step(c_done, c, sm.bar_q(qb), qpar, nstage, nphase, stage, phase, jn, tr.f_lo, tr.f_hi,
+                     TileCtx{C, t, i, hc, rc, qi, tig, tile_scale}, r, epilogue);
+          stage = nstage;
+          phase = nphase;
+          j = jn;
+          primed = true;
+          continue;
+        }
+      }
+      if (OVERLAP && work) {
+        step<false, true>(c_done, stage, phase, stage, phase, j, 0, 0, TileCtx{C, t, i, hc, rc, qi, tig, tile_scale}, r);
+        advance(stage, phase);  // the next work tile starts at the next slot
+      }
+      epilogue();
+    } else {
+      if (OVERLAP && work) {
+        step<false, true>(c, stage, phase, stage, phase, j, 0, 0, TileCtx{C, t, i, hc, rc, qi, tig, tile_scale}, r);
+        advance(stage, phase);  // the next work tile starts at the next slot
+      }
+      epilogue();
+      wt = PERSISTENT ? sm.mailbox().receive(n & 1u) : -1;
+      if (wt >= 0) take(wt);
+    }
+    primed = false;
   }
   // Consumer 1's initial pass left one extra arrival on consumer 0's barrier: consume it, so that every
   // named barrier is balanced when the CTA exits.

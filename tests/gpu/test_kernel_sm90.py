@@ -34,6 +34,9 @@ GPU_ALT = {
     "nopp": {hd: replace(SM90_TILES[hd], pingpong=False) for hd in GPU_HEAD_DIMS},
     "plain": {hd: replace(SM90_TILES[hd], overlap=False, pingpong=False) for hd in GPU_HEAD_DIMS},
     "persistent": {hd: replace(SM90_TILES[hd], persistent=True) for hd in GPU_HEAD_DIMS},
+    # a tile's epilogue under the next tile's first Q K^T (hd 256 has one Q buffer: the switch does nothing there)
+    "cross": {hd: replace(SM90_TILES[hd], persistent=True, cross_tile=True) for hd in GPU_HEAD_DIMS},
+    "cross_nopp": {hd: replace(SM90_TILES[hd], persistent=True, cross_tile=True, pingpong=False) for hd in GPU_HEAD_DIMS},
     "rescale_on_growth": {hd: replace(SM90_TILES[hd], rescale_threshold=0.0) for hd in GPU_HEAD_DIMS},
     "pinned": {hd: replace(SM90_TILES[hd], pingpong=False, pin_softmax=True) for hd in GPU_HEAD_DIMS},
     "wide": {hd: tiles.SM90_WIDE.get(hd, SM90_TILES[hd]) for hd in GPU_HEAD_DIMS},  # hd128: (176, 2)
