@@ -41,7 +41,8 @@ B, H, S, D = 2, 16, args.S, 128
 
 FLAGS = {"noov": dict(overlap=False, pin_softmax=False), "nopp": dict(pingpong=False), "pp": dict(pingpong=True),
          "pin": dict(pin_softmax=True), "nopin": dict(pin_softmax=False),
-         "pers": dict(persistent=True, persistent_max_kv=0), "nopers": dict(persistent=False)}
+         "pers": dict(persistent=True, persistent_max_kv=0), "nopers": dict(persistent=False),
+         "cross": dict(cross_tile=True), "nocross": dict(cross_tile=False)}
 
 
 def tiles_for(spec, text):

@@ -11,6 +11,12 @@
 # open forward points: causal and the sliding window at S = 8192 (0.976x / 0.932x FA4), causal at S = 1024 (B16 H16,
 # 0.93x cuDNN), causal at D = 64 (0.985x); then what session 18's last commits left unrun on the GPU (the debug-build
 # test of a d-indexed table with a linear bias; the FP8 suite, whose alibi + causal steps its bias with one FFMA).
+# (B ran: sm90 suite 170 passed, FP8 30 passed; cross-tile against the shipped rung: causal S = 8192 576.4 vs 588.6,
+# window 436.1 vs 437.9, causal S = 1024 406.7 vs 402.0 (cuDNN 410.1), causal D = 64 428.6 vs 416.3 (cuDNN 422.1);
+# test_mod_checks_gpu cut at its 60 s while building its first variant.)
+# C: cross-tile on for masked variants at head dim 64 (the ladder): full and causal at D = 64 beside cuDNN (issue 15's
+# point); the training anchors on the final backward (the tiled postprocess, the preprocess as before); the debug-build
+# and math-function checks with the time their builds take.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -36,5 +42,11 @@ case "$1" in
       | tee "$R/tile_sweep_d64.md" | grep -E "^\||rror"
     run_tests checks 60 tests/gpu/test_mod_checks_gpu.py
     run_tests fp8 60 tests/gpu/test_fp8_gpu.py
+    pack_results ;;
+  C)
+    timeout 80 python benchmarks/bench_forward.py --no-compile-figures --out "$R" --variants causal full --head-dim 64 \
+      2>&1 | tee "$R/bench-d64.log" | grep -E "^\||rror" | tail -n 4
+    timeout 220 python benchmarks/bench_training.py --out "$R" 2>&1 | tee "$R/training.log" | grep -E "^\||rror"
+    run_tests checks 240 tests/gpu/test_mod_checks_gpu.py
     pack_results ;;
 esac
