@@ -17,6 +17,12 @@
 # C: cross-tile on for masked variants at head dim 64 (the ladder): full and causal at D = 64 beside cuDNN (issue 15's
 # point); the training anchors on the final backward (the tiled postprocess, the preprocess as before); the debug-build
 # and math-function checks with the time their builds take.
+# (C ran: the D = 64 benchmark cut at 80 s while building its first attngen library, after flex's cold compile; the
+# training anchors, the sliding window 1.437 ms and the document 1.609 against round A's 1.277 / 1.524, the others
+# within 1.5%; test_mod_checks_gpu cut at 240 s in its first build: ptxas on the math-function variant with the
+# cross-tile epilogue ran past 2 minutes on this machine's CPU, 75 s without it: cross_tile is off again by default.)
+# D: the final tree: the step kernel by kernel for causal, the document and the window (round C's two outliers against
+# round A's table), their training rows and full / prefix-LM again, the debug-build and math-function checks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -48,5 +54,12 @@ case "$1" in
       2>&1 | tee "$R/bench-d64.log" | grep -E "^\||rror" | tail -n 4
     timeout 220 python benchmarks/bench_training.py --out "$R" 2>&1 | tee "$R/training.log" | grep -E "^\||rror"
     run_tests checks 240 tests/gpu/test_mod_checks_gpu.py
+    pack_results ;;
+  D)
+    timeout 70 python scripts/step_kernel_times.py --variants causal document --windows 1024 --no-flex 2>&1 \
+      | tee "$R/step_kernel_times.md" | grep -vE "^\| .* \| triton_|Warn|warn"
+    timeout 120 python benchmarks/bench_training.py --variants sliding_window document full prefix_lm --out "$R" 2>&1 \
+      | tee "$R/training.log" | grep -E "^\||rror"
+    run_tests checks 150 tests/gpu/test_mod_checks_gpu.py
     pack_results ;;
 esac

@@ -239,9 +239,8 @@ def sm90_ladder(head_dim: int, has_mask: bool, has_score_mod: bool) -> tuple:
         raise BuildError(f"head dim {head_dim} is not supported: expected one of {sorted(SM90_LADDER)}")
     if has_mask:
         # Masked variants: the persistent grid (next tile's Q and K/V loaded under this one's end) at every kv
-        # length; short work tiles gain most (docs/performance.md). At head dim 64 (3 stages) also a tile's epilogue
-        # under the next tile's first Q K^T (cross_tile; at 128, with 2 stages, it measured slower on causal).
-        return tuple(replace(t, persistent=True, cross_tile=head_dim == 64) for t in SM90_LADDER[head_dim])
+        # length; short work tiles gain most (docs/performance.md).
+        return tuple(replace(t, persistent=True) for t in SM90_LADDER[head_dim])
     wide = SM90_WIDE.get(head_dim)
     ladder = ((wide,) if wide is not None else ()) + SM90_LADDER[head_dim]
     return ladder if has_score_mod else tuple(replace(t, persistent=True) for t in ladder)
