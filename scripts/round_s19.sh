@@ -23,6 +23,8 @@
 # cross-tile epilogue ran past 2 minutes on this machine's CPU, 75 s without it: cross_tile is off again by default.)
 # D: the final tree: the step kernel by kernel for causal, the document and the window (round C's two outliers against
 # round A's table), their training rows and full / prefix-LM again, the debug-build and math-function checks.
+# (D ran: pre 66.8-67.2 us, post 51.1-51.5 us; training cut at 120 s while building prefix-LM (window 1.03x flex,
+# document 1.20x, full 1.307x); test_mod_checks_gpu: the fast-math case passed, the 150 s limit cut the next build.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
