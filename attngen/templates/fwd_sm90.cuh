@@ -183,6 +183,23 @@ struct TileCtx {
   float scale;
 };
 
+// O += P V for the kv tile in ring slot v_stage (P from registers), one commit group; the caller has rescaled O
+// (not in flight) and waited for the V tile.
+__device__ __forceinline__ void issue_pv(const Consumer& c, int v_stage, const Regs& r) {
+  wgmma_fence();
+  if constexpr (FP8)
+    wgmma_rs_kmajor<Elem, D, KSTEPS_PV, VT_COLS, VT_BLOCK_BYTES>(r.o, r.p, c.desc_v(v_stage));
+  else
+    wgmma_rs_mnmajor<Elem, D, KSTEPS_PV>(r.o, r.p, c.desc_v(v_stage));
+  wgmma_commit();
+}
+
+// The scores of kv tile jn (S complete in r.s) and their online softmax.
+__device__ __forceinline__ void score_softmax(const TileCtx& w, const Regs& r, int jn, int f_lo, int f_hi) {
+  score_kv_tile</*RAW=*/true, BQ, BK>(r.s, jn, f_lo, f_hi, w.scale, w.C, w.t, w.i, w.hc, w.rc, w.qi, w.tig);
+  online_softmax<P_OFFSET>(r.s, raw_score_factor(w.scale, w.C, w.hc), RESCALE_THRESHOLD, r.m, r.l, r.alpha);
+}
+
 // One step of the consumer loop, the same in both loop modes: with QK, S = Q K^T for kv tile jn (ring
 // slot k_stage; [f_lo, f_hi) are the FULL kv tiles), its scores and softmax, P packed; with PV,
 // O = alpha O + P V for the previous tile (slot v_stage). With both (the overlapped steady state) P V is
@@ -201,25 +218,17 @@ __device__ __forceinline__ void step(const Consumer& c, int k_stage, uint32_t k_
     wgmma_commit();
   }
   if (PV) {
-    rescale_o(r.o, r.alpha);  // O is not in flight; the fence below orders this before P V
+    rescale_o(r.o, r.alpha);  // O is not in flight; issue_pv's fence orders this before P V
     mbar_wait(c.sm.full_v(v_stage), v_phase);
     if (!QK) c.schedule_wait();
-    wgmma_fence();
-    if constexpr (FP8)
-      wgmma_rs_kmajor<Elem, D, KSTEPS_PV, VT_COLS, VT_BLOCK_BYTES>(r.o, r.p, c.desc_v(v_stage));
-    else
-      wgmma_rs_mnmajor<Elem, D, KSTEPS_PV>(r.o, r.p, c.desc_v(v_stage));
-    wgmma_commit();
+    issue_pv(c, v_stage, r);
   }
   c.schedule_pass();
   if (QK) {
     wgmma_wait<PV ? 1 : 0>();  // S complete (its K slot is free); P V may still run
     fence_regs(r.s);
     c.release_k(k_stage);
-    if (!(PIN_SOFTMAX && PV) || w.t.QLEN > 0) {
-      score_kv_tile</*RAW=*/true, BQ, BK>(r.s, jn, f_lo, f_hi, w.scale, w.C, w.t, w.i, w.hc, w.rc, w.qi, w.tig);
-      online_softmax<P_OFFSET>(r.s, raw_score_factor(w.scale, w.C, w.hc), RESCALE_THRESHOLD, r.m, r.l, r.alpha);
-    }
+    if (!(PIN_SOFTMAX && PV) || w.t.QLEN > 0) score_softmax(w, r, jn, f_lo, f_hi);
   }
   if (PV) {
     wgmma_wait<0>();  // P V complete: its V slot is free, p may be overwritten
@@ -232,8 +241,7 @@ __device__ __forceinline__ void step(const Consumer& c, int k_stage, uint32_t k_
 
 // CROSS_TILE (persistent grid, overlapped loop, two Q buffers): a work tile's last P V and the next tile's first
 // Q K^T are issued together, and this tile's epilogue runs under that Q K^T, where the tensor cores would otherwise
-// wait for the epilogue, the next tile's set-up and its first Q K^T. The epilogue's m and l are copies: the next
-// tile's softmax starts over in the same registers.
+// wait for the epilogue, the next tile's set-up and its first Q K^T (tiles.py says why it is off by default).
 constexpr bool CROSS = CROSS_TILE && OVERLAP && PERSISTENT && QBUFS == 2;
 
 // The last P V of a tile (slot v_stage) and the next tile's first Q K^T (its Q buffer in c_next, K slot k_stage,
@@ -246,12 +254,7 @@ __device__ __forceinline__ void cross_step(const Consumer& c, const Consumer& c_
   rescale_o(r.o, r.alpha);
   mbar_wait(c.sm.full_v(v_stage), v_phase);
   c.schedule_wait();
-  wgmma_fence();
-  if constexpr (FP8)
-    wgmma_rs_kmajor<Elem, D, KSTEPS_PV, VT_COLS, VT_BLOCK_BYTES>(r.o, r.p, c.desc_v(v_stage));
-  else
-    wgmma_rs_mnmajor<Elem, D, KSTEPS_PV>(r.o, r.p, c.desc_v(v_stage));
-  wgmma_commit();
+  issue_pv(c, v_stage, r);
   mbar_wait(q_bar, q_par);
   mbar_wait(c.sm.full_k(k_stage), k_phase);
   wgmma_ss_kmajor<Elem, BK, KSTEPS_QK, Q_BLOCK_BYTES, KV_BLOCK_BYTES>(r.s, c_next.desc_q, c.desc_k(k_stage));
@@ -273,8 +276,7 @@ __device__ __forceinline__ void cross_step(const Consumer& c, const Consumer& c_
   wgmma_wait<0>();
   fence_regs(r.s);
   c.release_k(k_stage);
-  score_kv_tile</*RAW=*/true, BQ, BK>(r.s, jn, f_lo, f_hi, w.scale, w.C, w.t, w.i, w.hc, w.rc, w.qi, w.tig);
-  online_softmax<P_OFFSET>(r.s, raw_score_factor(w.scale, w.C, w.hc), RESCALE_THRESHOLD, r.m, r.l, r.alpha);
+  score_softmax(w, r, jn, f_lo, f_hi);
   pack_a_frags<Elem, BK>(r.s, r.p);
 }
 
