@@ -195,8 +195,9 @@ class Sm90Tiles:
     # > 0: the persistent grid only for kv lengths up to this (longer: one CTA per work tile)
     persistent_max_kv: int = 0
     # on the persistent grid with overlap: a tile's last P V and the next tile's first Q K^T issued together, the
-    # epilogue under that Q K^T. Off in every ladder: faster on short tiles (causal at head dim 64, S = 1024), slower
-    # on long ones (causal at S = 8192), and ptxas time on heavy score mods more than doubles (docs/performance.md)
+    # epilogue under that Q K^T. Off in every ladder: causal +3% at head dim 64 (S = 8192) and +1.2% at S = 1024
+    # (head dim 128), but -2% at S = 8192 (head dim 128); ptxas serializes the wgmmas of some masked variants
+    # around it (alibi_doc: C7520) and takes many times longer on heavy score mods (docs/performance.md)
     cross_tile: bool = False
     # keep a row's running max while it grows by at most this (log2 units) and skip rescaling O (0: only while it
     # does not grow)

@@ -12,8 +12,9 @@
 // FP8 (Elem = fp8_e4m3, sm90_layout.cuh): the same pipeline on k32 wgmmas, V^T tiles (8-bit wgmma reads no
 // transposed operand), P rounded to e4m3 for P V, the descale factors folded into the score scale and O's
 // normalisation, bfloat16 output.
-// Configuration (Elem, OutElem, D, BQ, BK, STAGES, PINGPONG, OVERLAP, PERSISTENT, RESCALE_THRESHOLD,
-// kDtypeCode, kArch) and variant.inc come from the including attngen_fwd.cu (templates/attngen_fwd.cu.j2).
+// Configuration (Elem, OutElem, D, BQ, BK, STAGES, PINGPONG, OVERLAP, PIN_SOFTMAX, PERSISTENT, PERSISTENT_MAX_KV,
+// CROSS_TILE, RESCALE_THRESHOLD, kDtypeCode, kArch) and variant.inc come from the including attngen_fwd.cu
+// (templates/attngen_fwd.cu.j2).
 #pragma once
 
 #include "attngen_common.cuh"
@@ -242,11 +243,12 @@ __device__ __forceinline__ void step(const Consumer& c, int k_stage, uint32_t k_
 // CROSS_TILE (persistent grid, overlapped loop, two Q buffers): a work tile's last P V and the next tile's first
 // Q K^T are issued together, and this tile's epilogue runs under that Q K^T, where the tensor cores would otherwise
 // wait for the epilogue, the next tile's set-up and its first Q K^T (tiles.py says why it is off by default).
-constexpr bool CROSS = CROSS_TILE && OVERLAP && PERSISTENT && QBUFS == 2;
+constexpr bool CROSS_ACTIVE = CROSS_TILE && OVERLAP && PERSISTENT && QBUFS == 2;  // the switch where it applies
 
 // The last P V of a tile (slot v_stage) and the next tile's first Q K^T (its Q buffer in c_next, K slot k_stage,
-// kv tile jn) in one turn; then, with P V complete, `epilogue` under the Q K^T; then the next tile's scores and
-// softmax from fresh statistics (O zeroed), P packed.
+// kv tile jn) in one turn, which waits for that Q and K while it holds the turn; then, with P V complete,
+// `epilogue` under the Q K^T; then the next tile's scores and softmax from fresh statistics (O zeroed), P packed.
+// With an epilogue that branches (masked rows, captured tensors) ptxas serializes the wgmmas around it (C7520).
 template <class Epilogue>
 __device__ __forceinline__ void cross_step(const Consumer& c, const Consumer& c_next, uint32_t q_bar, uint32_t q_par,
                                            int k_stage, uint32_t k_phase, int v_stage, uint32_t v_phase, int jn,
@@ -297,7 +299,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
   const bool ascending = ascending_q_blocks(a);
   if (PINGPONG && cw == 1) named_bar_arrive(BAR_SCHEDULE + 0, 256);  // consumer 0 takes the first turn
 
-  // The work tile in hand: set up by `take`, which CROSS calls for the next tile before this one's epilogue.
+  // The work tile in hand: set up by `take`, which CROSS_ACTIVE calls for the next tile before this one's epilogue.
   Consumer c{sm, cw, lane, 0};
   int qb = 0, i = 0;
   uint32_t qpar = 0;
@@ -357,9 +359,9 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
       if (OVERLAP && j < tr.j_end)
         step<true, false>(c, stage, phase, stage, phase, j, tr.f_lo, tr.f_hi, TileCtx{C, t, i, hc, rc, qi, tig, tile_scale}, r);
     }
-    const bool work = j < tr.j_end;
+    const bool has_kv = j < tr.j_end;  // the tile visits a kv tile (else its rows are fully masked)
     if (OVERLAP) {
-      if (work) {
+      if (has_kv) {
         const TileCtx w{C, t, i, hc, rc, qi, tig, tile_scale};
         while (true) {
           const int jn = next_kv_tile<BQ, BK>(C, t, i, j + 1, tr.j_end, tr.f_lo, tr.f_hi, tr);
@@ -381,7 +383,8 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
         advance(stage, phase);
       }
     }
-    // Every Q K^T of this tile is complete: the producer may load the next tile's Q (under this P V).
+    // Every Q K^T of this tile is complete: the producer may refill its Q buffer (with two buffers, for the tile
+    // after next), under this tile's last P V where one is pending.
     if (lane == 0) mbar_arrive(sm.bar_q_empty(qb));
 
     // Epilogue: O straight from registers to global memory (staging it through shared memory would need
@@ -399,13 +402,13 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
     const int eb = t.b, eh = t.h, erow = i * BQ + r0;
     auto epilogue = [&]() { store_rows<OutElem>(a, eb, eh, a.Lq, erow, tig, o, m, l, efactor, escale); };
 
-    if constexpr (CROSS) {  // the next tile taken before this one's last P V
+    if constexpr (CROSS_ACTIVE) {  // the next tile taken before this one's last P V
       const Consumer c_done = c;
       wt = sm.mailbox().receive(n & 1u);
       if (wt >= 0) {
         take(wt);
         const int jn = first_kv_tile();
-        if (work && jn < tr.j_end) {
+        if (has_kv && jn < tr.j_end) {
           int nstage = stage;
           uint32_t nphase = phase;
           advance(nstage, nphase);
@@ -418,13 +421,14 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
           continue;
         }
       }
-      if (OVERLAP && work) {
+      if (OVERLAP && has_kv) {
+        // a P V-only step reads no tile context (this is already the next tile's)
         step<false, true>(c_done, stage, phase, stage, phase, j, 0, 0, TileCtx{C, t, i, hc, rc, qi, tig, tile_scale}, r);
         advance(stage, phase);  // the next work tile starts at the next slot
       }
       epilogue();
     } else {
-      if (OVERLAP && work) {
+      if (OVERLAP && has_kv) {
         step<false, true>(c, stage, phase, stage, phase, j, 0, 0, TileCtx{C, t, i, hc, rc, qi, tig, tile_scale}, r);
         advance(stage, phase);  // the next work tile starts at the next slot
       }
