@@ -19,7 +19,7 @@
 # and math-function checks with the time their builds take.
 # (C ran: the D = 64 benchmark cut at 80 s while building its first attngen library, after flex's cold compile; the
 # training anchors, the sliding window 1.437 ms and the document 1.609 against round A's 1.277 / 1.524, the others
-# within 1.5%; test_mod_checks_gpu cut at 240 s in its first build: ptxas on the math-function variant with the
+# within 2.1%; test_mod_checks_gpu cut at 240 s in its first build: ptxas on the math-function variant with the
 # cross-tile epilogue ran past 2 minutes on this machine's CPU, 75 s without it: cross_tile is off again by default.)
 # D: the final tree: the step kernel by kernel for causal, the document and the window (round C's two outliers against
 # round A's table), their training rows and full / prefix-LM again, the debug-build and math-function checks.
