@@ -17,10 +17,10 @@
 # C: cross-tile on for masked variants at head dim 64 (the ladder): full and causal at D = 64 beside cuDNN (issue 15's
 # point); the training anchors on the final backward (the tiled postprocess, the preprocess as before); the debug-build
 # and math-function checks with the time their builds take.
-# (C ran: the D = 64 benchmark cut at 80 s while building its first attngen library, after flex's cold compile; the
+# (C ran: the D = 64 benchmark cut at 80 s while building its first attngen library (flex's compile ran before it); the
 # training anchors, the sliding window 1.437 ms and the document 1.609 against round A's 1.277 / 1.524, the others
-# within 2.1%; test_mod_checks_gpu cut at 240 s in its first build: ptxas on the math-function variant with the
-# cross-tile epilogue ran past 2 minutes on this machine's CPU, 75 s without it: cross_tile is off again by default.)
+# within 2.1%; test_mod_checks_gpu cut at 240 s in its first build, the math-function variant with the cross-tile
+# epilogue (on the 2-core machine: past 900 s, 66.7 s without it): cross_tile is off again by default.)
 # D: the final tree: the step kernel by kernel for causal, the document and the window (round C's two outliers against
 # round A's table), their training rows and full / prefix-LM again, the debug-build and math-function checks.
 # (D ran: pre 66.8-67.2 us, post 51.1-51.5 us; training cut at 120 s while building prefix-LM (window 1.03x flex,
