@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Session 20's first device call, prepared at the end of session 19 (whose device time ran out after round D).
+# A: what session 19 left unrun on the final tree: the API GPU suite (the forward's consumer loop was restructured
+# around the cross-tile switch; the sm90 and FP8 suites passed on it), the sm90 suite's new cases (the cross paths
+# with a masked variant across tiles) and the backward's (one partial q-block, Lq 33), test_mod_checks_gpu.py whole
+# (its math-function builds take about 70 s each; the debug-build checks never ran on session 18's kernels), then the
+# training anchors whole (prefix-LM's row was cut in round D) with the step kernel by kernel beside them, to look for
+# the window's 328 us outside its kernels.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/device_step.sh  # environment, $R, run_tests
+case "$1" in
+  A)
+    run_tests checks 220 tests/gpu/test_mod_checks_gpu.py
+    run_tests new 170 -k "33x or template_paths" tests/gpu/test_bwd_gpu.py tests/gpu/test_kernel_sm90.py
+    run_tests api 200 -n 4 tests/gpu/test_gpu_api.py
+    pack_results ;;
+  B)
+    timeout 90 python scripts/step_kernel_times.py --variants causal document prefix_lm --windows 1024 --no-flex 2>&1 \
+      | tee "$R/step_kernel_times.md" | grep -vE "^\| .* \| triton_|Warn|warn"
+    timeout 300 python benchmarks/bench_training.py --out "$R" 2>&1 | tee "$R/training.log" | grep -E "^\||rror"
+    pack_results ;;
+esac
