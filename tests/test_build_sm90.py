@@ -96,6 +96,9 @@ def test_render(hd, dtype):
     assert "constexpr bool PIN_SOFTMAX = false;" in off[render.KERNEL_SOURCE]
     pinned = render_sm90(fixture_inc("causal"), dtype, hd, replace(cfg, pin_softmax=True))
     assert "constexpr bool PIN_SOFTMAX = true;" in pinned[render.KERNEL_SOURCE]
+    assert "constexpr bool CROSS_TILE = false;" in cu  # off by default (tiles.py says why)
+    cross = render_sm90(fixture_inc("causal"), dtype, hd, replace(cfg, persistent=True, cross_tile=True))
+    assert "constexpr bool CROSS_TILE = true;" in cross[render.KERNEL_SOURCE]
 
 
 def test_render_needs_every_parameter():
