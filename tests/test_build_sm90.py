@@ -306,8 +306,6 @@ def test_build_takes_first_ladder_rung_without_spills(tmp_path):
     assert (chosen, spill) == (SM90_TILES[128], 0)
 
 
-
-
 def test_relative_loads_clamped_with_a_linear_bias(nvcc_path, tmp_path):
     """score_tile_rel with a captured table read at d = q - kv in a(d) and a bias linear in d (SCORE_REL_LOADS and
     SCORE_REL_LINEAR): b is stepped from b(d0), which must come from the same d-clamped score_rel call as the

@@ -1,7 +1,8 @@
 // bwd_sm80.cuh: attention backward for sm80+ (the portable kernel, also run on H100/H200), FlashAttention-2
 // style, in three launches on one stream:
-//  1. preprocess, a block per q-block (bwd_prepost.cuh): delta = rowsum(dO * O) (fp32), lse in the log2 domain
-//     (+inf for rows with nothing kept and for the padding of the last q-block), the fp32 dQ accumulator zeroed;
+//  1. preprocess, a block per q-block (bwd_pre.cuh, shared with the sm90 backward): delta = rowsum(dO * O)
+//     (fp32), lse in the log2 domain (+inf for rows with nothing kept and for the padding of the last q-block),
+//     the fp32 dQ accumulator zeroed;
 //  2. the main kernel, one CTA per (kv-block j of BK rows, kv head, batch), grid (ceil(Lk/BK), Hkv, B): K and V
 //     resident in shared memory; for each query head of the kv head (GQA / MQA: dK and dV are summed over
 //     them in registers) and each q-block of BQ rows the mask does not prove EMPTY (block_range_bwd.cuh), Q,
@@ -11,8 +12,7 @@
 //     warp w owns kv rows [wm*16*MT, (wm+1)*16*MT) (wm = w % WM) and the dK / dV columns of its part wn = w / WM
 //     of the head dim (WN > 1 at large head dims: the WN warps of a row slice recompute its S^T and dP^T
 //     instead of holding all D columns of dK and dV);
-//  3. postprocess: dQ = dQ_acc * scale in the input dtype.
-// (1 and 3 are bwd_prepost.cuh's, shared with the sm90 backward.)
+//  3. postprocess: dQ = dQ_acc * scale in the input dtype (below).
 // dK is scaled once at the end, dQ in the postprocess. Configuration (Elem, D, BQ, BK, NWARPS, WN, MIN_BLOCKS,
 // kDtypeCode, kArch) and variant.inc come from the including attngen_bwd.cu (templates/attngen_bwd.cu.j2).
 #pragma once
@@ -22,7 +22,7 @@
 #include "sm80_tiles.cuh"
 #include "block_range_bwd.cuh"
 #include "bwd_probs.cuh"
-#include "bwd_prepost.cuh"
+#include "bwd_pre.cuh"
 #include "host_abi_bwd.cuh"
 
 namespace {
@@ -349,6 +349,42 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_bwd_kernel(const
 
   store_kv_grad(a.dk, a.dk_stride, b, kvh, j * BK + kv_row0, wn * DW + tig * 2, KVLEN, dk, scale);
   store_kv_grad(a.dv, a.dv_stride, b, kvh, j * BK + kv_row0, wn * DW + tig * 2, KVLEN, dv, 1.f);
+}
+
+// ------------------------------------------------------------------------------------- postprocess
+constexpr int POST_THREADS = 256;
+
+// dQ = dQ_acc * scale in Elem from the row-major (B, Hq, Lq, D) dQ_acc, 8 elements (one 16-byte store) per thread
+// and step.
+__global__ void __launch_bounds__(POST_THREADS) attngen_bwd_post_kernel(const __grid_constant__ AttngenBwdArgs a) {
+  const long long n8 = (long long)a.B * a.Hq * a.Lq * (D / 8);
+  for (long long idx = (long long)blockIdx.x * POST_THREADS + threadIdx.x; idx < n8;
+       idx += (long long)gridDim.x * POST_THREADS) {
+    const long long row_id = idx / (D / 8);
+    const int c = (int)(idx - row_id * (D / 8));
+    const long long bh = row_id / a.Lq;
+    const int r = (int)(row_id - bh * a.Lq);
+    const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);
+    const float4* src = reinterpret_cast<const float4*>(a.dq_accum + row_id * D + c * 8);
+    const float4 u = src[0], w = src[1];
+    const float f = a.scale;
+    uint4 v;
+    v.x = pack2<Elem>(u.x * f, u.y * f);
+    v.y = pack2<Elem>(u.z * f, u.w * f);
+    v.z = pack2<Elem>(w.x * f, w.y * f);
+    v.w = pack2<Elem>(w.z * f, w.w * f);
+    st_global_16(static_cast<Elem*>(a.dq) + b * a.dq_stride[0] + h * a.dq_stride[1] + r * a.dq_stride[2] + c * 8, v);
+  }
+}
+
+// The postprocess, at most 16 blocks per SM (each loops).
+inline void launch_bwd_post(const AttngenBwdArgs& a, int sms, cudaStream_t stream) {
+  const long long n8 = (long long)a.B * a.Hq * a.Lq * (D / 8);
+  if (n8 > 0) {
+    const long long want = (n8 + POST_THREADS - 1) / POST_THREADS;
+    const long long blocks = want < (long long)sms * 16 ? want : (long long)sms * 16;
+    attngen_bwd_post_kernel<<<(unsigned)blocks, POST_THREADS, 0, stream>>>(a);
+  }
 }
 
 // ------------------------------------------------------------------------------------- host side

@@ -1,5 +1,5 @@
 // bwd_sm90.cuh: attention backward for sm_90a (Hopper), FlashAttention-3 style, warp specialized, in three
-// launches on one stream: bwd_prepost.cuh's preprocess (delta, lse in log2, dQ_acc zeroed), the main kernel,
+// launches on one stream: bwd_pre.cuh's preprocess (delta, lse in log2, dQ_acc zeroed), the main kernel,
 // its own postprocess (dQ = dQ_acc * scale, below). A CTA owns kv-block j (BK = 128 rows) of one kv head: grid
 // (ceil(Lk / BK), Hkv, B), low kv blocks first (under causal-like masks they see the most q blocks).
 // Warpgroup 0 is the producer: one thread loads K and V once, then for each q-block the mask does not prove
@@ -20,14 +20,15 @@
 
 #include "attngen_common.cuh"
 #include "attngen_bwd_abi.cuh"
-#include "sm80_mma.cuh"  // smem_addr, pack2
+#include "sm80_copy.cuh"  // st_global_16
+#include "sm80_mma.cuh"   // smem_addr, pack2
 #include "sm90_mbarrier.cuh"
 #include "sm90_tma.cuh"
 #include "sm90_wgmma.cuh"
 #include "sm90_bwd_layout.cuh"
 #include "block_range_bwd.cuh"
 #include "bwd_probs.cuh"
-#include "bwd_prepost.cuh"
+#include "bwd_pre.cuh"
 #include "host_abi_bwd.cuh"
 
 namespace {
@@ -403,14 +404,14 @@ __global__ void __launch_bounds__(NTHREADS, 1)
 // contiguous bytes), turned into rows in shared memory, and stored 16 bytes per thread along dQ's rows, so that
 // every 32-byte sector is written whole (pairs stored where they fall, 4 bytes each, took longer than reading
 // dQ_acc 8 bytes at a time: docs/performance.md).
-constexpr int POST_SM90_THREADS = 256;
+constexpr int POST_THREADS = 256;
 constexpr int POST_PITCH = D / 2 + 4;  // 32-bit words per staged row: the 8 rows a warp writes start 4 banks apart
-static_assert((BQ * D / 4) % POST_SM90_THREADS == 0 && (BQ * D / 8) % POST_SM90_THREADS == 0 && (D / 2) % 32 == 0,
+static_assert((BQ * D / 4) % POST_THREADS == 0 && (BQ * D / 8) % POST_THREADS == 0 && (D / 2) % 32 == 0,
               "the postprocess's loops cover a q-block evenly, conflict-free");
 
-__global__ void __launch_bounds__(POST_SM90_THREADS)
+__global__ void __launch_bounds__(POST_THREADS)
     attngen_bwd_post_tiled_kernel(const __grid_constant__ AttngenBwdArgs a) {
-  constexpr int LOADS = BQ * D / 4 / POST_SM90_THREADS, STORES = BQ * D / 8 / POST_SM90_THREADS;
+  constexpr int LOADS = BQ * D / 4 / POST_THREADS, STORES = BQ * D / 8 / POST_THREADS;
   __shared__ __align__(16) uint32_t rows[BQ * POST_PITCH];
   const int nqb = (a.Lq + BQ - 1) / BQ;
   const long long tile = blockIdx.x;  // (b * Hq + h) * nqb + i
@@ -419,11 +420,11 @@ __global__ void __launch_bounds__(POST_SM90_THREADS)
   const float4* src = reinterpret_cast<const float4*>(a.dq_accum) + tile * (BQ * D / 4);
   float4 x[LOADS];
 #pragma unroll
-  for (int n = 0; n < LOADS; ++n) x[n] = __ldcs(src + n * POST_SM90_THREADS + threadIdx.x);  // read once: streamed
+  for (int n = 0; n < LOADS; ++n) x[n] = __ldcs(src + n * POST_THREADS + threadIdx.x);  // read once: streamed
   const float s = a.scale;
 #pragma unroll
   for (int n = 0; n < LOADS; ++n) {
-    const DqPlace p = dq_float4_place(n * POST_SM90_THREADS + (int)threadIdx.x);
+    const DqPlace p = dq_float4_place(n * POST_THREADS + (int)threadIdx.x);
     rows[p.row * POST_PITCH + p.col / 2] = pack2<Elem>(x[n].x * s, x[n].y * s);
     rows[(p.row + 8) * POST_PITCH + p.col / 2] = pack2<Elem>(x[n].z * s, x[n].w * s);
   }
@@ -433,7 +434,7 @@ __global__ void __launch_bounds__(POST_SM90_THREADS)
   const int rows_here = min(BQ, a.Lq - i * BQ);  // the last q-block's padding rows are not stored
 #pragma unroll
   for (int n = 0; n < STORES; ++n) {
-    const int u = n * POST_SM90_THREADS + (int)threadIdx.x;
+    const int u = n * POST_THREADS + (int)threadIdx.x;
     const int r = u / (D / 8), c = u % (D / 8);
     if (r < rows_here)
       st_global_16(out + (long long)(i * BQ + r) * a.dq_stride[2] + c * 8,
@@ -467,7 +468,7 @@ int launch_bwd(const AttngenBwdArgs& a, cudaStream_t stream) {
     attngen_bwd_kernel<<<grid, NTHREADS, SMEM_BYTES, stream>>>(a, tm_q, tm_do, tm_k, tm_v);
   }
   const long long qblocks = (long long)a.B * a.Hq * ((a.Lq + BQ - 1) / BQ);
-  if (qblocks > 0) attngen_bwd_post_tiled_kernel<<<(unsigned)qblocks, POST_SM90_THREADS, 0, stream>>>(a);
+  if (qblocks > 0) attngen_bwd_post_tiled_kernel<<<(unsigned)qblocks, POST_THREADS, 0, stream>>>(a);
   return (int)cudaGetLastError();
 }
 

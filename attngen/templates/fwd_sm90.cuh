@@ -352,17 +352,16 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
   bool primed = false;  // the tile's first Q K^T is done, its P packed (cross_step did it)
   int j = 0;
   while (wt >= 0) {
+    const TileCtx w{C, t, i, hc, rc, qi, tig, tile_scale};  // this tile's (what it refers to, `take` replaces)
     if (!primed) {
       fresh();
       mbar_wait(sm.bar_q(qb), qpar);
       j = first_kv_tile();
-      if (OVERLAP && j < tr.j_end)
-        step<true, false>(c, stage, phase, stage, phase, j, tr.f_lo, tr.f_hi, TileCtx{C, t, i, hc, rc, qi, tig, tile_scale}, r);
+      if (OVERLAP && j < tr.j_end) step<true, false>(c, stage, phase, stage, phase, j, tr.f_lo, tr.f_hi, w, r);
     }
     const bool has_kv = j < tr.j_end;  // the tile visits a kv tile (else its rows are fully masked)
     if (OVERLAP) {
       if (has_kv) {
-        const TileCtx w{C, t, i, hc, rc, qi, tig, tile_scale};
         while (true) {
           const int jn = next_kv_tile<BQ, BK>(C, t, i, j + 1, tr.j_end, tr.f_lo, tr.f_hi, tr);
           if (jn >= tr.j_end) break;
@@ -376,7 +375,6 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
         }
       }
     } else {
-      const TileCtx w{C, t, i, hc, rc, qi, tig, tile_scale};
       for (; j < tr.j_end; j = next_kv_tile<BQ, BK>(C, t, i, j + 1, tr.j_end, tr.f_lo, tr.f_hi, tr)) {
         step<true, false>(c, stage, phase, stage, phase, j, tr.f_lo, tr.f_hi, w, r);
         step<false, true>(c, stage, phase, stage, phase, j, tr.f_lo, tr.f_hi, w, r);
@@ -402,8 +400,8 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
     const int eb = t.b, eh = t.h, erow = i * BQ + r0;
     auto epilogue = [&]() { store_rows<OutElem>(a, eb, eh, a.Lq, erow, tig, o, m, l, efactor, escale); };
 
+    const Consumer c_done = c;  // this tile's Q buffer (`take` replaces c's)
     if constexpr (CROSS_ACTIVE) {  // the next tile taken before this one's last P V
-      const Consumer c_done = c;
       wt = sm.mailbox().receive(n & 1u);
       if (wt >= 0) {
         take(wt);
@@ -421,18 +419,13 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
           continue;
         }
       }
-      if (OVERLAP && has_kv) {
-        // a P V-only step reads no tile context (this is already the next tile's)
-        step<false, true>(c_done, stage, phase, stage, phase, j, 0, 0, TileCtx{C, t, i, hc, rc, qi, tig, tile_scale}, r);
-        advance(stage, phase);  // the next work tile starts at the next slot
-      }
-      epilogue();
-    } else {
-      if (OVERLAP && has_kv) {
-        step<false, true>(c, stage, phase, stage, phase, j, 0, 0, TileCtx{C, t, i, hc, rc, qi, tig, tile_scale}, r);
-        advance(stage, phase);  // the next work tile starts at the next slot
-      }
-      epilogue();
+    }
+    if (OVERLAP && has_kv) {  // the last P V (a P V-only step reads no tile context)
+      step<false, true>(c_done, stage, phase, stage, phase, j, 0, 0, w, r);
+      advance(stage, phase);  // the next work tile starts at the next slot
+    }
+    epilogue();
+    if constexpr (!CROSS_ACTIVE) {
       wt = PERSISTENT ? sm.mailbox().receive(n & 1u) : -1;
       if (wt >= 0) take(wt);
     }

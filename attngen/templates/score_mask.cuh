@@ -159,6 +159,10 @@ ATTNGEN_DEV_INLINE void score_tile(Frag& s, float scale, const CapturedArgs& C, 
 ATTNGEN_DEV_INLINE float head_score_factor(float scale, const CapturedArgs& C, const HeadCtx& hc) {
   return scale * score_head_scale(C, hc);
 }
+// Whether the RAW path keeps this head's scores as raw q.k: only a positive factor keeps the row max's order.
+ATTNGEN_DEV_INLINE bool head_scores_raw(float scale, const CapturedArgs& C, const HeadCtx& hc) {
+  return head_score_factor(scale, C, hc) > 0.f;
+}
 #endif
 
 // Factor c of the softmax domain of RAW scores (2^(c x) is the weight of score x).
@@ -168,8 +172,7 @@ ATTNGEN_DEV_INLINE float raw_score_factor(float scale, const CapturedArgs& C, co
 #elif ATTNGEN_SCORE_REL
   return LOG2E;  // score_tile_rel's x is the score
 #elif ATTNGEN_HAS_SCORE_MOD && ATTNGEN_SCORE_HEAD_SCALE
-  const float f = head_score_factor(scale, C, hc);  // > 0: score_kv_tile left the scores raw
-  return f > 0.f ? f * LOG2E : 1.f;
+  return head_scores_raw(scale, C, hc) ? head_score_factor(scale, C, hc) * LOG2E : 1.f;
 #elif ATTNGEN_HAS_SCORE_MOD
   return 1.f;
 #else
@@ -221,8 +224,8 @@ ATTNGEN_DEV_INLINE void score_kv_tile(Frag& s, int j, int f_lo, int f_hi, float 
   }
 #endif
 #if ATTNGEN_HAS_SCORE_MOD && ATTNGEN_SCORE_HEAD_SCALE
-  // a per-head factor: raw scores where scale a[h] > 0 (raw_score_factor's test), the product per element else
-  if (RAW && !(head_score_factor(scale, C, hc) > 0.f)) {
+  // a per-head factor: raw scores where head_scores_raw (raw_score_factor's test), the product per element else
+  if (RAW && !head_scores_raw(scale, C, hc)) {
     score_tiles<false>(s, masked, bounds, scale, C, hc, rc, qi, kv0, t.KVLEN, tig);
     return;
   }

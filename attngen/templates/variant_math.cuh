@@ -53,7 +53,9 @@ __host__ __device__ __forceinline__ float ag_rsqrt(float x) {
 // here such a b counts as 0 (a / b is +-inf, or NaN for a = 0) and |b| > 2^126 gives 0, as __fdividef does.
 __host__ __device__ __forceinline__ float ag_fdiv(float a, float b) {
 #ifdef __CUDA_ARCH__
-  float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b)); return a * r;
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+  return a * r;
 #else
   return a / b;
 #endif

@@ -1,15 +1,11 @@
-// bwd_prepost.cuh: the launches around a backward main kernel (bwd_sm80.cuh, bwd_sm90.cuh), on its stream:
-//  preprocess, a block per q-block: delta = rowsum(dO * O) (fp32), lse in the log2 domain (+inf for rows with
-//  nothing kept and for the padding of the last q-block, so P = 0 there), the fp32 dQ accumulator zeroed;
-//  postprocess of a row-major dQ_acc (bwd_sm80.cuh; bwd_sm90.cuh has its own, for its tiled one): dQ = dQ_acc *
-//  scale in the input dtype.
-//  Configuration (Elem, D) from the including attngen_bwd.cu.
+// bwd_pre.cuh: the launch ahead of either backward main kernel (bwd_sm80.cuh, bwd_sm90.cuh), on its stream, a
+//  block per q-block: delta = rowsum(dO * O) (fp32), lse in the log2 domain (+inf for rows with nothing kept and
+//  for the padding of the last q-block, so P = 0 there), the fp32 dQ accumulator zeroed. Each kernel family has its
+//  own postprocess, for the layout it keeps dQ_acc in. Configuration (Elem, D) from the including attngen_bwd.cu.
 #pragma once
 
 #include "attngen_common.cuh"
 #include "attngen_bwd_abi.cuh"
-#include "sm80_copy.cuh"  // st_global_16
-#include "sm80_mma.cuh"   // pack2
 
 namespace {
 
@@ -88,45 +84,10 @@ __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __gr
   }
 }
 
-constexpr int POST_THREADS = 256;
-
-// dQ = dQ_acc * scale in Elem from a row-major (B, Hq, Lq, D) dQ_acc (bwd_sm80.cuh; the sm90 kernel tiles dQ_acc
-// and has a postprocess of its own), 8 elements (one 16-byte store) per thread and step.
-__global__ void __launch_bounds__(POST_THREADS) attngen_bwd_post_kernel(const __grid_constant__ AttngenBwdArgs a) {
-  const long long n8 = (long long)a.B * a.Hq * a.Lq * (D / 8);
-  for (long long idx = (long long)blockIdx.x * POST_THREADS + threadIdx.x; idx < n8;
-       idx += (long long)gridDim.x * POST_THREADS) {
-    const long long row_id = idx / (D / 8);
-    const int c = (int)(idx - row_id * (D / 8));
-    const long long bh = row_id / a.Lq;
-    const int r = (int)(row_id - bh * a.Lq);
-    const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);
-    const float4* src = reinterpret_cast<const float4*>(a.dq_accum + row_id * D + c * 8);
-    const float4 u = src[0], w = src[1];
-    const float f = a.scale;
-    uint4 v;
-    v.x = pack2<Elem>(u.x * f, u.y * f);
-    v.y = pack2<Elem>(u.z * f, u.w * f);
-    v.z = pack2<Elem>(w.x * f, w.y * f);
-    v.w = pack2<Elem>(w.z * f, w.w * f);
-    st_global_16(static_cast<Elem*>(a.dq) + b * a.dq_stride[0] + h * a.dq_stride[1] + r * a.dq_stride[2] + c * 8, v);
-  }
-}
-
 // The preprocess over every q-block of bq rows, a block each.
 inline void launch_bwd_pre(const AttngenBwdArgs& a, int bq, cudaStream_t stream) {
   const long long tiles = (long long)a.B * a.Hq * ((a.Lq + bq - 1) / bq);
   if (tiles > 0) attngen_bwd_pre_kernel<<<(unsigned)tiles, PRE_THREADS, 0, stream>>>(a, bq);
-}
-
-// The row-major postprocess, at most 16 blocks per SM (each loops).
-inline void launch_bwd_post(const AttngenBwdArgs& a, int sms, cudaStream_t stream) {
-  const long long n8 = (long long)a.B * a.Hq * a.Lq * (D / 8);
-  if (n8 > 0) {
-    const long long want = (n8 + POST_THREADS - 1) / POST_THREADS;
-    const long long blocks = want < (long long)sms * 16 ? want : (long long)sms * 16;
-    attngen_bwd_post_kernel<<<(unsigned)blocks, POST_THREADS, 0, stream>>>(a);
-  }
 }
 
 }  // namespace
