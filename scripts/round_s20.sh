@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Session 20's first device call, prepared at the end of session 19 (whose device time ran out after round D).
 # A: what session 19 left unrun on the final tree: the API GPU suite (the forward's consumer loop was restructured
-# around the cross-tile switch; the sm90 and FP8 suites passed on it), the sm90 suite's new cases (the cross paths
-# with a masked variant across tiles) and the backward's (one partial q-block, Lq 33), test_mod_checks_gpu.py whole
+# around the cross-tile switch; the sm90 and FP8 suites passed on it before 3507490 merged its tail, a change its SASS
+# shows as a register renaming), the sm90 suite's new cases (the cross paths
+# with a masked variant across tiles) and the backward suite whole (its new one-partial-q-block cases, Lq 33; the
+# pre- and postprocess moved between headers after session 19's last round), test_mod_checks_gpu.py whole
 # (its math-function builds take about 70 s each; the debug-build checks never ran on session 18's kernels), then the
 # training anchors whole (prefix-LM's row was cut in round D) with the step kernel by kernel beside them, to look for
 # the window's 328 us outside its kernels.
@@ -11,9 +13,9 @@ cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
 case "$1" in
   A)
-    run_tests checks 220 tests/gpu/test_mod_checks_gpu.py
-    run_tests new 170 -k "33x or template_paths" tests/gpu/test_bwd_gpu.py tests/gpu/test_kernel_sm90.py
-    run_tests api 200 -n 4 tests/gpu/test_gpu_api.py
+    run_tests checks 200 tests/gpu/test_mod_checks_gpu.py
+    run_tests new 200 -k "test_backward or template_paths" tests/gpu/test_bwd_gpu.py tests/gpu/test_kernel_sm90.py
+    run_tests api 190 -n 4 tests/gpu/test_gpu_api.py
     pack_results ;;
   B)
     timeout 90 python scripts/step_kernel_times.py --variants causal document prefix_lm --windows 1024 --no-flex 2>&1 \
