@@ -13,9 +13,9 @@ cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
 case "$1" in
   A)
-    run_tests checks 200 tests/gpu/test_mod_checks_gpu.py
-    run_tests new 200 -k "test_backward or template_paths" tests/gpu/test_bwd_gpu.py tests/gpu/test_kernel_sm90.py
-    run_tests api 190 -n 4 tests/gpu/test_gpu_api.py
+    run_tests checks 180 tests/gpu/test_mod_checks_gpu.py
+    run_tests new 180 -k "test_backward or template_paths" tests/gpu/test_bwd_gpu.py tests/gpu/test_kernel_sm90.py
+    run_tests api 170 -n 4 tests/gpu/test_gpu_api.py
     pack_results ;;
   B)
     timeout 90 python scripts/step_kernel_times.py --variants causal document prefix_lm --windows 1024 --no-flex 2>&1 \
