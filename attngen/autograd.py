@@ -37,6 +37,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
 from torch.utils._pytree import tree_map
 
 from . import reference
@@ -81,12 +82,53 @@ def _resolve(op_id: str):
 
 
 def attention(attn, q, k, v, *, scale: Optional[float], return_lse: bool, q_offset: int):
-    """``attn(q, k, v, ...)`` through the custom ops: differentiable in q, k, v and the captured tensors."""
+    """``attn(q, k, v, ...)`` differentiable in q, k, v and the captured tensors: through the custom ops when
+    torch.compile traces or a tensor subclass or dispatch mode is about, else through their eager twin."""
     _, _, _, _, _, D, _ = reference._check_inputs(q, k, v)
     scale = reference._check_scale(scale, D)
     captured = [c.tensor for c in attn.facts.captured]
-    out, lse = torch.ops.attngen.attention_fwd(q, k, v, captured, attn.op_id, scale, q_offset, param_values(attn))
+    params = param_values(attn)
+    if _plain_eager(q, k, v, captured):
+        out, lse = _EagerAttention.apply(q, k, v, attn, scale, q_offset, params, *captured)
+    else:
+        out, lse = torch.ops.attngen.attention_fwd(q, k, v, captured, attn.op_id, scale, q_offset, params)
     return (out, lse) if return_lse else out
+
+
+def _plain_eager(q, k, v, captured) -> bool:
+    """Whether a call may skip the custom ops: plain tensors, no torch.compile tracing and no Python mode that
+    would want to see the op (fake tensors, FlopCounter, a torch function mode such as ``with torch.device``)."""
+    return (q.__class__ is torch.Tensor and k.__class__ is torch.Tensor and v.__class__ is torch.Tensor
+            and all(c.__class__ is torch.Tensor for c in captured) and not torch.compiler.is_compiling()
+            and _dispatch_mode() is None and not torch._C._is_torch_function_mode_enabled())
+
+
+class _EagerAttention(torch.autograd.Function):
+    """The custom ops' eager twin: the same ``_forward`` / ``_backward`` under a plain autograd.Function, whose
+    dispatch costs the host a fraction of a custom op's with autograd (on short steps the GPU waited for it).
+    Arguments: q, k, v, the CompiledAttention, scale, q_offset, params, then the captured tensors one by one so
+    that autograd routes their gradients."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, attn, scale, q_offset, params, *captured):
+        out, lse = _forward(attn, q, k, v, scale, q_offset, params)
+        ctx.save_for_backward(q, k, v, out, lse, *captured)
+        ctx.attn, ctx.scale, ctx.q_offset, ctx.params = attn, scale, q_offset, params
+        ctx.set_materialize_grads(False)  # dlse stays None unless the LSE enters the loss, as with the ops
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, *captured = ctx.saved_tensors
+        if dout is None:  # only the LSE was used
+            dout = torch.zeros_like(out)
+        needs = ctx.needs_input_grad
+        needs_grad = [bool(n) for n in needs[:3]] + [bool(n) for n in needs[7:]]
+        dq, dk, dv, dcap = _backward(ctx.attn, dout, dlse, q, k, v, out, lse, captured, ctx.scale, ctx.q_offset,
+                                     ctx.params, needs_grad)
+        return (dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None, None, None, None, None,
+                *[g if n else None for g, n in zip(dcap, needs_grad[3:])])
 
 
 def param_values(attn) -> List[float]:
