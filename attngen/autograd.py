@@ -16,6 +16,10 @@ recomputes with them (params.pinned_values), so a ``set()`` between forward and 
 disagree with the saved LSE, and torch.compile sees them as arguments. The forward saves q, k, v, out and the LSE,
 never the probabilities; the backward recomputes them.
 
+A plain eager call (plain tensors, no torch.compile tracing, no Python dispatch or torch function mode) takes
+``_EagerAttention`` instead: an autograd.Function over the same forward and backward, which the host dispatches
+in a fraction of a custom op's time (a short training step on the GPU waited for the host otherwise).
+
 The backward asks ``backward_kernel`` first (the portable backward kernel on CUDA inputs it supports) and otherwise
 runs ``reference_backward``: float32 (float64 for float64 inputs) torch ops, chunked over query rows so memory
 stays O(chunk x Lk). Correct, not fast.

@@ -1,7 +1,8 @@
 """The sm90 backward at other tile settings than jit/tiles.py's, side by side in one process: forward + backward
 steps (bench_training.py's) of each variant at each setting (--set: fields of jit.tiles.Sm90BwdTiles, e.g.
-`stages=3` for the Q / dO ring, `walk_shift=2` for the rotated walk; one setting per argument, fields joined by
-commas), interleaved rounds of triton's do_bench, the median; gradients compared with the first setting's. Shared
+`stages=3` for the Q / dO ring, `walk_shift=2` for the rotated walk, `persistent=0`; one setting per argument,
+fields joined by commas; `ladder` for the shipped ladder, whose first rung without spills a build takes),
+interleaved rounds of triton's do_bench, the median; gradients compared with the first setting's. Shared
 memory allows 3 stages at head dim 128 (the staged dQ still fitting beside them, sm90_bwd_layout.cuh). Needs a GPU.
 
     python scripts/bwd_tiles_ab.py [--variants causal full sliding_window document] [--set stages=2 stages=3]
@@ -43,7 +44,10 @@ def main(argv=None):
     def fields(setting):
         return {name: int(value) for name, value in (f.split("=") for f in setting.split(","))}
 
-    ladders = {s: (lambda hd, f=fields(s): (replace(SM90_BWD_TILES[hd], **f),)) for s in args.settings}
+    # "ladder": the shipped ladder itself (jit/tiles.py sm90_bwd_ladder), whose first spill-free rung a build takes
+    shipped = spec.sm90_bwd_ladder
+    ladders = {s: shipped if s == "ladder" else (lambda hd, f=fields(s): (replace(SM90_BWD_TILES[hd], **f),))
+               for s in args.settings}
 
     def under(setting, fn):
         def step():

@@ -26,4 +26,15 @@ case "$1" in
       | tee "$R/training.log" | grep -E "^\||rror"
     run_tests api 230 -n 4 tests/gpu/test_gpu_api.py
     pack_results ;;
+  C)
+    # the sm90 backward's persistent CTAs (kv blocks from a counter, the next tile's K / V under this one's dK / dV
+    # stores; registers 40 / 232 first on its ladder): the small cases (a hang shows here, cut at 90 s), the
+    # backward suites, racecheck on the small cases, then persistent against a CTA per tile (the old kernel's
+    # registers) and the shipped ladder in one process
+    smoke_backward 90 || { pack_results; exit 0; }
+    run_tests bwd 200 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_autograd_gpu.py
+    sanitize_backward racecheck 100
+    timeout 150 python scripts/bwd_tiles_ab.py --variants causal full sliding_window document \
+      --set persistent=0,producer_regs=24,consumer_regs=240 ladder 2>&1 | tee "$R/bwd_tiles_ab.log" | grep -E "TFLOP|grad"
+    pack_results ;;
 esac

@@ -238,6 +238,51 @@ def test_hot_path_hands_captured_gradients_to_the_ops(monkeypatch):
         assert torch.isfinite(g).all() and g.abs().sum() > 0
 
 
+def _forced_ops(monkeypatch):
+    monkeypatch.setattr(ag, "_plain_eager", lambda *a: False)
+
+
+@pytest.mark.parametrize("name", ["alibi", "relpos", "document"])
+def test_eager_twin_matches_the_custom_ops(name, monkeypatch):
+    """A plain call records the eager twin (autograd._EagerAttention), not the custom ops; its gradients, captured
+    ones included, are the ops' bit for bit, LSE in the loss or not."""
+    for use_lse in (True, False):
+        got, _, (out, lse, _, _) = _grads(name, torch.float64, use_lse=use_lse)
+        assert type(out.grad_fn).__name__ == "_EagerAttentionBackward"
+        with monkeypatch.context() as m:
+            _forced_ops(m)
+            want, _, (out2, _, _, _) = _grads(name, torch.float64, use_lse=use_lse)
+        assert type(out2.grad_fn).__name__ != "_EagerAttentionBackward"
+        assert len(got) == len(want) == 3 + len(_captured_leaves(name))
+        for g, w in zip(got, want):
+            assert torch.equal(g, w)
+
+
+def test_eager_twin_only_for_plain_tensors_and_no_modes():
+    """Python modes and tensor subclasses see the custom op (FlopCounter, fake tensors, torch.compile), and the
+    twin refuses a second derivative rather than returning a silently wrong one."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    attn = data().variants["causal"]
+    q, k, v = _inputs(CASES["causal"], torch.float64)
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        out = attn(q, k, v)
+    assert any("attngen.attention_fwd" in f for f in seen), seen[:5]
+    with torch.device("cpu"):  # a torch function mode
+        assert type(attn(q, k, v).grad_fn).__name__ != "_EagerAttentionBackward"
+    w = torch.randn(q.shape, dtype=q.dtype, requires_grad=True)  # dout on the graph: a double backward's case
+    dq, = torch.autograd.grad((attn(q, k, v) * w).sum(), [q], create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dq.sum().backward()
+
+
 def test_backward_kernel_hook_is_asked_first(monkeypatch):
     attn = data().variants["causal"]
     q, k, v = _inputs(CASES["causal"], torch.float32)

@@ -17,7 +17,7 @@ from attngen import abi
 from attngen.codegen import render_variant_inc
 from attngen.jit import render, tiles
 from attngen.jit.ninja import BWD_LIBRARY_NAME, run_ninja, write_build_ninja
-from attngen.jit.spec import BWD_KERNEL, SM90_BWD_KERNEL, choose_bwd_kernel, ptxas_report
+from attngen.jit.spec import BWD_KERNEL, SM90_BWD_KERNEL, build_first_without_spills, choose_bwd_kernel, ptxas_report
 from attngen.symbols import BK, BQ, B, H, J, KVLEN, QLEN, QOFF
 
 from codegen_cases import COMMON_STUB, MATH, UNDEF, VARIANT_MATH, py_eval, param_setup, run_host_program
@@ -99,30 +99,43 @@ def test_prebuild_plans_the_backward_each_arch_runs():
     assert kinds == {(a, hd, k) for (a, hd), b in bwd.items() for k in ("auto", b)}
 
 
+def _ladder_builds(tmp_path, incs: dict) -> dict:
+    """Each (name, head dim) of ``incs`` (name -> variant.inc) built as the spec builds it, on the sm90 backward's
+    ladder (jit/tiles.py sm90_bwd_ladder: the first rung ptxas compiles without spills): name_hd -> (tiles, spill
+    bytes of the main kernel, the build directory's ninja output)."""
+    built = {}
+    for n, inc in incs.items():
+        for hd, dt in ((64, torch.float16), (128, torch.bfloat16)):
+            d = tmp_path / f"{n}_{hd}"
+            t, spill = build_first_without_spills(d, inc, dt, hd, "sm_90a", tiles.sm90_bwd_ladder(hd),
+                                                  kernel=SM90_BWD_KERNEL)
+            built[f"{n}_{hd}"] = (t, spill)
+    return built
+
+
 @pytest.mark.requires_nvcc
 def test_sm90_backward_builds_on_wgmma_without_spills(tmp_path):
-    """bwd_sm90.cuh for a mask, a score_mod and a captured tensor at both head dims: no spills, every product on
-    wgmma (dQ = dS K with both operands transposed), read from the PTX."""
+    """bwd_sm90.cuh for a mask, a score_mod and a captured tensor at both head dims: a rung of the ladder without
+    spills, every product on wgmma (dQ = dS K with both operands transposed), read from the PTX."""
     V = {"causal": attngen.compile(causal=True), "softcap_causal": attngen.compile(softcap=20.0, causal=True),
          "document": _variants()["document"]}
-    sources = dict(render.headers())
-    for n, a in V.items():
-        inc = a.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL).variant_inc()
-        for hd, dt in ((64, torch.float16), (128, torch.bfloat16)):
-            src = render.render_sources(inc, dt, hd, "sm_90a", kernel=SM90_BWD_KERNEL)
-            sources[f"{n}_{hd}/{render.BWD_KERNEL_SOURCE}"] = src[render.BWD_KERNEL_SOURCE]
-            sources[f"{n}_{hd}/{render.VARIANT_INCLUDE}"] = inc
-    libs = write_build_ninja(tmp_path, sources, "sm_90a", ["-Xptxas", "-v"], library=BWD_LIBRARY_NAME)
-    out = run_ninja(tmp_path)
-    assert ptxas_report(out)["spill_bytes"] == 0, out[-4000:]
-    assert "serializ" not in out.lower(), "ptxas serialised the wgmmas"
-    assert len(libs) == 2 * len(V)
+    built = _ladder_builds(tmp_path, {n: a.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL).variant_inc()
+                                      for n, a in V.items()})
+    assert len(built) == 2 * len(V)
+    for key, (t, spill) in built.items():
+        assert spill == 0, f"{key}: every rung spills (the least: {t}, {spill} bytes)"
+        assert (tmp_path / key / BWD_LIBRARY_NAME).is_file()
     from attngen.jit.toolchain import find_nvcc
 
+    for key in ("causal_128", "softcap_causal_128"):
+        d = tmp_path / key
+        out = subprocess.run([find_nvcc(), "-std=c++17", "-cubin", "-arch=sm_90a", "-I", str(d), "-Xptxas", "-v",
+                              str(d / render.BWD_KERNEL_SOURCE), "-o", str(tmp_path / "k.cubin")],
+                             capture_output=True, text=True, check=True).stderr
+        assert "serializ" not in out.lower(), f"{key}: ptxas serialised the wgmmas"
     d = tmp_path / "causal_128"
-    cmd = [find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d), "-I", str(tmp_path),
-           str(d / render.BWD_KERNEL_SOURCE), "-o", "-"]
-    ptx = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
+                          str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True, check=True).stdout
     # per consumer and q-block: S^T, dP^T (8 k16 steps each), dV, dK (4 each), dQ (8, both operands transposed)
     assert ptx.count("wgmma.mma_async") == 32, "a product is missing from wgmma"
     assert ptx.count("p, 1, 1, 1, 1;") == 8, "dQ = dS K does not read both operands MN-major"
@@ -145,18 +158,12 @@ def test_sm90_backward_sums_captured_gradients_without_spills(tmp_path):
     inc = attngen.compile(score_mod=learnable, causal=True).spec(torch.bfloat16, 128, "sm_90a",
                                                                  kernel=SM90_BWD_KERNEL).variant_inc()
     assert "#define ATTNGEN_GRAD_DIAG_SITES 1" in inc
-    sources = dict(render.headers())
-    for hd, dt in ((64, torch.float16), (128, torch.bfloat16)):
-        src = render.render_sources(inc, dt, hd, "sm_90a", kernel=SM90_BWD_KERNEL)
-        sources[f"l_{hd}/{render.BWD_KERNEL_SOURCE}"] = src[render.BWD_KERNEL_SOURCE]
-        sources[f"l_{hd}/{render.VARIANT_INCLUDE}"] = inc
-    write_build_ninja(tmp_path, sources, "sm_90a", ["-Xptxas", "-v"], library=BWD_LIBRARY_NAME)
-    out = run_ninja(tmp_path)
-    assert ptxas_report(out)["spill_bytes"] == 0, out[-4000:]
+    for key, (t, spill) in _ladder_builds(tmp_path, {"l": inc}).items():
+        assert spill == 0, f"{key}: every rung spills (the least: {t}, {spill} bytes)"
     from attngen.jit.toolchain import find_nvcc
 
     d = tmp_path / "l_128"
-    ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d), "-I", str(tmp_path),
+    ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
                           str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True, check=True).stdout
     assert "red.shared.add.f32" in ptx, "the table's diagonal bins"
     assert ptx.count("red.global.add.f32") >= 3, "slope per tile, table per bin, pair bias per element"

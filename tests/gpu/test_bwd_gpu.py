@@ -66,6 +66,9 @@ CASES += [
     ("softcap_causal", torch.bfloat16, 64, 2, 4, 1, 517, 517, 0),
     ("alibi", torch.bfloat16, 128, 1, 2, 2, 1024, 1024, 0),
     ("document_masked_rows", torch.bfloat16, 64, 1, 4, 4, 512, 512, 0),
+    # more kv blocks than SMs (288 and 192 work tiles): the sm90 kernel's persistent CTAs walk several each
+    ("causal", torch.bfloat16, 128, 2, 8, 4, 4608, 4608, 0),
+    ("alibi", torch.bfloat16, 64, 3, 4, 2, 4096, 4096, 0),
 ]
 FAMILIES = ("sm80_bwd", "sm90_bwd")
 # (case, family): the sm90 backward has kernels at head dims 64 and 128 only (256 runs the portable one)
@@ -156,3 +159,31 @@ def test_backward_matches_float64(case, family):
     if name == "document_masked_rows":
         rows = torch.arange(Lq, device=DEV) + q_offset < 40
         assert (dq[:, :, rows] == 0).all(), "fully masked rows must get zero dq"
+
+
+@pytest.mark.requires_sm90
+@pytest.mark.parametrize("hd", [64, 128])
+def test_persistent_walks_match_a_cta_per_tile(hd, monkeypatch):
+    """The sm90 backward's persistent CTAs (kv blocks from a counter, several per CTA) against a CTA per kv block:
+    dK and dV bit for bit (each element is written once, from the same walk), dQ within its fp32 additions' order."""
+    import attngen.jit.spec as spec
+    from dataclasses import replace
+
+    B, Hq, Hkv, L = 2, 8, 2, 4096 + 64 * 3  # 66 kv blocks x 2 kv heads x 2 = 264 work tiles: two per SM and more
+    gen = torch.Generator(device="cpu").manual_seed(hd)
+    q, do = (torch.randn(B, Hq, L, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(B, Hkv, L, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
+    grads, shipped = {}, spec.sm90_bwd_ladder
+    for persistent in (True, False):
+        monkeypatch.setattr(spec, "sm90_bwd_ladder",
+                            lambda d, p=persistent, s=shipped: tuple(replace(t, persistent=p) for t in s(d)))
+        attn = attngen.compile(causal=True)
+        lib = attn.backward_library(torch.bfloat16, hd, q.get_device(), "sm90_bwd")
+        out, lse = attn(q, k, v, return_lse=True)
+        poison_allocator(64 << 20)
+        grads[persistent] = attngen.launch.backward(lib, q, k, v, out, do, lse, params=attn._param_fields())
+        torch.cuda.synchronize()
+    (dq, dk, dv), (dq1, dk1, dv1) = grads[True], grads[False]
+    assert torch.equal(dk, dk1) and torch.equal(dv, dv1)
+    assert torch.isfinite(dq).all()
+    assert (dq.float() - dq1.float()).abs().max().item() <= 2 ** -7 * dq1.float().abs().max().item()
