@@ -37,4 +37,22 @@ case "$1" in
     timeout 150 python scripts/bwd_tiles_ab.py --variants causal full sliding_window document \
       --set persistent=0,producer_regs=24,consumer_regs=240 ladder 2>&1 | tee "$R/bwd_tiles_ab.log" | grep -E "TFLOP|grad"
     pack_results ;;
+  C2)
+    # round C hung on the deterministic small case (its dQ writer passed the turn on as 2 (blockIdx.x + 1), the
+    # tile's index since the grid became one-dimensional, where the next kv block waits for 2 (j + 1)); fixed: the
+    # small cases, racecheck on them, the backward suites, then the two short training steps beside flex
+    smoke_backward 90 || { pack_results; exit 0; }
+    sanitize_backward racecheck 100
+    run_tests bwd 200 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_autograd_gpu.py
+    timeout 130 python benchmarks/bench_training.py --variants sliding_window document --out "$R" 2>&1 \
+      | tee "$R/training.log" | grep -E "^\||rror"
+    pack_results ;;
+  D)
+    # the training anchors on the final backward (the short steps first), then the host's share of a step with the
+    # custom ops' eager twin and without (the profile in a pass of its own)
+    timeout 200 python benchmarks/bench_training.py --variants sliding_window document causal full --out "$R" 2>&1 \
+      | tee "$R/training.log" | grep -E "^\||rror"
+    timeout 60 python scripts/host_overhead.py --variants sliding_window document 2>&1 \
+      | tee "$R/host_overhead.md" | grep -E "^\| "
+    pack_results ;;
 esac

@@ -282,7 +282,10 @@ __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem&
         bulk_commit();
         bulk_wait_all();  // the additions performed before the turn passes on
         asm volatile("fence.proxy.async.global;\n" ::: "memory");
-        asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(sem), "r"(cw == 0 ? turn + 1 : 2 * (blockIdx.x + 1))
+        // consumer 1 passes the turn to the next kv block: 2 (j + 1), j the kv block of the CTA's one work tile
+        // (deterministic mode launches a CTA per tile: turn 0's slot)
+        const int j = static_cast<const volatile int*>(sm.tile(0))[0];
+        asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(sem), "r"(cw == 0 ? turn + 1 : 2 * (j + 1))
                      : "memory");
       } else {
         bulk_reduce_add_f32(dst, buf, DQ_STAGE_BYTES);
