@@ -17,8 +17,9 @@ disagree with the saved LSE, and torch.compile sees them as arguments. The forwa
 never the probabilities; the backward recomputes them.
 
 A plain eager call (plain tensors, no torch.compile tracing, no Python dispatch or torch function mode) takes
-``_EagerAttention`` instead: an autograd.Function over the same forward and backward, which the host dispatches
-in a fraction of a custom op's time (a short training step on the GPU waited for the host otherwise).
+``_EagerAttention`` instead: an autograd.Function over the same forward and backward, cheaper for the host to
+dispatch than a custom op with its autograd (a short training step's issue time comes near its GPU time:
+docs/performance.md).
 
 The backward asks ``backward_kernel`` first (the portable backward kernel on CUDA inputs it supports) and otherwise
 runs ``reference_backward``: float32 (float64 for float64 inputs) torch ops, chunked over query rows so memory
@@ -108,8 +109,8 @@ def _plain_eager(q, k, v, captured) -> bool:
 
 
 class _EagerAttention(torch.autograd.Function):
-    """The custom ops' eager twin: the same ``_forward`` / ``_backward`` under a plain autograd.Function, whose
-    dispatch costs the host a fraction of a custom op's with autograd (on short steps the GPU waited for it).
+    """The custom ops' eager twin: the same ``_forward`` / ``_backward`` under a plain autograd.Function, cheaper
+    for the host to dispatch than a custom op with its autograd.
     Arguments: q, k, v, the CompiledAttention, scale, q_offset, params, then the captured tensors one by one so
     that autograd routes their gradients."""
 

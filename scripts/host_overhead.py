@@ -10,6 +10,7 @@ autograd.py's eager twin of its custom ops (what a plain call takes) and through
 torch.compile sees; "attngen-op"). Needs a GPU.
 
     python scripts/host_overhead.py [--variants sliding_window document causal] [--flex] [--profile]
+    python scripts/host_overhead.py --cpu   # no GPU: the twin against the custom ops on a tiny CPU step
 """
 import argparse
 import cProfile
@@ -86,7 +87,36 @@ def custom_op_step(attn, q, k, v, dout):
     return forced
 
 
+def cpu_dispatch(rounds: int = 3, steps: int = 500) -> None:
+    """Host µs per training step of causal attention on (1, 1, 16, 16) CPU tensors (the reference path: its
+    arithmetic is a few µs), through the eager twin and through the custom ops, alternated ``rounds`` times."""
+    import torch
+
+    import attngen
+    from attngen import autograd
+
+    attn = attngen.compile(causal=True)
+    q, k, v = (torch.randn(1, 1, 16, 16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(1, 1, 16, 16)
+    step = step_fn(attn, q, k, v, dout)
+    plain = autograd._plain_eager
+    for _ in range(rounds):
+        for name, choose in (("eager twin", plain), ("custom ops", lambda *a: False)):
+            autograd._plain_eager = choose
+            try:
+                for _ in range(50):
+                    step()
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    step()
+                print(f"{name}: {(time.perf_counter() - t0) * 1e6 / steps:.1f} µs / step", flush=True)
+            finally:
+                autograd._plain_eager = plain
+
+
 def main(argv=None):
+    if argv is None and "--cpu" in sys.argv[1:]:
+        return cpu_dispatch()
     import torch
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Session 20's first device call, prepared at the end of session 19 (whose device time ran out after round D).
-# A: what session 19 left unrun on the final tree: the API GPU suite (the forward's consumer loop was restructured
-# around the cross-tile switch; the sm90 and FP8 suites passed on it before 3507490 merged its tail, a change its SASS
-# shows as a register renaming), the sm90 suite's new cases (the cross paths
-# with a masked variant across tiles) and the backward suite whole (its new one-partial-q-block cases, Lq 33; the
-# pre- and postprocess moved between headers after session 19's last round), test_mod_checks_gpu.py whole
-# (its math-function builds take about 70 s each; the debug-build checks never ran on session 18's kernels), then the
-# training anchors whole (prefix-LM's row was cut in round D) with the step kernel by kernel beside them, to look for
-# the window's 328 us outside its kernels.
+# Session 20's device calls (benchmarks/results/2026-12-02-h200-session20/README.md says what each gave).
+# A: what session 19 left unrun on its final tree: test_mod_checks_gpu.py whole, the backward suite and the sm90
+# suite's template paths, the API GPU suite. Outcome: 88 passed in the second; the first cut at its limit while
+# building the fast_math=False math-function variant (1 passed); the API suite, 4 workers, cut at 170 s with none
+# finished (not looked into; in B, with the checks left out, it passed in 195 s).
+# B: the host's share of a short training step, the window and document training rows, the API suite again.
+# Outcome: API 138 passed; through the custom ops the host issues a step in 0.85-1.13 ms against 1.17-1.48 ms of GPU
+# work (the eager twin's row ran under cProfile, so it is no comparison; D was to measure it cleanly).
+# C: the persistent backward's first run: five small cases passed, the deterministic one hung (fixed in 7a4ae84).
+# C2: the fixed tree: small cases ok, backward suites 85 passed, racecheck cut at 100 s in its fifth case (no hazard
+# reported before), training: window 1.26x flex, document 1.26x. The device time ran out after it: D did not run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -30,7 +32,7 @@ case "$1" in
     # the sm90 backward's persistent CTAs (kv blocks from a counter, the next tile's K / V under this one's dK / dV
     # stores; registers 40 / 232 first on its ladder): the small cases (a hang shows here, cut at 90 s), the
     # backward suites, racecheck on the small cases, then persistent against a CTA per tile (the old kernel's
-    # registers) and the shipped ladder in one process
+    # registers) and the shipped ladder in one process (not reached: the deterministic small case hung)
     smoke_backward 90 || { pack_results; exit 0; }
     run_tests bwd 200 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_autograd_gpu.py
     sanitize_backward racecheck 100

@@ -4,10 +4,10 @@
 // blocks first (under causal-like masks they see the most q blocks); a CTA per SM takes tiles from a counter in
 // that order and loads the next tile's K and V while it stores this one's dK and dV (PERSISTENT; deterministic mode
 // launches a CTA per tile).
-// Warpgroup 0 is the producer: one thread loads K and V once, then for each q-block the mask does not prove
-// EMPTY (block_range_bwd.cuh, over the query heads that share the kv head) its Q and dO tiles (TMA, 128-byte
-// swizzle) and its row statistics (bulk copies) into a STAGES-deep ring; its warps 1 and 2 are the consumers'
-// dQ writers (write_dq). Warpgroups 1 and 2 each own 64 kv
+// Warpgroup 0 loads: a lane of warp 3 names each work tile and loads its K and V (load_kv_tiles); a lane of warp 0
+// loads, for each q-block the mask does not prove EMPTY (block_range_bwd.cuh, over the query heads that share the
+// kv head), its Q and dO tiles (TMA, 128-byte swizzle) and its row statistics (bulk copies) into a STAGES-deep
+// ring (produce); warps 1 and 2 are the consumers' dQ writers (write_dq). Warpgroups 1 and 2 each own 64 kv
 // rows and, per q-block of BQ = 64 rows, with wgmma:
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory), then in registers P^T and
 //   dS^T = P^T (dP^T - delta) [* d score_mod / d score] (bwd_probs.cuh, one pass);
@@ -16,7 +16,7 @@
 //   for warp 1 + consumer of warpgroup 0 to add to the fp32 dQ_acc with one bulk reduction;
 //   sm90_bwd_layout.cuh says how dQ is split;
 //   the gradients of captured tensors the call asks for summed per tile (bwd_grad_sites.cuh) under dQ's product.
-// dK is scaled once at the end, dQ in the postprocess. Configuration (Elem, D, BQ, BK, STAGES, kDtypeCode,
+// dK is scaled once at a tile's end, dQ in the postprocess. Configuration (Elem, D, BQ, BK, STAGES, kDtypeCode,
 // kArch) and variant.inc come from the including attngen_bwd.cu (templates/attngen_bwd.cu.j2).
 #pragma once
 
