@@ -103,9 +103,13 @@ def attention(attn, q, k, v, *, scale: Optional[float], return_lse: bool, q_offs
 def _plain_eager(q, k, v, captured) -> bool:
     """Whether a call may skip the custom ops: plain tensors, no torch.compile tracing and no Python mode that
     would want to see the op (fake tensors, FlopCounter, a torch function mode such as ``with torch.device``)."""
-    return (q.__class__ is torch.Tensor and k.__class__ is torch.Tensor and v.__class__ is torch.Tensor
-            and all(c.__class__ is torch.Tensor for c in captured) and not torch.compiler.is_compiling()
+    return (q.__class__ in _PLAIN and k.__class__ in _PLAIN and v.__class__ in _PLAIN
+            and all(c.__class__ in _PLAIN for c in captured) and not torch.compiler.is_compiling()
             and _dispatch_mode() is None and not torch._C._is_torch_function_mode_enabled())
+
+
+# tensors that dispatch as plain ones (nn.Parameter turns its __torch_function__ off; a learned bias is one)
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 class _EagerAttention(torch.autograd.Function):

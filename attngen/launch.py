@@ -662,7 +662,8 @@ def backward(
     if B * Hq == 0:
         return (dq, dk.zero_(), dv.zero_()) + ((dcaptured,) if captured_grads is not None else ())
     lq_pad = -(-Lq // lib.block_q) * lib.block_q
-    # lse_log2, delta, then 4 bytes for the work-tile counter (the preprocess zeroes it), in one allocation
+    # lse_log2, delta, then 4 floats whose first holds the work-tile counter (the preprocess zeroes it; the rest
+    # keeps the allocation a multiple of 16 bytes), in one allocation
     rows = B * Hq * lq_pad
     stats = torch.empty((2 * rows + 4,), dtype=torch.float32, device=q.device)
     dq_acc = torch.empty((B, Hq, lq_pad, D), dtype=torch.float32, device=q.device)  # layout: the kernel's

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Session 20's device calls (benchmarks/results/2026-12-02-h200-session20/README.md says what each gave).
 # A: what session 19 left unrun on its final tree: test_mod_checks_gpu.py whole, the backward suite and the sm90
-# suite's template paths, the API GPU suite. Outcome: 88 passed in the second; the first cut at its limit while
-# building the fast_math=False math-function variant (1 passed); the API suite, 4 workers, cut at 170 s with none
+# suite's template paths, the API GPU suite. Outcome: 88 passed in the second; the first cut at its limit in its
+# second test (the fast_math=False math functions; 1 passed); the API suite, 4 workers, cut at 170 s with none
 # finished (not looked into; in B, with the checks left out, it passed in 195 s).
 # B: the host's share of a short training step, the window and document training rows, the API suite again.
 # Outcome: API 138 passed; through the custom ops the host issues a step in 0.85-1.13 ms against 1.17-1.48 ms of GPU

@@ -258,6 +258,17 @@ def test_eager_twin_matches_the_custom_ops(name, monkeypatch):
             assert torch.equal(g, w)
 
 
+def test_eager_twin_takes_parameters():
+    """q, k, v or captured tensors held as nn.Parameter (a learned bias, a model's weights) take the eager twin."""
+    slopes = torch.nn.Parameter(torch.full((2,), 0.25, dtype=torch.float64))
+    attn = attngen.compile(score_mod=attngen.alibi(slopes), causal=True)
+    q = torch.nn.Parameter(torch.randn(1, 2, 8, 8, dtype=torch.float64))
+    out = attn(q, q.detach(), q.detach())
+    assert type(out.grad_fn).__name__ == "_EagerAttentionBackward"
+    g = torch.autograd.grad(out.sum(), [q, slopes])
+    assert all(torch.isfinite(x).all() and x.abs().sum() > 0 for x in g)
+
+
 def test_eager_twin_only_for_plain_tensors_and_no_modes():
     """Python modes and tensor subclasses see the custom op (FlopCounter, fake tensors, torch.compile), and the
     twin refuses a second derivative rather than returning a silently wrong one."""

@@ -153,7 +153,8 @@ class Sm90BwdTiles:
     def smem_bytes(self, head_dim: int) -> int:
         """K, V; the Q / dO ring; two dS^T buffers; the row statistics per stage; mbarriers; the consumers' staged
         dQ (64 rows of a split of the head dim each, sm90_bwd_layout.cuh); alignment slack. Not counted: the
-        consumers' slots (32 bytes), the work-tile slots and the producer's ring count (72) and a variant's gradient bins (up to 26 KB with codegen.GRAD_DIAG_SITES = 3
+        consumers' slots (32 bytes), the work-tile slots and the producer's ring count (72), the staged dQ's
+        alignment to 128 bytes and a variant's gradient bins (up to 26 KB with codegen.GRAD_DIAG_SITES = 3
         diagonal sites), which the kernel's static_assert checks against the limit at build time."""
         kv = self.block_k * head_dim * 2
         q = self.block_q * head_dim * 2

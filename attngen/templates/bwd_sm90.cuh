@@ -118,8 +118,8 @@ __device__ __forceinline__ QStep following_q_tile(const AttngenBwdArgs& a, const
 
 // ------------------------------------------------------------------------------------------- producer
 // The producer lane's count of the ring's slots filled so far (slot n % STAGES in phase n / STAGES % 2) in its low
-// 31 bits, the parity of its turn over work tiles in the top one: kept in shared memory, not in one of the few
-// registers (setmaxnreg) the walk's search needs across the loop over tiles.
+// 31 bits (2^31 q-blocks per CTA: no call comes near), the parity of its turn over work tiles in the top one: kept in
+// shared memory, not in one of the few registers (setmaxnreg) the walk's search needs across the loop over tiles.
 constexpr uint32_t RING_COUNT = 0x7fffffffu;
 constexpr uint32_t RING_TURN = 0x80000000u;
 
@@ -164,11 +164,14 @@ __device__ __forceinline__ void produce(const AttngenBwdArgs& a, const CUtensorM
     if (c.j < 0) return;
     produce_walk(a, tm_q, tm_do, sm, c, sm.tile(turn));
     *ring = *ring ^ RING_TURN;
+    // this tile's slot read and its tile_full phase waited for, its walk empty or not: without this arrival the
+    // consumers of an empty walk could let the loader publish two tiles before this lane waited for the first
+    mbar_arrive(sm.kv_empty());
   }
 }
 
 // Warp 3's lane, the tile loader: per work tile of the CTA, once the consumers are done with the last tile's K and
-// V, the tile in its slot (tile_full) and its K and V (bar_kv); after the last, a slot with j = -1 and bar_kv armed
+// V and the producer lane with its slot (kv_empty), the tile in its slot (tile_full) and its K and V (bar_kv); after the last, a slot with j = -1 and bar_kv armed
 // without bytes end the walks. After its first tile (blockIdx.x) a persistent CTA takes the next from tile_counter
 // only then, so that no CTA holds a tile while another goes idle at the end. (The producer lane's few registers
 // hold the walk; this loop has a lane of its own.)
@@ -353,7 +356,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
   uint32_t phase = 0;
   int n = 0;  // q-blocks done: the dS^T buffer
   uint32_t dq_phase = 0;  // the parity of the staged dQ's hand-overs
-  for (int turn = 0;; ++turn) {  // the CTA's work tiles, as the producer names them
+  for (int turn = 0;; ++turn) {  // the CTA's work tiles, as the tile loader names them
     mbar_wait(sm.bar_kv(), (uint32_t)turn & 1u);
     const BwdCta c = take_tile(a, sm.tile(turn));
     if (c.j < 0) break;
@@ -484,7 +487,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
       mbar_init(sm.dq_empty(cw), 1);  // its writer's lane 0
       mbar_init(sm.dq_done(cw), 4);   // the consumer's warps, once
     }
-    mbar_init(sm.kv_empty(), 128 * NUM_CONSUMERS);  // every consumer thread, once per work tile
+    mbar_init(sm.kv_empty(), 128 * NUM_CONSUMERS + 1);  // every consumer thread and the producer lane, per tile
     mbar_init(sm.tile_full(), 1);                   // the tile loader, once per work tile
     mbar_fence_init();
   }

@@ -15,7 +15,7 @@ using namespace attngen;
 constexpr int NUM_CONSUMERS = BK / 64;  // each consumer warpgroup owns 64 kv rows (wgmma M = 64)
 constexpr int NTHREADS = 128 * (1 + NUM_CONSUMERS);
 // setmaxnreg budgets (PRODUCER_REGS, CONSUMER_REGS: the tile configuration's), as in the forward
-// (sm90_layout.cuh): 128 * 24 + 256 * 240 = 64512 = 384 * 168 by default; the build tries more for the producer
+// (sm90_layout.cuh): 128 * 40 + 256 * 232 = 64512 = 384 * 168 by default; the build tries 24 / 240 and 56 / 224
 // when that spills (jit/tiles.py sm90_bwd_ladder).
 
 constexpr int DB = D / 64;                     // 128-byte (64-column) blocks of a row
@@ -49,8 +49,8 @@ constexpr int DQ_CHUNK = DQ_SPLIT_D ? 1 : 0;   // the chunk of consumer cw is DQ
 
 // Shared memory (offsets from a 1024-byte aligned base; tiles are multiples of 1024 bytes, so every 8-row
 // swizzle atom is 1024-aligned as the descriptors' base offset 0 requires):
-//   K | V | Q [STAGES] | dO [STAGES] | dS^T [2] | row statistics [STAGES] | gradient bins | turns | mbarriers
-//   | staged dQ [NUM_CONSUMERS]
+//   K | V | Q [STAGES] | dO [STAGES] | dS^T [2] | row statistics [STAGES] | gradient bins | turns | work-tile
+//   slots [2] | the producer's ring count | mbarriers | staged dQ [NUM_CONSUMERS]
 // dS^T is double-buffered so that one consumer may write the next q-block's while the other still reads
 // this one's in dQ = dS K. The gradient bins (bwd_grad_sites.cuh; none without diagonal sites) are too, per
 // consumer: a tile's bins are emptied after the barrier that follows it, the next tile fills the other ones.

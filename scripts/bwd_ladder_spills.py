@@ -1,0 +1,53 @@
+"""Spill bytes of the sm90 backward kernel at every rung of its ladder (jit/tiles.py sm90_bwd_ladder) for the
+training anchors: which register split (producer / consumers) each variant builds clean at, as ptxas reports it for
+the main kernel. No GPU needed (nvcc builds for sm_90a); one build per variant and rung.
+
+    python scripts/bwd_ladder_spills.py [--variants causal full ...] [--head-dim 128]
+"""
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_forward as bf  # noqa: E402
+from bench_training import VARIANTS  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variants", nargs="+", default=VARIANTS)
+    p.add_argument("--head-dim", type=int, default=128)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as cache:
+        import os
+
+        os.environ["ATTNGEN_CACHE_DIR"] = cache  # nothing here reads or writes the user's cache
+        import torch
+
+        import attngen
+        from attngen.jit.spec import SM90_BWD_KERNEL, build_first_without_spills
+        from attngen.jit.tiles import sm90_bwd_ladder
+
+        hd = args.head_dim
+        ladder = sm90_bwd_ladder(hd)
+        print("| variant | " + " | ".join(f"{t.producer_regs} / {t.consumer_regs}" for t in ladder) + " |")
+        print("|---|" + "---|" * len(ladder))
+        for key in args.variants:
+            score_mod, mask_mod = bf.make_variant(key, 8192, 16, "cpu")
+            attn = attngen.compile(score_mod=score_mod, mask_mod=mask_mod)
+            inc = attn.spec(torch.bfloat16, hd, "sm_90a", kernel=SM90_BWD_KERNEL).variant_inc()
+            spills = []
+            for rung in ladder:
+                with tempfile.TemporaryDirectory() as d:
+                    _, spill = build_first_without_spills(Path(d), inc, torch.bfloat16, hd, "sm_90a", (rung,),
+                                                          kernel=SM90_BWD_KERNEL)
+                spills.append(spill)
+            print(f"| {key} | " + " | ".join(f"{s} B" for s in spills) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
