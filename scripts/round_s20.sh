@@ -10,6 +10,7 @@
 # C: the persistent backward's first run: five small cases passed, the deterministic one hung (fixed in 7a4ae84).
 # C2: the fixed tree: small cases ok, backward suites 85 passed, racecheck cut at 100 s in its fifth case (no hazard
 # reported before), training: window 1.26x flex, document 1.26x. The device time ran out after it: D did not run.
+# The persistent backward did not land (wip/README.md); C / C2 ran it, the final tree keeps the kernels A / B ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepared at the end of session 20 (whose device time ran out after its round C2): the checks the persistent sm90
-# backward still owes, on the tree that adds the producer's arrival on kv_empty after C2 (not yet run on a GPU).
+# backward still owes, to run with `git apply wip/persistent-bwd.patch` done first (wip/README.md): the tree that
+# adds the producer's arrival on kv_empty after C2 (not yet run on a GPU).
 # A: the small cases (sanitize_case.py: a hang shows here), racecheck and memcheck over them (now with a causal case
 # whose 144 kv blocks exceed the SMs), the backward suites (the persistent / per-tile comparison with empty walks,
 # Lq = 0), the one-process A/B of persistent walks against a CTA per tile at the old registers.
