@@ -42,7 +42,6 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
 from torch.utils._pytree import tree_map
 
 from . import reference
@@ -105,11 +104,19 @@ def _plain_eager(q, k, v, captured) -> bool:
     would want to see the op (fake tensors, FlopCounter, a torch function mode such as ``with torch.device``)."""
     return (q.__class__ in _PLAIN and k.__class__ in _PLAIN and v.__class__ in _PLAIN
             and all(c.__class__ in _PLAIN for c in captured) and not torch.compiler.is_compiling()
-            and _dispatch_mode() is None and not torch._C._is_torch_function_mode_enabled())
+            and _dispatch_mode() is None and not _function_mode_enabled())
 
 
 # tensors that dispatch as plain ones (nn.Parameter turns its __torch_function__ off; a learned bias is one)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+# torch's private probes of the Python modes in force; a torch without them sends every call to the custom ops
+try:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode as _dispatch_mode
+except ImportError:  # pragma: no cover
+    def _dispatch_mode():
+        return "unknown"
+_function_mode_enabled = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: True)
 
 
 class _EagerAttention(torch.autograd.Function):
