@@ -13,6 +13,7 @@ torch.compile sees; "attngen-op"). Needs a GPU.
     python scripts/host_overhead.py --cpu   # no GPU: the twin against the custom ops on a tiny CPU step
 """
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
@@ -71,18 +72,26 @@ def host_us(fn, profile: bool = False):
     return t, asleep, text
 
 
-def custom_op_step(attn, q, k, v, dout):
-    """bench_training's step with the custom ops forced (autograd._plain_eager answering False)."""
+@contextlib.contextmanager
+def custom_ops():
+    """Within the block, differentiable calls take attngen's custom ops (autograd._plain_eager answering False)
+    rather than their eager twin."""
     from attngen import autograd
 
+    plain, autograd._plain_eager = autograd._plain_eager, lambda *a: False
+    try:
+        yield
+    finally:
+        autograd._plain_eager = plain
+
+
+def custom_op_step(attn, q, k, v, dout):
+    """bench_training's step through the custom ops."""
     step = step_fn(attn, q, k, v, dout)
 
     def forced():
-        plain, autograd._plain_eager = autograd._plain_eager, lambda *a: False
-        try:
+        with custom_ops():
             return step()
-        finally:
-            autograd._plain_eager = plain
 
     return forced
 
@@ -93,25 +102,20 @@ def cpu_dispatch(rounds: int = 3, steps: int = 500) -> None:
     import torch
 
     import attngen
-    from attngen import autograd
 
     attn = attngen.compile(causal=True)
     q, k, v = (torch.randn(1, 1, 16, 16, requires_grad=True) for _ in range(3))
     dout = torch.randn(1, 1, 16, 16)
     step = step_fn(attn, q, k, v, dout)
-    plain = autograd._plain_eager
     for _ in range(rounds):
-        for name, choose in (("eager twin", plain), ("custom ops", lambda *a: False)):
-            autograd._plain_eager = choose
-            try:
+        for name, mode in (("eager twin", contextlib.nullcontext), ("custom ops", custom_ops)):
+            with mode():
                 for _ in range(50):
                     step()
                 t0 = time.perf_counter()
                 for _ in range(steps):
                     step()
                 print(f"{name}: {(time.perf_counter() - t0) * 1e6 / steps:.1f} µs / step", flush=True)
-            finally:
-                autograd._plain_eager = plain
 
 
 def main(argv=None):
