@@ -238,10 +238,6 @@ def test_hot_path_hands_captured_gradients_to_the_ops(monkeypatch):
         assert torch.isfinite(g).all() and g.abs().sum() > 0
 
 
-def _forced_ops(monkeypatch):
-    monkeypatch.setattr(ag, "_plain_eager", lambda *a: False)
-
-
 @pytest.mark.parametrize("name", ["alibi", "relpos", "document"])
 def test_eager_twin_matches_the_custom_ops(name, monkeypatch):
     """A plain call records the eager twin (autograd._EagerAttention), not the custom ops; its gradients, captured
@@ -250,7 +246,7 @@ def test_eager_twin_matches_the_custom_ops(name, monkeypatch):
         got, _, (out, lse, _, _) = _grads(name, torch.float64, use_lse=use_lse)
         assert type(out.grad_fn).__name__ == "_EagerAttentionBackward"
         with monkeypatch.context() as m:
-            _forced_ops(m)
+            m.setattr(ag, "_plain_eager", lambda *a: False)  # the custom ops
             want, _, (out2, _, _, _) = _grads(name, torch.float64, use_lse=use_lse)
         assert type(out2.grad_fn).__name__ != "_EagerAttentionBackward"
         assert len(got) == len(want) == 3 + len(_captured_leaves(name))
@@ -270,7 +266,7 @@ def test_eager_twin_takes_parameters():
 
 
 def test_eager_twin_only_for_plain_tensors_and_no_modes():
-    """Python modes and tensor subclasses see the custom op (FlopCounter, fake tensors, torch.compile), and the
+    """A dispatch mode (as FlopCounter's or fake tensors') and a torch function mode see the custom op, and the
     twin refuses a second derivative rather than returning a silently wrong one."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
