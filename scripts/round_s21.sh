@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
-# Prepared at the end of session 20 (whose device time ran out after its round C2): the checks the persistent sm90
-# backward still owes, to run with `git apply wip/persistent-bwd.patch` done first (wip/README.md): the tree that
-# adds the producer's arrival on kv_empty after C2 (not yet run on a GPU).
-# A: the small cases (sanitize_case.py: a hang shows here), racecheck and memcheck over them (now with a causal case
-# whose 144 kv blocks exceed the SMs), the backward suites (the persistent / per-tile comparison with empty walks,
-# Lq = 0), the one-process A/B of persistent walks against a CTA per tile at the old registers.
-# B: the training anchors whole beside flex and cuDNN, then the host's share of a step through the eager twin.
+# Session 21: the persistent sm90 backward (a CTA per SM taking kv blocks from a counter; warp 0 walking the Q / dO
+# ring with every lane, warp 3's lane loading each tile's K and V), at the landed register split 24 / 240.
+# A: the small cases (scripts/sanitize_case.py: a hang shows here), the backward suites (the persistent / per-tile
+#    comparison with empty walks, Lq = 0, the many-kv-block cases), racecheck over the small cases, four training
+#    anchors beside flex and cuDNN.
+# B: Lq = 0 again (round A: the C entry point refused the empty workspaces); memcheck over the small cases; the
+#    one-process A/B of persistent walks against a CTA per kv block; the other three training anchors; the forward's cross_tile switch at head dim 64 (causal, sliding window, document)
+#    beside cuDNN.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
 case "$1" in
   A)
     smoke_backward 90 || { pack_results; exit 0; }
-    sanitize_backward racecheck 150
-    sanitize_backward memcheck 100
     run_tests bwd 200 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_autograd_gpu.py
-    timeout 150 python scripts/bwd_tiles_ab.py --variants causal full sliding_window document \
-      --set persistent=0,producer_regs=24,consumer_regs=240 ladder 2>&1 | tee "$R/bwd_tiles_ab.log" | grep -E "TFLOP|grad"
+    sanitize_backward racecheck 60
+    timeout 200 python benchmarks/bench_training.py --variants sliding_window document full causal --out "$R" 2>&1 \
+      | tee "$R/training.log" | grep -E "^\||rror"
     pack_results ;;
   B)
-    timeout 330 python benchmarks/bench_training.py --out "$R" 2>&1 | tee "$R/training.log" | grep -E "^\||rror"
-    timeout 60 python scripts/host_overhead.py --variants sliding_window document 2>&1 \
-      | tee "$R/host_overhead.md" | grep -E "^\| "
+    run_tests lq0 60 tests/gpu/test_bwd_gpu.py -k "no_queries"
+    sanitize_backward memcheck 70
+    timeout 150 python scripts/bwd_tiles_ab.py --variants causal sliding_window document full \
+      --set persistent=0 ladder 2>&1 | tee "$R/bwd_tiles_ab.log" | grep -E "TFLOP|grad"
+    timeout 160 python benchmarks/bench_training.py --variants softcap_causal alibi_causal prefix_lm --out "$R" 2>&1 \
+      | tee "$R/training.log" | grep -E "^\||rror"
+    timeout 100 python scripts/tile_sweep.py --variants causal,sliding_window,document --D 64 \
+      --tiles 128x3-pers-rt8,128x3-pers-rt8-cross 2>&1 | tee "$R/tiles_hd64.log" | tail -n 12
     pack_results ;;
 esac
