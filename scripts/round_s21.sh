@@ -4,7 +4,7 @@
 # A: the small cases (scripts/sanitize_case.py: a hang shows here), the backward suites (the persistent / per-tile
 #    comparison with empty walks, Lq = 0, the many-kv-block cases), racecheck over the small cases, four training
 #    anchors beside flex and cuDNN.
-# B: Lq = 0 again (round A: the C entry point refused the empty workspaces); memcheck over the small cases; the
+# B: memcheck over the small cases; the
 #    one-process A/B of persistent walks against a CTA per kv block; the forward's cross_tile switch at head dim 64
 #    (causal, sliding window, document) beside cuDNN.
 set -uo pipefail
@@ -19,7 +19,6 @@ case "$1" in
       | tee "$R/training.log" | grep -E "^\||rror"
     pack_results ;;
   B)
-    run_tests lq0 45 tests/gpu/test_bwd_gpu.py -k "no_queries"
     sanitize_backward memcheck 60
     timeout 150 python scripts/bwd_tiles_ab.py --variants causal sliding_window document full \
       --set persistent=0 ladder 2>&1 | tee "$R/bwd_tiles_ab.log" | grep -E "TFLOP|grad"
