@@ -4,8 +4,8 @@
 # A: the small cases (scripts/sanitize_case.py: a hang shows here), the backward suites (the persistent / per-tile
 #    comparison with empty walks, Lq = 0, the many-kv-block cases), racecheck over the small cases, four training
 #    anchors beside flex and cuDNN.
-# B: the one-process A/B of persistent walks against a CTA per kv block; memcheck over the small cases; the
-#    forward's cross_tile switch at head dim 64 (causal, sliding window, document) beside cuDNN.
+# B: the one-process A/B of persistent walks against a CTA per kv block; the forward's cross_tile switch at head
+#    dim 64 (causal, sliding window, document) beside cuDNN; memcheck over the small cases.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -19,11 +19,11 @@ case "$1" in
     pack_results ;;
   B)
     python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1 &  # memcheck's cases, beside the A/B
-    timeout 150 python scripts/bwd_tiles_ab.py --variants causal sliding_window document full \
+    timeout 140 python scripts/bwd_tiles_ab.py --variants causal sliding_window document full \
       --set persistent=0 ladder 2>&1 | tee "$R/bwd_tiles_ab.log" | grep -E "TFLOP|grad"
-    wait
-    sanitize_backward memcheck 60
-    timeout 100 python scripts/tile_sweep.py --variants causal,sliding_window,document --D 64 \
+    timeout 90 python scripts/tile_sweep.py --variants causal,sliding_window,document --D 64 \
       --tiles 128x3-pers-rt8,128x3-pers-rt8-cross 2>&1 | tee "$R/tiles_hd64.log" | tail -n 12
+    wait
+    sanitize_backward memcheck 45
     pack_results ;;
 esac
