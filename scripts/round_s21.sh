@@ -4,8 +4,8 @@
 # A: the small cases (scripts/sanitize_case.py: a hang shows here), the backward suites (the persistent / per-tile
 #    comparison with empty walks, Lq = 0, the many-kv-block cases), racecheck over the small cases, four training
 #    anchors beside flex and cuDNN.
-# B: the one-process A/B of persistent walks against a CTA per kv block; the forward's cross_tile switch at head
-#    dim 64 (causal, sliding window, document) beside cuDNN; memcheck over the small cases.
+# B: the one-process A/B of persistent walks against a CTA per kv block, then the landed kernel (bebb6e5) timed the
+#    same way in a second process.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -18,12 +18,13 @@ case "$1" in
       | tee "$R/training.log" | grep -E "^\||rror"
     pack_results ;;
   B)
-    python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1 &  # memcheck's cases, beside the A/B
-    timeout 140 python scripts/bwd_tiles_ab.py --variants causal sliding_window document full \
+    # the new kernel with persistent walks off and on in one process, then the landed kernel (bebb6e5, unpacked from
+    # wip/old_bebb6e5.tgz, not committed) in a second process on the same machine
+    timeout 130 python scripts/bwd_tiles_ab.py --variants causal sliding_window document full \
       --set persistent=0 ladder 2>&1 | tee "$R/bwd_tiles_ab.log" | grep -E "TFLOP|grad"
-    timeout 90 python scripts/tile_sweep.py --variants causal,sliding_window,document --D 64 \
-      --tiles 128x3-pers-rt8,128x3-pers-rt8-cross 2>&1 | tee "$R/tiles_hd64.log" | tail -n 12
-    wait
-    sanitize_backward memcheck 45
+    mkdir -p /tmp/old && tar xzf wip/old_bebb6e5.tgz -C /tmp/old
+    (cd /tmp/old && ATTNGEN_CACHE_DIR=/tmp/attngen-cache-old PYTHONPATH=/tmp/old timeout 85 python \
+      scripts/bwd_tiles_ab.py --variants causal sliding_window document full --set ladder) 2>&1 \
+      | tee "$R/bwd_tiles_ab_bebb6e5.log" | grep -E "TFLOP|grad"
     pack_results ;;
 esac
