@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 21: the persistent sm90 backward (a CTA per SM taking kv blocks from a counter; warp 0 walking the Q / dO
-# ring with every lane, warp 3's lane loading each tile's K and V), at the landed register split 24 / 240.
+# ring with every lane, warp 3's lane loading each tile's K and V), at the landed register split 24 / 240: run with
+# `git apply wip/persistent-bwd.patch` done first (wip/README.md).
 # A: the small cases (scripts/sanitize_case.py: a hang shows here), the backward suites (the persistent / per-tile
 #    comparison with empty walks, Lq = 0, the many-kv-block cases), racecheck over the small cases, four training
 #    anchors beside flex and cuDNN.
