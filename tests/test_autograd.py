@@ -526,3 +526,26 @@ def test_deterministic_where_the_kernel_does_not_apply():
         assert all(torch.equal(a, b) for a, b in zip(grads(plain), want))
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_backward_launch_with_no_queries_returns_zero_kv_gradients_without_a_kernel(monkeypatch):
+    """launch.backward with Lq = 0 (the device checks stubbed so it runs on the CPU): dK and dV are zeros, dQ is empty,
+    and the library's entry point is never called (its statistics and dQ workspaces would be empty, and the C entry
+    point refuses their null pointers: round A of session 21 on the H200)."""
+    from attngen import launch
+
+    monkeypatch.setattr(launch, "_check_qkv", lambda lib, q, k, v: None)
+    monkeypatch.setattr(launch, "_capable_devices", {-1})
+    lib = launch._Library.__new__(launch._Library)
+    lib.path, lib.param_count = "libattngen_bwd.so", 0
+
+    def refuse(*args):
+        raise AssertionError("the backward kernel was called with Lq = 0")
+
+    lib._bwd = refuse
+    monkeypatch.setattr(launch, "call_on", refuse)
+    k, v = (torch.randn(2, 2, 300, 64, dtype=torch.bfloat16) for _ in range(2))
+    q = torch.empty(2, 4, 0, 64, dtype=torch.bfloat16)
+    dq, dk, dv = launch.backward(lib, q, k, v, torch.empty_like(q), torch.empty_like(q), torch.empty(2, 4, 0))
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    assert (dk == 0).all() and (dv == 0).all()
