@@ -5,10 +5,11 @@ library's meta.json). No GPU needed: the libraries are built for --arch.
 
 ``--variant`` is a variant spec (attngen.specs), or ``math``: tests/gpu/test_mod_checks_gpu.py's score mod with every
 float function issue 15 added, with causal (the heaviest score mod the GPU suites build). ``--forward-only`` skips
-the backward; ``--cross-tile`` builds the sm90 forward with cross_tile on every rung of its ladder.
+the backward; ``--cross-tile all`` builds the sm90 forward with cross_tile on every rung of its ladder, ``none`` on none
+(default ``ladder``: where jit/tiles.py's ladder has it).
 
     python scripts/cold_build.py [--variant "softcap(30)+causal()"] [--head-dim 128] [--arch sm_90a]
-    python scripts/cold_build.py --variant math --head-dim 64 --forward-only [--cross-tile]
+    python scripts/cold_build.py --variant math --head-dim 64 --forward-only [--cross-tile all]
 """
 import argparse
 import json
@@ -29,7 +30,8 @@ def main(argv=None):
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--arch", default="sm_90a")
     p.add_argument("--forward-only", action="store_true")
-    p.add_argument("--cross-tile", action="store_true", help="every rung of the sm90 forward's ladder with cross_tile on")
+    p.add_argument("--cross-tile", choices=("ladder", "all", "none"), default="ladder",
+                   help="cross_tile in the sm90 forward's rungs: as the ladder has it, on every rung, or on none")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as cache:
         os.environ["ATTNGEN_CACHE_DIR"] = cache  # empty: every library is built, and never the user's cache
@@ -40,9 +42,9 @@ def main(argv=None):
         from attngen.jit.spec import choose_bwd_kernel
         from attngen.specs import parse_variant
 
-        if args.cross_tile:
-            shipped = spec_mod.sm90_ladder
-            spec_mod.sm90_ladder = lambda *a: tuple(replace(t, cross_tile=True) for t in shipped(*a))
+        if args.cross_tile != "ladder":
+            shipped, on = spec_mod.sm90_ladder, args.cross_tile == "all"
+            spec_mod.sm90_ladder = lambda *a: tuple(dict.fromkeys(replace(t, cross_tile=on) for t in shipped(*a)))
         t0 = time.perf_counter()
         if args.variant == "math":
             from test_mod_checks_gpu import math_score
@@ -62,7 +64,7 @@ def main(argv=None):
             meta = json.loads((Path(lib).parent / "meta.json").read_text())
             chosen[kernel] = f"{kernel}: tiles {meta.get('tiles')}, spill {meta.get('spill_bytes')} bytes"
         total = sum(times.values())
-        print(f"{args.variant} hd{args.head_dim} {args.arch}{' cross_tile' if args.cross_tile else ''}: "
+        print(f"{args.variant} hd{args.head_dim} {args.arch}{'' if args.cross_tile == 'ladder' else ' cross_tile ' + args.cross_tile}: "
               + ", ".join(f"{k} {v:.2f} s" for k, v in times.items()) + f"; total {total:.2f} s on {os.cpu_count()} cores")
         for line in chosen.values():
             print("  " + line)

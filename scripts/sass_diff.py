@@ -131,7 +131,7 @@ def cases(quick: bool):
         for r in idx:
             t = ladder[r]
             tag = (f"r{r} bk{t.block_k}s{t.stages}{'' if t.overlap else ' no-overlap'}"
-                   f"{' persistent' if t.persistent else ''}{'' if t.pingpong else ' no-pingpong'}")
+                   f"{' persistent' if t.persistent else ''}{'' if t.pingpong else ' no-pingpong'}{' cross' if t.cross_tile else ''}")
             out.append((f"sm90 {name} hd{hd} {tag}", kernel, name, hd, t))
 
     if quick:

@@ -306,6 +306,73 @@ def test_build_takes_first_ladder_rung_without_spills(tmp_path):
     assert (chosen, spill) == (SM90_TILES[128], 0)
 
 
+def test_cross_tile_only_first_in_mask_only_ladders_at_head_dim_64():
+    """cross_tile leads the ladder of masks without a score_mod or captured tensors at head dim 64 (where it was
+    measured faster), as a twin of the shipped first rung; every other ladder has none."""
+    pers = lambda t: replace(t, persistent=True)  # noqa: E731
+    masked = tuple(map(pers, LADDER[64]))
+    assert tiles.sm90_ladder(64, True, False) == (replace(masked[0], cross_tile=True),) + masked
+    assert tiles.sm90_ladder(64, True, True) == tiles.sm90_ladder(64, True, False, reads_captured=True) == masked
+    for hd in (64, 128, 256):
+        for has_mask, has_score_mod in ((False, False), (False, True), (True, True)):
+            assert not any(t.cross_tile for t in tiles.sm90_ladder(hd, has_mask, has_score_mod))
+    assert not any(t.cross_tile for hd in (128, 256) for t in tiles.sm90_ladder(hd, True, False))
+
+
+SERIALIZED = ("ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+              "program dependence on compiler-inserted WG.AR in divergent path in the function '_ZN4_GLOBAL_18attngen_"
+              "fwd_kernelE14AttngenFwdArgs'\n")
+
+
+def _fake_ptxas_output(spill: int, serialized: bool) -> str:
+    """The lines of a `-Xptxas -v` report the ladder reads, for the forward kernel."""
+    return (SERIALIZED if serialized else "") + (
+        "ptxas info    : Function properties for _ZN4_GLOBAL_18attngen_fwd_kernelE14AttngenFwdArgs\n"
+        f"    0 bytes stack frame, {spill // 2} bytes spill stores, {spill - spill // 2} bytes spill loads\n")
+
+
+def test_ptxas_serialized_wgmma_is_read_per_kernel():
+    assert ninja.ptxas_serialized_wgmma(SERIALIZED) and ninja.ptxas_serialized_wgmma(SERIALIZED, "attngen_fwd_kernel")
+    assert not ninja.ptxas_serialized_wgmma(SERIALIZED, "attngen_decode_kernel")
+    assert not ninja.ptxas_serialized_wgmma(_fake_ptxas_output(0, False))
+
+
+@pytest.mark.parametrize("reports, chosen, built", [
+    # (spill bytes, serialized) per rung: cross rung, its plain twin, a lighter rung
+    (((0, False), (0, False), (0, False)), 0, {0}),
+    (((0, True), (0, False), (0, False)), 1, {0, 1, 2}),   # serialized wgmmas: not clean
+    (((16, False), (0, True), (0, False)), 2, {0, 1, 2}),
+    (((4, False), (20, False), (30, False)), 1, {0, 1, 2}),  # a cross rung only when clean
+    (((20, False), (20, False), (8, True)), 1, {0, 1, 2}),   # unserialized first, then fewest spills
+], ids=["cross-clean", "cross-serialized", "third", "cross-spills-least", "serialized-last"])
+def test_ladder_takes_the_first_clean_rung(monkeypatch, tmp_path, reports, chosen, built):
+    """build_first_without_spills on fake ptxas reports: the first rung builds alone, the rest only when it fails;
+    the chosen rung's files end up in the build directory."""
+    from attngen.jit import spec
+
+    ladder = (replace(SM90_TILES[64], persistent=True, cross_tile=True), replace(SM90_TILES[64], persistent=True),
+              LADDER[64][1])
+    ran = []
+
+    def write_build_ninja(d, sources, arch, flags, library):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "rung.txt").write_text(str(sources))
+
+    def run_ninja(d):
+        n = [str(t) for t in ladder].index((d / "rung.txt").read_text())
+        ran.append(n)
+        return _fake_ptxas_output(*reports[n])
+
+    monkeypatch.setattr(spec, "render_sources", lambda *a, tiles, kernel: tiles)
+    monkeypatch.setattr(spec, "write_build_ninja", write_build_ninja)
+    monkeypatch.setattr(spec, "run_ninja", run_ninja)
+    got = spec.build_first_without_spills(tmp_path, "", torch.bfloat16, 64, "sm_90a", ladder)
+    assert got == (ladder[chosen], reports[chosen][0])
+    assert set(ran) == built and len(ran) == len(built)
+    assert (tmp_path / "rung.txt").read_text() == repr(ladder[chosen])
+    assert not list(tmp_path.glob("rung*/"))
+
+
 def test_relative_loads_clamped_with_a_linear_bias(nvcc_path, tmp_path):
     """score_tile_rel with a captured table read at d = q - kv in a(d) and a bias linear in d (SCORE_REL_LOADS and
     SCORE_REL_LINEAR): b is stepped from b(d0), which must come from the same d-clamped score_rel call as the

@@ -133,6 +133,13 @@ def run_ninja(build_dir: Union[str, Path], jobs: Optional[int] = None, targets: 
     return out
 
 
+def ptxas_serialized_wgmma(output: str, entry: Optional[str] = None) -> bool:
+    """True when `-Xptxas -v` output says ptxas serialized the wgmmas of a function (whose mangled name contains
+    ``entry``, or of any): the tensor cores then wait for each wgmma in turn."""
+    found = re.findall(r"wgmma\.mma_async instructions are serialized .*? in the function '(\w+)'", output)
+    return any(entry is None or entry in name for name in found)
+
+
 def ptxas_spill_bytes(output: str, entry: Optional[str] = None) -> Optional[int]:
     """Spill store + load bytes in `-Xptxas -v` output, over every function or over those whose (mangled) name
     contains ``entry`` (a library compiles several kernels: the forward's also holds the decode kernels); None

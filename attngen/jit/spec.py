@@ -25,7 +25,8 @@ from ..analysis_cache import VariantFacts
 from ..cache import cache_key, default_cache
 from ..errors import BuildError, InputError
 from ..ir import BlockPredicates, TracedVariant
-from .ninja import BWD_LIBRARY_NAME, LIBRARY_NAME, ptxas_spill_bytes, run_ninja, write_build_ninja
+from .ninja import (BWD_LIBRARY_NAME, LIBRARY_NAME, ptxas_serialized_wgmma, ptxas_spill_bytes, run_ninja,
+                    write_build_ninja)
 from .render import dtype_info, generator_hash, render_sources, template_hash
 from .tiles import (SM90_BWD_TILES, bwd_tile_config, decode_tile_config, sm90_bwd_ladder, sm90_fp8_ladder, sm90_ladder,
                     tile_config)
@@ -121,7 +122,7 @@ class KernelSpec:
         if self.kernel == "sm90" and self.dtype == FP8_DTYPE:
             return sm90_fp8_ladder(self.facts.has_mask, self.facts.has_score_mod)
         if self.kernel == "sm90":
-            return sm90_ladder(self.head_dim, self.facts.has_mask, self.facts.has_score_mod)
+            return sm90_ladder(self.head_dim, self.facts.has_mask, self.facts.has_score_mod, bool(self.facts.captured))
         if self.kernel == BWD_KERNEL:
             return bwd_tile_config(self.head_dim, self.arch)
         if self.kernel == SM90_BWD_KERNEL:
@@ -243,32 +244,40 @@ def debug_build_requested() -> bool:
 def build_first_without_spills(build_dir: Path, variant_inc: str, dtype, head_dim: int, arch: str, ladder,
                                kernel: str = "sm90"):
     """Build the SM90 library (``kernel`` 'sm90', or the backward 'sm90_bwd') in build_dir with the first rung of
-    ``ladder`` that ptxas compiles without spilling (mods that keep many values live push the default tiles over
-    the register budget); when every rung spills, the one that spills least. Returns (tiles, spill bytes).
+    ``ladder`` that ptxas compiles clean: without spilling (mods that keep many values live push the default tiles
+    over the register budget) and without serializing its wgmmas. When none does, the one that spills least,
+    unserialized first; a cross_tile rung only if it is clean (it is measured faster only where it builds so).
+    Returns (tiles, spill bytes).
 
-    The first rung builds alone (most variants stop there); when it spills, the other rungs build at
+    The first rung builds alone (most variants stop there); when it fails, the other rungs build at
     once, each in its own subdirectory, so a heavy mod costs about two builds of wall time, not one per
     rung, and the chosen rung's files replace the first rung's."""
     ladder = tuple(ladder)
     build_dir = Path(build_dir)
+    entry = "attngen_bwd_kernel" if kernel == SM90_BWD_KERNEL else "attngen_fwd_kernel"
+    clean = (False, 0)
 
-    def build_in(d: Path, tiles) -> int:
+    def build_in(d: Path, tiles) -> tuple:
         sources = render_sources(variant_inc, dtype, head_dim, arch, tiles=tiles, kernel=kernel)
         write_build_ninja(d, sources, arch, ["-Xptxas", "-v"],
                           library=library_name(kernel))
-        # the spills of the kernel the ladder tunes, not of the library's other kernels (decode, pre / post)
-        return ptxas_spill_bytes(run_ninja(d), "attngen_bwd_kernel" if kernel == SM90_BWD_KERNEL
-                                 else "attngen_fwd_kernel") or 0
+        # the kernel the ladder tunes, not the library's other kernels (decode, pre / post): (serialized, spills)
+        out = run_ninja(d)
+        return ptxas_serialized_wgmma(out, entry), ptxas_spill_bytes(out, entry) or 0
 
-    spill = build_in(build_dir, ladder[0])
-    if spill == 0 or len(ladder) == 1:
-        return ladder[0], spill
+    cost = build_in(build_dir, ladder[0])
+    if cost == clean or len(ladder) == 1:
+        return ladder[0], cost[1]
     dirs = [build_dir / f"rung{n}" for n in range(1, len(ladder))]
     try:
         with ThreadPoolExecutor(len(dirs)) as ex:
-            spills = list(ex.map(build_in, dirs, ladder[1:]))
-        results = [(spill, ladder[0], build_dir)] + list(zip(spills, ladder[1:], dirs))
-        spill, tiles, chosen = next((r for r in results if r[0] == 0), None) or min(results, key=lambda r: r[0])
+            costs = list(ex.map(build_in, dirs, ladder[1:]))
+        results = [(cost, ladder[0], build_dir)] + list(zip(costs, ladder[1:], dirs))
+        found = next((r for r in results if r[0] == clean), None)
+        if found is None:
+            plain = [r for r in results if not getattr(r[1], "cross_tile", False)] or results
+            found = min(plain, key=lambda r: r[0])
+        (_, spill), tiles, chosen = found
         if chosen != build_dir:
             for f in chosen.iterdir():  # sources, build.ninja (relative paths), the library
                 if f.is_file() and not f.name.startswith("."):
