@@ -27,7 +27,7 @@ from .fingerprint import Fingerprint, fingerprint
 from .ir import CapturedTensor, ParamSlot, Summary
 
 # Bumped when the record layout changes; a record of another format is a miss (and is rewritten).
-RECORD_FORMAT = 3
+RECORD_FORMAT = 4
 RECORD_DIR = "analysis"
 
 _RECORDS = {}  # fingerprint digest -> parsed record, so a process reads each record file once
@@ -46,6 +46,7 @@ class VariantFacts:
     summaries: Tuple[Summary, ...]
     params: Tuple[ParamSlot, ...] = ()  # runtime parameters, bound to the live RuntimeParams
     reads_b: bool = False  # a mod reads the batch index (a batch of one would show it b = 0)
+    half_plane: bool = False  # the mask is one linear inequality in q_idx, kv_idx and parameters (causal-like)
 
     @classmethod
     def of(cls, traced, predicates) -> "VariantFacts":
@@ -53,7 +54,23 @@ class VariantFacts:
 
         return cls(traced.canonical(), traced.has_mask, traced.has_score_mod, tuple(traced.captured),
                    tuple(predicates.summaries), tuple(traced.params),
-                   B in (traced.score.free_symbols | traced.mask.free_symbols))
+                   B in (traced.score.free_symbols | traced.mask.free_symbols),
+                   _is_half_plane(traced.mask, {p.symbol for p in traced.params}))
+
+
+def _is_half_plane(mask, params: set) -> bool:
+    """True when ``mask`` is one inequality between expressions linear in q_idx, kv_idx and the runtime parameters
+    ``params`` (their symbols): a tile holds at most one edge of it, and its partial tiles cost one comparison per
+    element."""
+    import sympy
+
+    from .symbols import KV, Q
+
+    if not isinstance(mask, (sympy.GreaterThan, sympy.StrictGreaterThan, sympy.LessThan, sympy.StrictLessThan)):
+        return False
+    diff = mask.lhs - mask.rhs
+    gens = (Q, KV, *sorted(params, key=str))
+    return diff.free_symbols <= set(gens) and diff.is_polynomial(*gens) and sympy.Poly(diff, *gens).total_degree() <= 1
 
 
 def variant_facts(variant) -> Tuple[VariantFacts, Optional[tuple]]:
@@ -136,6 +153,7 @@ def _encode(facts: VariantFacts, fp: Fingerprint) -> Optional[dict]:
                                                    if f.name != "param"}})
     return {"format": RECORD_FORMAT, "fingerprint": fp.digest, "canonical": facts.canonical,
             "has_mask": facts.has_mask, "has_score_mod": facts.has_score_mod, "reads_b": facts.reads_b,
+            "half_plane": facts.half_plane,
             "captured": captured, "summaries": summaries, "params": params}
 
 
@@ -159,10 +177,12 @@ def _decode(record: dict, fp: Fingerprint) -> VariantFacts:
             raise ValueError("record does not describe the live parameter")
         params.append(p)
     canonical, has_mask, has_score_mod = record["canonical"], record["has_mask"], record["has_score_mod"]
-    reads_b = record["reads_b"]
-    if not (isinstance(canonical, str) and all(isinstance(x, bool) for x in (has_mask, has_score_mod, reads_b))):
+    reads_b, half_plane = record["reads_b"], record["half_plane"]
+    if not (isinstance(canonical, str) and all(isinstance(x, bool)
+                                               for x in (has_mask, has_score_mod, reads_b, half_plane))):
         raise ValueError("record fields of the wrong type")
-    return VariantFacts(canonical, has_mask, has_score_mod, tuple(captured), summaries, tuple(params), reads_b)
+    return VariantFacts(canonical, has_mask, has_score_mod, tuple(captured), summaries, tuple(params), reads_b,
+                        half_plane)
 
 
 def _all_fields(obj) -> tuple:

@@ -306,17 +306,37 @@ def test_build_takes_first_ladder_rung_without_spills(tmp_path):
     assert (chosen, spill) == (SM90_TILES[128], 0)
 
 
-def test_cross_tile_only_first_in_mask_only_ladders_at_head_dim_64():
-    """cross_tile leads the ladder of masks without a score_mod or captured tensors at head dim 64 (where it was
-    measured faster), as a twin of the shipped first rung; every other ladder has none."""
+def test_cross_tile_only_first_in_half_plane_mask_ladders_at_head_dim_64():
+    """cross_tile leads the ladder of half-plane masks (causal-like) without a score_mod at head dim 64 (where it
+    was measured faster), as a twin of the shipped first rung; every other ladder has none."""
     pers = lambda t: replace(t, persistent=True)  # noqa: E731
     masked = tuple(map(pers, LADDER[64]))
-    assert tiles.sm90_ladder(64, True, False) == (replace(masked[0], cross_tile=True),) + masked
-    assert tiles.sm90_ladder(64, True, True) == tiles.sm90_ladder(64, True, False, reads_captured=True) == masked
+    assert tiles.sm90_ladder(64, True, False, half_plane=True) == (replace(masked[0], cross_tile=True),) + masked
+    assert tiles.sm90_ladder(64, True, True, half_plane=True) == tiles.sm90_ladder(64, True, False) == masked
     for hd in (64, 128, 256):
-        for has_mask, has_score_mod in ((False, False), (False, True), (True, True)):
-            assert not any(t.cross_tile for t in tiles.sm90_ladder(hd, has_mask, has_score_mod))
-    assert not any(t.cross_tile for hd in (128, 256) for t in tiles.sm90_ladder(hd, True, False))
+        for has_mask, has_score_mod in ((False, False), (False, True), (True, True), (True, False)):
+            for half_plane in (False, True):
+                if (hd, has_mask, has_score_mod, half_plane) != (64, True, False, True):
+                    assert not any(t.cross_tile for t in tiles.sm90_ladder(hd, has_mask, has_score_mod, half_plane))
+
+
+@pytest.mark.parametrize("kwargs, half_plane", [
+    (dict(causal=True), True), (dict(mask_mod="local(100, None)"), True), (dict(mask_mod="local(None, 5)"), True),
+    (dict(causal=True, softcap=30.0), True), (dict(window=1024), False), (dict(mask_mod="dilated(1024, 2)"), False),
+    (dict(mask_mod="prefix_lm(64)"), False), (dict(), False),
+    (dict(mask_mod=lambda b, h, q, kv: q * q >= kv), False), (dict(mask_mod=lambda b, h, q, kv: q // 2 >= kv), False),
+    (dict(mask_mod=lambda b, h, q, kv: kv <= h), False),
+], ids=["causal", "local-left", "local-right", "softcap-causal", "window", "dilated", "prefix", "full", "square",
+        "floordiv", "head"])
+def test_half_plane_masks(kwargs, half_plane):
+    """facts.half_plane, which puts cross_tile in the ladder: one inequality linear in q_idx, kv_idx and the
+    runtime parameters, nothing else."""
+    import attngen
+    from attngen.specs import parse_variant
+
+    if isinstance(kwargs.get("mask_mod"), str):
+        kwargs = dict(kwargs, mask_mod=parse_variant(kwargs["mask_mod"]).mask_mod)
+    assert attngen.compile(**kwargs).facts.half_plane is half_plane
 
 
 SERIALIZED = ("ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "

@@ -122,7 +122,7 @@ class KernelSpec:
         if self.kernel == "sm90" and self.dtype == FP8_DTYPE:
             return sm90_fp8_ladder(self.facts.has_mask, self.facts.has_score_mod)
         if self.kernel == "sm90":
-            return sm90_ladder(self.head_dim, self.facts.has_mask, self.facts.has_score_mod, bool(self.facts.captured))
+            return sm90_ladder(self.head_dim, self.facts.has_mask, self.facts.has_score_mod, self.facts.half_plane)
         if self.kernel == BWD_KERNEL:
             return bwd_tile_config(self.head_dim, self.arch)
         if self.kernel == SM90_BWD_KERNEL:

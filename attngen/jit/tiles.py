@@ -195,9 +195,10 @@ class Sm90Tiles:
     # > 0: the persistent grid only for kv lengths up to this (longer: one CTA per work tile)
     persistent_max_kv: int = 0
     # on the persistent grid with overlap: a tile's last P V and the next tile's first Q K^T issued together, the
-    # epilogue under that Q K^T. On only in the first rung of masks without a score_mod at head dim 64 (causal +3%
-    # there; -2% at head dim 128); ptxas serializes the wgmmas of some variants around it (alibi_doc: C7520, a
-    # rung the build then passes over) and takes many times longer on heavy score mods (docs/performance.md)
+    # epilogue under that Q K^T. On only in the first rung of causal-like masks without a score_mod at head dim 64
+    # (there +1-3%; -2% at head dim 128, -8% on a dilated window); ptxas serializes the wgmmas of some variants
+    # around it (alibi_doc: C7520, a rung the build then passes over) and takes many times longer on heavy score
+    # mods (docs/performance.md)
     cross_tile: bool = False
     # keep a row's running max while it grows by at most this (log2 units) and skip rescaling O (0: only while it
     # does not grow)
@@ -217,9 +218,8 @@ class Sm90Tiles:
         return size(2) if self.persistent and size(2) <= SM90_SMEM_LIMIT else size(1)
 
 
-# Head dims whose masked variants without a score_mod try cross_tile first (a mask-only variant keeps the third
-# inlined copy of the score and softmax small enough for ptxas). Not with captured tensors: ptxas serialized the
-# wgmmas of both such variants built with it (a document mask; ALiBi + document).
+# Head dims whose half-plane masks without a score_mod try cross_tile first (docs/performance.md, "Tile choices":
+# measured faster only on causal; level on a sliding window, slower on heavier masks).
 CROSS_TILE_HEAD_DIMS = (64,)
 SM90_SMEM_LIMIT = SMEM_PER_BLOCK[90]  # sm90_layout.cuh SMEM_LIMIT: 227 KiB opt-in per block
 _RT = 8.0
@@ -237,18 +237,19 @@ SM90_LADDER = {
 }
 
 
-def sm90_ladder(head_dim: int, has_mask: bool, has_score_mod: bool, reads_captured: bool = False) -> tuple:
+def sm90_ladder(head_dim: int, has_mask: bool, has_score_mod: bool, half_plane: bool = False) -> tuple:
     """The tile settings a variant's SM90 build tries, best first (the spec builds the first that ptxas
     compiles clean). Without a mask the ladder starts at the wide tiles; plain attention (no mask, no
-    score_mod) and masked variants run every rung on the persistent grid; a mask that reads no captured
-    tensor and has no score_mod first tries cross_tile at the head dims of CROSS_TILE_HEAD_DIMS."""
+    score_mod) and masked variants run every rung on the persistent grid; a half-plane mask (one linear
+    inequality in q_idx and kv_idx: causal-like) without a score_mod first tries cross_tile at the head dims of
+    CROSS_TILE_HEAD_DIMS."""
     if head_dim not in SM90_LADDER:
         raise BuildError(f"head dim {head_dim} is not supported: expected one of {sorted(SM90_LADDER)}")
     if has_mask:
         # Masked variants: the persistent grid (next tile's Q and K/V loaded under this one's end) at every kv
         # length; short work tiles gain most (docs/performance.md).
         ladder = tuple(replace(t, persistent=True) for t in SM90_LADDER[head_dim])
-        if head_dim in CROSS_TILE_HEAD_DIMS and not has_score_mod and not reads_captured:
+        if head_dim in CROSS_TILE_HEAD_DIMS and half_plane and not has_score_mod:
             ladder = (replace(ladder[0], cross_tile=True),) + ladder
         return ladder
     wide = SM90_WIDE.get(head_dim)
