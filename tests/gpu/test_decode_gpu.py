@@ -219,3 +219,140 @@ def test_value_errors_before_anything_is_written():
                                  cache_seqlens=torch.tensor([300, 3], dtype=torch.int32, device=DEV)))
     assert not kp.any()
     assert torch.equal(case["k_cache"], before)
+
+
+def _decode_kernels(fn):
+    """Names of the kernels one call of fn runs (torch.profiler; CUPTI sees the ctypes launches)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and "decode" in e.name}
+
+
+def _assert_paths_agree(got, want, what):
+    """Two decode results of one case (out, lse) agree within fp32 rounding, and rows that kept nothing agree."""
+    (out, lse), (out_w, lse_w) = got, want
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), f"{what}: NaN (a row not written?)"
+    finite = torch.isfinite(lse_w)
+    assert torch.equal(torch.isfinite(lse), finite), f"{what}: rows with nothing kept differ"
+    assert not out[~finite].any(), f"{what}: a row with nothing kept is not 0"
+    assert (out.float() - out_w.float()).abs().max().item() <= 2 ** -7 * out_w.float().abs().max().item(), what
+    if finite.any():
+        assert (lse[finite] - lse_w[finite]).abs().max().item() <= 1e-5 * lse_w[finite].abs().max().item() + 1e-6, what
+
+
+# (variant, B, Hq, Hkv, Lq, L_new, D, splits, cache_seqlens, merged in the attention kernel)
+MERGE_CASES = [
+    ("full", 1, 32, 8, 1, 0, 128, 0, None, True),  # issue 12's heads, the automatic split count
+    ("full", 1, 32, 8, 1, 0, 128, 11, None, True),
+    ("sliding_window", 4, 8, 2, 1, 0, 128, 7, [600, 5, 0, 300], True),  # empty splits; sequence 2 keeps nothing
+    ("causal", 3, 12, 4, 3, 3, 128, 4, None, True),  # one head per CTA, 3 of its 16 rows real
+    ("causal", 2, 16, 2, 16, 16, 128, 3, None, True),  # 8 heads x 2 positions per CTA
+    ("document", 2, 8, 2, 2, 0, 64, 5, None, True),
+    ("per_head_window", 2, 8, 2, 2, 0, 256, 6, None, True),
+    ("sliding_window", 2, 8, 2, 1, 0, 128, 2000, None, False),  # more splits than the weights' shared memory
+    ("causal", 130, 8, 8, 1, 0, 64, 2, None, False),  # 1040 row groups: more than a counter slot holds
+]
+
+
+@pytest.mark.parametrize("name,B,Hq,Hkv,Lq,L_new,D,splits,seqlens,fused", MERGE_CASES)
+def test_in_kernel_merge_equals_the_combine_kernel_and_one_split(monkeypatch, name, B, Hq, Hkv, Lq, L_new, D, splits,
+                                                                  seqlens, fused):
+    """With several splits the last CTA of each row group merges them (fwd_decode.cuh, merge_splits); the combine
+    kernel (decode.COMBINE_KERNEL, and past the counters' limits) and one split give the same rows within fp32
+    rounding, on poisoned outputs."""
+    import attngen.decode as decode_mod
+
+    attn, _ = variants()[name]
+    case = _case(B=B, Hq=Hq, Hkv=Hkv, Lq=Lq, L_new=L_new, D=D, dtype=torch.bfloat16, seed=B * 1000 + Hq * 10 + Lq)
+    if seqlens is not None:
+        case["cache_seqlens"] = torch.tensor(seqlens, dtype=torch.int32, device=DEV)
+
+    def call(n):
+        _poison()
+        return attn.with_kvcache(**case, num_splits=n, return_lse=True)
+
+    kernels = _decode_kernels(lambda: call(splits))
+    assert any("attngen_decode_kernel" in k for k in kernels)
+    assert any("attngen_decode_combine" in k for k in kernels) != fused, kernels
+    merged = call(splits)
+    assert torch.equal(merged[0], call(splits)[0]), "the in-kernel merge is deterministic"
+    monkeypatch.setattr(decode_mod, "COMBINE_KERNEL", True)
+    assert any("attngen_decode_combine" in k for k in _decode_kernels(lambda: call(splits)))
+    combined = call(splits)
+    one = call(1)
+    what = f"{name} B{B} Hq{Hq} Hkv{Hkv} Lq{Lq} D{D} {splits} splits"
+    _assert_paths_agree(merged, combined, what + ": in-kernel vs combine kernel")
+    _assert_paths_agree(merged, one, what + ": in-kernel vs one split")
+
+
+def test_in_kernel_merge_at_issue_12s_shape(monkeypatch):
+    """B=1, 32 query / 8 kv heads, 131072 cached positions, D=128 (the benchmark's decode call): the automatic
+    split count merged in the kernel equals the combine kernel and one split."""
+    import attngen.decode as decode_mod
+
+    attn, _ = variants()["full"]
+    L = 131072
+    g = torch.Generator(device=DEV).manual_seed(12)
+    q = torch.randn(1, 32, 1, 128, device=DEV, generator=g).to(torch.bfloat16)
+    kc, vc = (torch.randn(1, 8, L, 128, device=DEV, generator=g).to(torch.bfloat16) for _ in range(2))
+    lens = torch.full((1,), L, dtype=torch.int32, device=DEV)
+
+    def call(n):
+        _poison()
+        return attn.with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=n, return_lse=True)
+
+    kernels = _decode_kernels(lambda: call(0))
+    assert len(kernels) == 1 and "attngen_decode_kernel" in next(iter(kernels)), kernels
+    merged = call(0)
+    monkeypatch.setattr(decode_mod, "COMBINE_KERNEL", True)
+    _assert_paths_agree(merged, call(0), "issue 12 shape: in-kernel vs combine kernel")
+    _assert_paths_agree(merged, call(1), "issue 12 shape: in-kernel vs one split")
+
+
+def test_in_kernel_merge_counters_in_cuda_graphs_and_on_two_streams():
+    """Every launch leaves its group counters at zero and no two launches that can overlap share them
+    (launch_counters.cuh): back-to-back calls, two streams at once, and a captured step replayed between eager
+    calls on its stream all give the eager result (the merge is deterministic)."""
+    attn, _ = variants()["sliding_window"]
+    cases = [_case(B=2, Hq=32, Hkv=8, Lq=1, L_new=0, D=128, dtype=torch.bfloat16, seed=61 + n) for n in range(2)]
+    for c in cases:
+        c["cache_seqlens"][1] = 3  # a short sequence: most of its splits are empty
+    refs = [attn.with_kvcache(**c, num_splits=7) for c in cases]
+    for c, ref in zip(cases, refs):
+        _assert_out_close(ref, attn.with_kvcache(**c, num_splits=1).double(), "7 splits vs one")
+    for _ in range(3):
+        _poison()
+        assert torch.equal(attn.with_kvcache(**cases[0], num_splits=7), refs[0])
+
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = [None, None]
+    for _ in range(3):
+        _poison()
+        for n, s in enumerate(streams):
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                outs[n] = attn.with_kvcache(**cases[n], num_splits=7)
+        for s in streams:
+            torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        for n in range(2):
+            assert torch.equal(outs[n], refs[n]), f"stream {n}"
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        attn.with_kvcache(**cases[0], num_splits=7)  # warm-up: library loaded before capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = attn.with_kvcache(**cases[0], num_splits=7)
+    for step in range(3):
+        captured.fill_(float("nan"))
+        graph.replay()
+        eager = attn.with_kvcache(**cases[1], num_splits=7)
+        torch.cuda.synchronize()
+        assert torch.equal(captured, refs[0]), f"replay {step}"
+        assert torch.equal(eager, refs[1]), f"eager call after replay {step}"
