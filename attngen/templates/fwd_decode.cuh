@@ -600,15 +600,20 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_decode_kernel(co
   }
   if (group_counters == nullptr) return;  // one split, or the combine kernel merges
 
-  // The group's last CTA to count itself merges its splits: each CTA's partials are fenced before it counts.
+  // The group's last CTA to count itself merges its splits: each CTA's partials are fenced before it counts, and
+  // the last one fences after it counts, before its threads read them.
   __threadfence();
   __syncthreads();
   unsigned int* counter = group_counters + (blockIdx.z * gridDim.y + blockIdx.y);
   bool last = false;
-  if (tid == 0) last = atomicAdd(counter, 1u) == (unsigned)a.num_splits - 1;
+  if (tid == 0) {
+    last = atomicAdd(counter, 1u) == (unsigned)a.num_splits - 1;
+    if (last) {
+      __threadfence();
+      atomicExch(counter, 0u);  // zero for the slot's next launch
+    }
+  }
   if (!__syncthreads_or(last)) return;
-  if (tid == 0) atomicExch(counter, 0u);  // zero for the slot's next launch
-  __threadfence();
   merge_splits(a, reinterpret_cast<float*>(smem_raw + Q_TILE * 2), b, h0, chunk_q * nq,
                min(BQ, hp * (a.Lq - chunk_q * nq)));
 }
