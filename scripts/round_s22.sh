@@ -5,11 +5,13 @@
 #    sweep of the shipped rung against cross_tile for four such masks at D = 64, then the forward benchmark at D = 64
 #    beside flex and cuDNN (issue 15: causal at D = 64 >= 1.0x cuDNN SDPA).
 # B: the decode kernel merging its splits in the last CTA of each row group (one kernel per split call; the combine
-#    kernel where a launch has no counters): the decode suite with its new cases, the tile counters' test (their host
-#    lookup moved to launch_counters.cuh) and round A's head-dim-64 cases on the final ladder (cross_tile on causal
-#    only), then the decode call's kernels at issue 12's B = 1 and B = 8 shapes, merged in the kernel and by the
-#    combine kernel (ATTNGEN_DECODE_COMBINE_KERNEL=1).
-# C: bench_decode beside SDPA and flex (issue 12's bar: 4.0 TB/s), the greedy-decoding loop's suite.
+#    kernel where a launch has no counters): the decode suite with its new cases, the decode call's kernels at issue
+#    12's B = 1 shape, merged in the kernel and by the combine kernel (ATTNGEN_DECODE_COMBINE_KERNEL=1), then
+#    bench_decode beside SDPA and flex (issue 12's bar: 4.0 TB/s).
+# D: the persistent sm90 backward (wip/persistent-bwd.patch, applied on the device) with its consumers reading their
+#    tile's fields once per work tile and the producer's ring count in a register (session 22): the small cases, then
+#    bwd_tiles_ab.py on it (a CTA per kv block, then persistent), then the landed kernel the same way in a second
+#    process (the tree as committed, copied before the patch is applied), then the backward suites.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -23,14 +25,20 @@ case "$1" in
     pack_results ;;
   B)
     run_tests decode 200 -n 4 tests/gpu/test_decode_gpu.py
-    run_tests api 150 tests/gpu/test_gpu_api.py -k "head_dim_64 or persistent_grid_counters"
-    for BL in "1 131072" "8 32768"; do set -- $BL
-      timeout 60 python scripts/profile_decode.py --B $1 --L $2 2>&1 | grep -v arn | tee -a "$R/profile_decode.txt"
-      ATTNGEN_DECODE_COMBINE_KERNEL=1 timeout 60 python scripts/profile_decode.py --B $1 --L $2 2>&1 | grep -v arn \
-        | sed "s/^/[combine kernel] /" | tee -a "$R/profile_decode.txt"; done
-    pack_results ;;
-  C)
+    for env in "" "ATTNGEN_DECODE_COMBINE_KERNEL=1"; do
+      env $env timeout 60 python scripts/profile_decode.py --B 1 --L 131072 2>&1 | grep -v arn \
+        | sed "s/^/[${env:-in-kernel merge}] /" | tee -a "$R/profile_decode.txt"; done
     timeout 220 python benchmarks/bench_decode.py --out "$R" 2>&1 | grep -E "^\||rror|!!"
-    run_tests llama 90 tests/gpu/test_llama_decode_gpu.py
+    pack_results ;;
+  D)
+    mkdir -p /tmp/landed && cp -r attngen scripts benchmarks tests pyproject.toml /tmp/landed/
+    git apply wip/persistent-bwd.patch || { echo "patch does not apply"; exit 1; }
+    smoke_backward 90 || { pack_results; exit 0; }
+    timeout 130 python scripts/bwd_tiles_ab.py --variants causal sliding_window document full \
+      --set persistent=0 ladder 2>&1 | tee "$R/bwd_tiles_ab.log" | grep -E "TFLOP|grad"
+    (cd /tmp/landed && ATTNGEN_CACHE_DIR=/tmp/attngen-cache-landed PYTHONPATH=/tmp/landed timeout 90 python \
+      scripts/bwd_tiles_ab.py --variants causal sliding_window document full --set ladder) 2>&1 \
+      | tee "$R/bwd_tiles_ab_landed.log" | grep -E "TFLOP|grad"
+    run_tests bwd 170 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_autograd_gpu.py
     pack_results ;;
 esac
