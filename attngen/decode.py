@@ -6,19 +6,15 @@ The forward library exports, besides attngen_fwd and its info, attngen_abi_versi
 
     int attngen_decode_kernel_info(AttngenKernelInfo*);
     int attngen_decode_heads_per_cta(int group);    // query heads of one kv head per CTA for this variant
-    int attngen_decode(const AttngenDecodeArgs*, void* stream);   // the attention (and the combine kernel)
+    int attngen_decode(const AttngenDecodeArgs*, void* stream);   // the attention, then the combine kernel
 
 ``decode`` takes checked inputs (attngen/kvcache.py checks them and appends the new keys first) and launches
 on the current torch stream of q's device, with no device sync: a decode step can be captured in a CUDA graph.
-With several splits the attention kernel's last CTA of each row group merges them; ``COMBINE_KERNEL`` (or
-ATTNGEN_DECODE_COMBINE_KERNEL=1 at import) has the combine kernel do it instead, as it does when the library
-has no counters for the launch.
 """
 from __future__ import annotations
 
 import ctypes
 import math
-import os
 import struct
 from typing import Optional, Sequence
 
@@ -28,9 +24,7 @@ from .launch import (_NO_PARAMS, _PACK_TAIL, _ZERO_TAIL, AttngenKernelInfo, Capt
                      _captured_fields, _check_capability, check_debug_record, debug_record,
                      call_on, launch_failed, load_family_library)
 
-DECODE_ABI_VERSION = 3  # ATTNGEN_DECODE_ABI_VERSION (templates/attngen_decode_abi.cuh)
-# Merge the splits with the combine kernel rather than in the attention kernel (tests and benchmarks compare both).
-COMBINE_KERNEL = os.environ.get("ATTNGEN_DECODE_COMBINE_KERNEL", "") == "1"
+DECODE_ABI_VERSION = 2  # ATTNGEN_DECODE_ABI_VERSION (templates/attngen_decode_abi.cuh)
 
 
 class AttngenDecodeArgs(ctypes.Structure):
@@ -43,14 +37,13 @@ class AttngenDecodeArgs(ctypes.Structure):
                 + [("page_table_stride", ctypes.c_longlong)]
                 + [(n, ctypes.c_int) for n in ("B", "Hq", "Hkv", "Lq", "D", "seqlen_default", "kv_extra", "page_size",
                                                "num_splits", "heads_per_cta", "capacity", "num_pages", "cache_rows")]
-                + [("scale", ctypes.c_float), ("combine_kernel", ctypes.c_int), ("captured", CapturedArgs)])
+                + [("scale", ctypes.c_float), ("captured", CapturedArgs)])
 
 
-# Everything before `captured`: 10 pointers, 4x3 int64 strides, the page-table row stride, 13 int32, scale,
-# combine_kernel and its padding.
-_PACK_DECODE_HEAD = struct.Struct("<10Q12qq13ifi4x")
-assert _PACK_DECODE_HEAD.size == AttngenDecodeArgs.captured.offset == 248
-assert _PACK_DECODE_HEAD.size + _PACK_TAIL.size == ctypes.sizeof(AttngenDecodeArgs) == 760
+# Everything before `captured`: 10 pointers, 4x3 int64 strides, the page-table row stride, 13 int32, scale.
+_PACK_DECODE_HEAD = struct.Struct("<10Q12qq13if")
+assert _PACK_DECODE_HEAD.size == AttngenDecodeArgs.captured.offset == 240
+assert _PACK_DECODE_HEAD.size + _PACK_TAIL.size == ctypes.sizeof(AttngenDecodeArgs) == 752
 _HEAD_FIELDS = [(name, getattr(t, "_length_", 0)) for name, t in AttngenDecodeArgs._fields_[:-1]]  # (name, array length)
 
 
@@ -165,7 +158,7 @@ def decode(lib: DecodeLibrary, q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         o_stride=out.stride(), page_table_stride=page_table.stride(0) if paged else 0, B=B, Hq=Hq, Hkv=Hkv, Lq=Lq,
         D=D, seqlen_default=seqlen_default, kv_extra=kv_extra, page_size=page_size, num_splits=num_splits,
         heads_per_cta=heads, capacity=capacity, num_pages=k_cache.shape[0] if paged else 0,
-        cache_rows=0 if paged else k_cache.shape[0], scale=float(scale), combine_kernel=int(COMBINE_KERNEL)))
+        cache_rows=0 if paged else k_cache.shape[0], scale=float(scale)))
     record = None
     if lib.debug_slot is not None and captured and len(captured) == lib.debug_slot \
             and not torch.cuda.is_current_stream_capturing():  # the record is a host copy and a sync

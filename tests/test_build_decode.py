@@ -102,7 +102,7 @@ def test_packed_arguments_land_in_their_ctypes_fields():
         values[name] = tuple(range(nxt, nxt + n)) if n else nxt
         nxt += max(n, 1)
     values["scale"] = 0.5
-    args = AttngenDecodeArgs.from_buffer_copy(pack_head(values) + bytes(ctypes.sizeof(AttngenDecodeArgs) - 248))
+    args = AttngenDecodeArgs.from_buffer_copy(pack_head(values) + bytes(ctypes.sizeof(AttngenDecodeArgs) - 240))
     for name, n in _HEAD_FIELDS:
         got = tuple(getattr(args, name)) if n else getattr(args, name)
         assert got == values[name], name

@@ -5,16 +5,15 @@
 
 #include "attngen_common.cuh"
 
-#define ATTNGEN_DECODE_ABI_VERSION 3
+#define ATTNGEN_DECODE_ABI_VERSION 2
 
 // Sequence b attends with q_idx = s_b + row (row < Lq) to cache positions 0 .. s_b + kv_extra - 1, where s_b is
 // seqlens[b] (seqlen_default when seqlens is NULL). Position p of sequence b lives in the contiguous cache at
 // (cache row cache_batch_idx[b] (or b), kv head, p), or paged at (page_table[b * page_table_stride + p / page_size],
 // kv head, p % page_size). With num_splits > 1 every split writes its O (normalised, fp32) and LSE into the
-// partial workspaces, and the last CTA of each row group to finish merges them into o / lse (or, where
-// attngen_decode has no counters for the launch or combine_kernel is set, its combine kernel does).
+// partial workspaces and attngen_decode's combine kernel merges them into o / lse.
 //
-// Layout (x86-64 / aarch64, natural alignment):
+// Layout (x86-64 / aarch64, natural alignment, no padding):
 //   offset   0  q, k_cache, v_cache, o, lse      5 pointers
 //   offset  40  o_partial, lse_partial            2 pointers   fp32 workspaces (num_splits > 1), decode.py's
 //   offset  56  seqlens, cache_batch_idx,         3 pointers   int32, each may be NULL
@@ -26,9 +25,8 @@
 //               page_size, num_splits, heads_per_cta
 //   offset 224  capacity, num_pages, cache_rows   3 int32      bounds the kernel clamps to
 //   offset 236  scale (float32)
-//   offset 240  combine_kernel                    int32, then 4 bytes of padding
-//   offset 248  captured                          CapturedArgs (512 bytes)
-//   size   760
+//   offset 240  captured                          CapturedArgs (512 bytes)
+//   size   752
 struct AttngenDecodeArgs {
   const void* q;              // (B, Hq, Lq, D), last dim contiguous
   const void* k_cache;        // (B_cache, Hkv, L_max, D) or (num_pages, Hkv, page_size, D)
@@ -57,14 +55,13 @@ struct AttngenDecodeArgs {
   int num_pages;              // k_cache.shape[0] of a paged cache
   int cache_rows;             // k_cache.shape[0] of a contiguous cache
   float scale;
-  int combine_kernel;         // 1: merge the splits with the combine kernel (tests compare both ways)
   CapturedArgs captured;
 };
 
 #if defined(__cplusplus) && !defined(__CUDACC_RTC__)
-static_assert(sizeof(AttngenDecodeArgs) == 760, "AttngenDecodeArgs layout is part of the C ABI");
+static_assert(sizeof(AttngenDecodeArgs) == 752, "AttngenDecodeArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenDecodeArgs, q_stride) == 80, "AttngenDecodeArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenDecodeArgs, B) == 184, "AttngenDecodeArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenDecodeArgs, scale) == 236, "AttngenDecodeArgs layout is part of the C ABI");
-static_assert(__builtin_offsetof(AttngenDecodeArgs, captured) == 248, "AttngenDecodeArgs layout is part of the C ABI");
+static_assert(__builtin_offsetof(AttngenDecodeArgs, captured) == 240, "AttngenDecodeArgs layout is part of the C ABI");
 #endif

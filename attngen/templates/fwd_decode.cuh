@@ -8,8 +8,7 @@
 // otherwise (a page table with any page size). S = Q K^T and O += P V on mma.sync m16n8k16, the
 // variant's score_mod / mask_mod and block skipping as in the forward kernels, with per-sequence lengths. A CTA
 // walks its split's share of the derived kv range; with several splits each writes its normalised O and LSE in
-// fp32 and the last CTA of its row group to finish merges the group's splits by LSE (a global counter per group,
-// launch_counters.cuh), or, where the launch has no counters, a combine kernel does.
+// fp32 and a combine kernel merges them by LSE.
 // Configuration (Elem, D, BQ, BK, NWARPS, STAGES, MIN_BLOCKS, kDtypeCode, kArch) and variant.inc come from the
 // including attngen_fwd.cu (templates/attngen_fwd.cu.j2).
 #pragma once
@@ -22,7 +21,6 @@
 #include "softmax.cuh"
 #include "epilogue.cuh"
 #include "host_abi_common.cuh"
-#include "launch_counters.cuh"
 
 #ifndef ATTNGEN_NUM_SUMMARIES
 #define ATTNGEN_NUM_SUMMARIES 0  // hand-written variant.inc files (tests/data) that predate the decode kernel
@@ -67,18 +65,6 @@ static_assert(CHUNKS_PER_ROW % 8 == 0, "the K/V swizzle permutes chunks within 1
 static_assert(MERGE_BYTES <= 2 * STAGES * KV_TILE * 2, "the merge buffers fit in the K/V ring");
 static_assert((BQ * CHUNKS_PER_ROW) % NTHREADS == 0 && (BQ * D) % NTHREADS == 0, "whole passes over Q and O");
 static_assert(attngen_head_dim_supported(D), "head dim: one of ATTNGEN_HEAD_DIMS");
-
-// The in-kernel merge of the splits: one arrival counter per row group (b, blockIdx.y) of a launch. The split
-// count rule splits only grids short of one wave, so few groups; a launch with more takes the combine kernel.
-constexpr int GROUP_COUNTERS = 1024;
-constexpr int GROUP_COUNTER_SLOTS = 128;  // launches that may run at once (streams, captured graphs): 512 KiB
-static __device__ unsigned int g_group_counters[GROUP_COUNTER_SLOTS][GROUP_COUNTERS];
-// The merging CTA's split weights, [split][W_PITCH] (a split's rows padded: a warp reads one row over splits), in
-// the K/V ring.
-constexpr int W_PITCH = BQ + 1;
-constexpr int MERGE_MAX_SPLITS = 2 * STAGES * KV_TILE * 2 / (W_PITCH * 4);
-constexpr int MERGE_BATCH = 16;  // loads in flight per thread
-constexpr int QUADS = D / 4;     // float4 column quads of a row
 
 // One CTA's sequence: its lengths and where its cache rows live.
 struct Sequence {
@@ -281,95 +267,7 @@ ATTNGEN_DEV_INLINE void score_packed(float (&s)[1][NT_S][4], float scale, const 
   }
 }
 
-// The last CTA of a row group: every split's O and LSE of its packed rows 0 .. nreal - 1 merged by LSE into o and
-// lse, as attngen_decode_combine does. Latency first: every split's LSE of the rows is read in one pass into sW
-// (the idle K/V ring), a warp per row turns them into normalised weights, then each thread sums one column quad of a
-// row over its part of the splits, MERGE_BATCH loads in flight (at Lq = 1 few rows are real: the threads of a quad
-// share its splits and meet by shuffles). Partials come through L2 (__ldcg): other SMs wrote them.
-ATTNGEN_DEV_INLINE void merge_splits(const AttngenDecodeArgs& a, float* sW, int b, int h0, int row0, int nreal) {
-  const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  const int hp = a.heads_per_cta;
-  const int ns = a.num_splits;
-  const long long rows = (long long)a.B * a.Hq * a.Lq;
-  auto lrow_of = [&](int r) { return ((long long)b * a.Hq + h0 + r % hp) * a.Lq + row0 + r / hp; };
-  const int n = ns * BQ;
-  for (int i0 = 0; i0 < n; i0 += NTHREADS * MERGE_BATCH) {
-    float x[MERGE_BATCH];
-#pragma unroll
-    for (int k = 0; k < MERGE_BATCH; ++k) {
-      const int i = i0 + k * NTHREADS + tid;
-      const int r = i % BQ;
-      x[k] = i < n && r < nreal ? __ldcg(a.lse_partial + (i / BQ) * rows + lrow_of(r)) : -INFINITY;
-    }
-#pragma unroll
-    for (int k = 0; k < MERGE_BATCH; ++k) {
-      const int i = i0 + k * NTHREADS + tid;
-      if (i < n) sW[(i / BQ) * W_PITCH + i % BQ] = x[k];
-    }
-  }
-  __syncthreads();
-  for (int r = tid >> 5; r < nreal; r += NWARPS) {
-    float mx = -INFINITY;
-    for (int s = lane; s < ns; s += 32) mx = fmaxf(mx, sW[s * W_PITCH + r]);
-#pragma unroll
-    for (int m = 16; m >= 1; m >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, m));
-    const float base = mx == -INFINITY ? 0.f : mx;  // nothing kept: every weight is 0
-    float total = 0.f;
-    for (int s = lane; s < ns; s += 32) total += expf(sW[s * W_PITCH + r] - base);
-#pragma unroll
-    for (int m = 16; m >= 1; m >>= 1) total += __shfl_xor_sync(0xffffffffu, total, m);
-    const float inv = total > 0.f ? 1.f / total : 0.f;
-    for (int s = lane; s < ns; s += 32) sW[s * W_PITCH + r] = expf(sW[s * W_PITCH + r] - base) * inv;
-    if (lane == 0 && a.lse != nullptr) a.lse[lrow_of(r)] = total > 0.f ? base + logf(total) : -INFINITY;
-  }
-  __syncthreads();
-  const int items = nreal * QUADS;
-  int part_bits = 0;  // 2^part_bits adjacent lanes share an item's splits
-  while (part_bits < 5 && (items << (part_bits + 1)) <= NTHREADS) ++part_bits;
-  const int parts = 1 << part_bits;
-  for (int i0 = 0; i0 < (items << part_bits); i0 += NTHREADS) {  // uniform trip count: the shuffles below
-    const int item = (i0 + tid) >> part_bits;
-    const int part = (i0 + tid) & (parts - 1);
-    const int r = item / QUADS;
-    const int c = (item % QUADS) * 4;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (item < items) {
-      const float* src = a.o_partial + lrow_of(r) * D + c;  // split s at src[s * rows * D]
-      for (int s0 = part; s0 < ns; s0 += parts * MERGE_BATCH) {
-        float4 v[MERGE_BATCH];
-#pragma unroll
-        for (int k = 0; k < MERGE_BATCH; ++k) {
-          const int s = s0 + k * parts;
-          v[k] = s < ns ? __ldcg(reinterpret_cast<const float4*>(src + s * rows * D)) : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int k = 0; k < MERGE_BATCH; ++k) {
-          const int s = s0 + k * parts;
-          const float w = s < ns ? sW[s * W_PITCH + r] : 0.f;
-          acc.x = fmaf(w, v[k].x, acc.x);
-          acc.y = fmaf(w, v[k].y, acc.y);
-          acc.z = fmaf(w, v[k].z, acc.z);
-          acc.w = fmaf(w, v[k].w, acc.w);
-        }
-      }
-    }
-    for (int m = 1; m < parts; m <<= 1) {
-      acc.x += __shfl_xor_sync(0xffffffffu, acc.x, m);
-      acc.y += __shfl_xor_sync(0xffffffffu, acc.y, m);
-      acc.z += __shfl_xor_sync(0xffffffffu, acc.z, m);
-      acc.w += __shfl_xor_sync(0xffffffffu, acc.w, m);
-    }
-    if (item < items && part == 0) {
-      Elem* out = static_cast<Elem*>(a.o) + (long long)b * a.o_stride[0] + (long long)(h0 + r % hp) * a.o_stride[1] +
-                  (long long)(row0 + r / hp) * a.o_stride[2] + c;
-      *reinterpret_cast<uint2*>(out) = make_uint2(pack2<Elem>(acc.x, acc.y), pack2<Elem>(acc.z, acc.w));
-    }
-  }
-}
-
-__global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_decode_kernel(const __grid_constant__ AttngenDecodeArgs a,
-                                                                               unsigned int* group_counters) {
+__global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_decode_kernel(const __grid_constant__ AttngenDecodeArgs a) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const uint32_t sQ = smem_addr(smem_raw);
   const uint32_t sK = sQ + Q_TILE * 2;             // [STAGES][BK][D], swizzled
@@ -562,60 +460,41 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_decode_kernel(co
   const int r = tid / THREADS_PER_ROW;
   const int c0 = (tid % THREADS_PER_ROW) * COLS;
   const int row = chunk_q * nq + r / hp;
-  if (row < a.Lq) {  // every thread reaches the merge's barriers
-    const int h = h0 + r % hp;
-    float mx = -INFINITY;
+  if (row >= a.Lq) return;
+  const int h = h0 + r % hp;
+  float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < NWARPS; ++w) mx = fmaxf(mx, sM[w * BQ + r]);
-    const float m_sub = mx == -INFINITY ? 0.f : mx;
-    float f[NWARPS], sum = 0.f;
+  for (int w = 0; w < NWARPS; ++w) mx = fmaxf(mx, sM[w * BQ + r]);
+  const float m_sub = mx == -INFINITY ? 0.f : mx;
+  float f[NWARPS], sum = 0.f;
+#pragma unroll
+  for (int w = 0; w < NWARPS; ++w) {
+    f[w] = fast_exp2(sM[w * BQ + r] - m_sub);
+    sum = fmaf(sL[w * BQ + r], f[w], sum);
+  }
+  const float inv = inv_or_zero(sum);
+  const float lse = row_lse(mx, 1.f, sum);
+  const long long lrow = ((long long)b * a.Hq + h) * a.Lq + row;
+  const long long rows = (long long)a.B * a.Hq * a.Lq;
+  float* part = a.num_splits > 1 ? a.o_partial + ((long long)split * rows + lrow) * D + c0 : nullptr;
+  Elem* out = static_cast<Elem*>(a.o) + (long long)b * a.o_stride[0] + (long long)h * a.o_stride[1] +
+              (long long)row * a.o_stride[2] + c0;
+#pragma unroll
+  for (int c = 0; c < COLS; c += 2) {
+    float x0 = 0.f, x1 = 0.f;
 #pragma unroll
     for (int w = 0; w < NWARPS; ++w) {
-      f[w] = fast_exp2(sM[w * BQ + r] - m_sub);
-      sum = fmaf(sL[w * BQ + r], f[w], sum);
+      const float2 v = *reinterpret_cast<const float2*>(sO + (w * BQ + r) * D + c0 + c);
+      x0 = fmaf(v.x, f[w], x0);
+      x1 = fmaf(v.y, f[w], x1);
     }
-    const float inv = inv_or_zero(sum);
-    const float lse = row_lse(mx, 1.f, sum);
-    const long long lrow = ((long long)b * a.Hq + h) * a.Lq + row;
-    const long long rows = (long long)a.B * a.Hq * a.Lq;
-    float* part = a.num_splits > 1 ? a.o_partial + ((long long)split * rows + lrow) * D + c0 : nullptr;
-    Elem* out = static_cast<Elem*>(a.o) + (long long)b * a.o_stride[0] + (long long)h * a.o_stride[1] +
-                (long long)row * a.o_stride[2] + c0;
-#pragma unroll
-    for (int c = 0; c < COLS; c += 2) {
-      float x0 = 0.f, x1 = 0.f;
-#pragma unroll
-      for (int w = 0; w < NWARPS; ++w) {
-        const float2 v = *reinterpret_cast<const float2*>(sO + (w * BQ + r) * D + c0 + c);
-        x0 = fmaf(v.x, f[w], x0);
-        x1 = fmaf(v.y, f[w], x1);
-      }
-      if (part != nullptr) *reinterpret_cast<float2*>(part + c) = make_float2(x0 * inv, x1 * inv);
-      else *reinterpret_cast<uint32_t*>(out + c) = pack2<Elem>(x0 * inv, x1 * inv);
-    }
-    if (c0 == 0) {
-      if (part != nullptr) a.lse_partial[(long long)split * rows + lrow] = lse;
-      else if (a.lse != nullptr) a.lse[lrow] = lse;
-    }
+    if (part != nullptr) *reinterpret_cast<float2*>(part + c) = make_float2(x0 * inv, x1 * inv);
+    else *reinterpret_cast<uint32_t*>(out + c) = pack2<Elem>(x0 * inv, x1 * inv);
   }
-  if (group_counters == nullptr) return;  // one split, or the combine kernel merges
-
-  // The group's last CTA to count itself merges its splits: each CTA's partials are fenced before it counts, and
-  // the last one fences after it counts, before its threads read them.
-  __threadfence();
-  __syncthreads();
-  unsigned int* counter = group_counters + (blockIdx.z * gridDim.y + blockIdx.y);
-  bool last = false;
-  if (tid == 0) {
-    last = atomicAdd(counter, 1u) == (unsigned)a.num_splits - 1;
-    if (last) {
-      __threadfence();
-      atomicExch(counter, 0u);  // zero for the slot's next launch
-    }
+  if (c0 == 0) {
+    if (part != nullptr) a.lse_partial[(long long)split * rows + lrow] = lse;
+    else if (a.lse != nullptr) a.lse[lrow] = lse;
   }
-  if (!__syncthreads_or(last)) return;
-  merge_splits(a, reinterpret_cast<float*>(smem_raw + Q_TILE * 2), b, h0, chunk_q * nq,
-               min(BQ, hp * (a.Lq - chunk_q * nq)));
 }
 
 // The splits of each output row merged by LSE: one CTA per (b, h, row). Warp w takes splits w, w + COMBINE_WARPS,
@@ -726,12 +605,6 @@ extern "C" ATTNGEN_EXPORT int attngen_decode_heads_per_cta(int group) {
   return n;
 }
 
-// The group counters of a launch on `stream` of the current device `dev`, or nullptr (the combine kernel merges).
-static unsigned int* group_counters_for_launch(int dev, cudaStream_t stream) {
-  static CounterTable<GROUP_COUNTER_SLOTS> table;
-  return counter_slot_for_launch(table, g_group_counters, dev, stream);
-}
-
 extern "C" ATTNGEN_EXPORT int attngen_decode(const AttngenDecodeArgs* a, void* stream_ptr) {
   if (a == nullptr) return (int)cudaErrorInvalidValue;
   if (a->D != D || a->B < 0 || a->Hq < 0 || a->Lq < 0 || a->num_splits < 1 || a->Hkv <= 0 || a->Hq % a->Hkv != 0)
@@ -760,12 +633,9 @@ extern "C" ATTNGEN_EXPORT int attngen_decode(const AttngenDecodeArgs* a, void* s
   if (err != cudaSuccess) return (int)err;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const dim3 grid((unsigned)a->num_splits, (unsigned)y, (unsigned)a->B);
-  unsigned int* counters = nullptr;  // the splits merged in the kernel: one launch
-  if (a->num_splits > 1 && a->num_splits <= MERGE_MAX_SPLITS && a->B * y <= GROUP_COUNTERS && !a->combine_kernel)
-    counters = group_counters_for_launch(dev, stream);
-  attngen_decode_kernel<<<grid, NTHREADS, SMEM_BYTES, stream>>>(*a, counters);
+  attngen_decode_kernel<<<grid, NTHREADS, SMEM_BYTES, stream>>>(*a);
   err = cudaGetLastError();
-  if (err != cudaSuccess || a->num_splits == 1 || counters != nullptr) return (int)err;
+  if (err != cudaSuccess || a->num_splits == 1) return (int)err;
   attngen_decode_combine<<<(unsigned)rows, COMBINE_WARPS * 32, 0, stream>>>(*a);
   return (int)cudaGetLastError();
 }
