@@ -572,13 +572,14 @@ def check_debug_record(record: torch.Tensor, captured) -> None:
 # --------------------------------------------------------------------------------------------------
 # backward (templates/bwd_sm80.cuh; the ABI of templates/attngen_bwd_abi.cuh and host_abi_bwd.cuh)
 
-BWD_ABI_VERSION = 5  # ATTNGEN_BWD_ABI_VERSION
+BWD_ABI_VERSION = 6  # ATTNGEN_BWD_ABI_VERSION
 # AttngenBwdArgs: 12 pointers, 8x3 int64 strides, 6 int32, float, int32, then CapturedArgs (_PACK_TAIL), then
-# the captured tensors' gradient buffers and the deterministic mode's semaphores (_PACK_BWD_OPTIONS).
+# the captured tensors' gradient buffers, the deterministic mode's semaphores and the work-tile counter
+# (_PACK_BWD_OPTIONS).
 _PACK_BWD_HEAD = struct.Struct("<12Q24q6ifi")
-_PACK_BWD_OPTIONS = struct.Struct(f"<{MAX_CAPTURED}QQ")
+_PACK_BWD_OPTIONS = struct.Struct(f"<{MAX_CAPTURED}QQQ")
 _BWD_ARGS_SIZE = _PACK_BWD_HEAD.size + _PACK_TAIL.size + _PACK_BWD_OPTIONS.size
-assert _PACK_BWD_HEAD.size == 320 and _BWD_ARGS_SIZE == 904
+assert _PACK_BWD_HEAD.size == 320 and _BWD_ARGS_SIZE == 912
 
 
 class BwdKernelLibrary(_Library):
@@ -661,9 +662,13 @@ def backward(
     if B * Hq == 0 or Lq == 0:  # no query keeps anything: zero gradients (the kernels' workspaces would be empty)
         return (dq, dk.zero_(), dv.zero_()) + ((dcaptured,) if captured_grads is not None else ())
     lq_pad = -(-Lq // lib.block_q) * lib.block_q
-    stats = torch.empty((2, B, Hq, lq_pad), dtype=torch.float32, device=q.device)  # lse_log2, delta
+    # lse_log2, delta, then 4 floats whose first holds the work-tile counter (the preprocess zeroes it; the rest
+    # keeps the allocation a multiple of 16 bytes), in one allocation
+    rows = B * Hq * lq_pad
+    stats = torch.empty((2 * rows + 4,), dtype=torch.float32, device=q.device)
     dq_acc = torch.empty((B, Hq, lq_pad, D), dtype=torch.float32, device=q.device)  # layout: the kernel's
-    lse_log2, delta = stats[0], stats[1]
+    lse_log2, delta = stats[:rows], stats[rows:2 * rows]
+    tile_counter = stats.data_ptr() + 8 * rows
     qs, ks, vs, os_, ds = q.stride(), k.stride(), v.stride(), out.stride(), dout.stride()
     head = _PACK_BWD_HEAD.pack(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
@@ -676,7 +681,8 @@ def backward(
     # one turn counter per (b, h, q-block), zeroed: bwd_sm90.cuh's dq_turn
     sem = torch.zeros((B, Hq, lq_pad // lib.block_q), dtype=torch.int32, device=q.device) if deterministic else None
     options = _PACK_BWD_OPTIONS.pack(*[0 if g is None else g.data_ptr() for g in dcaptured],
-                                     *[0] * (MAX_CAPTURED - len(dcaptured)), 0 if sem is None else sem.data_ptr())
+                                     *[0] * (MAX_CAPTURED - len(dcaptured)), 0 if sem is None else sem.data_ptr(),
+                                     tile_counter)
     rc = call_on(dev, lib._bwd, head + tail + options)
     if rc != 0:
         raise launch_failed(lib, "attention backward kernel", rc,

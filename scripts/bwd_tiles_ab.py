@@ -1,6 +1,6 @@
 """The sm90 backward at other tile settings than jit/tiles.py's, side by side in one process: forward + backward
 steps (bench_training.py's) of each variant at each setting (--set: fields of jit.tiles.Sm90BwdTiles, e.g.
-`stages=3` for the Q / dO ring, `walk_shift=2` for the rotated walk; one setting per argument,
+`stages=3` for the Q / dO ring, `walk_shift=2` for the rotated walk, `persistent=0`; one setting per argument,
 fields joined by commas; `ladder` for the shipped ladder, whose first rung without spills a build takes),
 interleaved rounds of triton's do_bench, the median; gradients compared with the first setting's. Shared
 memory allows 3 stages at head dim 128 (the staged dQ still fitting beside them, sm90_bwd_layout.cuh). Needs a GPU.

@@ -141,6 +141,9 @@ class Sm90BwdTiles:
     # kv-block j starts its walk (walk_shift * j) % n q-blocks into its range of n and wraps around, so that the
     # kv blocks sharing one range (a document's) do not add into the same dQ tiles in step (0: no rotation)
     walk_shift: int = 0
+    # one CTA per SM taking kv blocks from a counter in launch order, the next block's K and V loading under this
+    # one's dK / dV stores (False: a CTA per kv block; deterministic mode always launches that way)
+    persistent: bool = True
 
     def __post_init__(self):
         if not 0 <= self.walk_shift <= 1024:
@@ -150,14 +153,15 @@ class Sm90BwdTiles:
     def smem_bytes(self, head_dim: int) -> int:
         """K, V; the Q / dO ring; two dS^T buffers; the row statistics per stage; mbarriers; the consumers' staged
         dQ (64 rows of a split of the head dim each, sm90_bwd_layout.cuh); alignment slack. Not counted: the
-        consumers' slots (32 bytes) and a variant's gradient bins (up to 26 KB with codegen.GRAD_DIAG_SITES = 3
-        diagonal sites), which the kernel's static_assert checks against the limit at build time."""
+        consumers' slots (32 bytes), the work-tile slots (64), the staged dQ's alignment to 128 bytes and a
+        variant's gradient bins (up to 26 KB with codegen.GRAD_DIAG_SITES = 3 diagonal sites), which the kernel's
+        static_assert checks against the limit at build time."""
         kv = self.block_k * head_dim * 2
         q = self.block_q * head_dim * 2
         consumers = self.block_k // 64
         dq_n = head_dim // consumers if (head_dim // consumers) % 64 == 0 else head_dim
         return 1024 + 2 * kv + 2 * self.stages * q + 2 * self.block_k * self.block_q * 2 \
-            + self.stages * 2 * self.block_q * 4 + 8 * (1 + 2 * self.stages + 3 * consumers) \
+            + self.stages * 2 * self.block_q * 4 + 8 * (3 + 2 * self.stages + 3 * consumers) \
             + consumers * 64 * dq_n * 4
 
 
@@ -170,7 +174,8 @@ def sm90_bwd_ladder(head_dim: int) -> tuple:
     """The settings an sm90 backward build tries, best first: the spec builds the first that ptxas compiles
     without spills, else the one that spills least. Heavy masks spill in both roles (the producer's walk calls the
     tile classifier, the consumers evaluate mask_mod); the second rung moves registers to the producer (NATTEN-2D
-    at head dim 128: 2156 -> 1164 spilled bytes; a union of five parts: 80 -> 1008, so it keeps the first)."""
+    at head dim 128, a CTA per kv block: 2156 -> 1164 spilled bytes; a union of five parts: 80 -> 1008, so it keeps
+    the first). The training anchors build clean at the first at head dims 64 and 128 (scripts/bwd_ladder_spills.py)."""
     if head_dim not in SM90_BWD_TILES:
         raise BuildError(f"the sm90 backward has no tiles for head dim {head_dim}: expected one of "
                          f"{sorted(SM90_BWD_TILES)}; use kernel='sm80_bwd'")

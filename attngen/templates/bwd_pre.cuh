@@ -43,7 +43,7 @@ static_assert(D % 8 == 0 && PRE_PIECES <= 32, "the preprocess reads a row in at 
 
 // Block `tile` = (b * Hq + h) * nqb + i: the bq rows of q-block i of head (b, h), rows past Lq padding:
 // delta, lse_log2 (+inf for rows with nothing kept and padding), the rows of dQ_acc zeroed (whichever layout the
-// main kernel keeps in a q-block's bq * D floats).
+// main kernel keeps in a q-block's bq * D floats); block 0 also zeroes the work-tile counter.
 __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __grid_constant__ AttngenBwdArgs a,
                                                                       int bq) {
   const int nqb = (a.Lq + bq - 1) / bq;
@@ -52,6 +52,7 @@ __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __gr
   const int i = (int)(tile - bh * nqb);
   const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);
   const int piece = threadIdx.x % PRE_LANES;
+  if (tile == 0 && threadIdx.x == 0 && a.tile_counter != nullptr) *a.tile_counter = 0;
   for (int step = 0; step < bq; step += PRE_ROWS) {  // the same steps for every warp: the shuffles take all lanes
     const int rr = step + (int)threadIdx.x / PRE_LANES;
     const int r = i * bq + rr;
@@ -88,6 +89,7 @@ __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __gr
 inline void launch_bwd_pre(const AttngenBwdArgs& a, int bq, cudaStream_t stream) {
   const long long tiles = (long long)a.B * a.Hq * ((a.Lq + bq - 1) / bq);
   if (tiles > 0) attngen_bwd_pre_kernel<<<(unsigned)tiles, PRE_THREADS, 0, stream>>>(a, bq);
+  else if (a.tile_counter != nullptr) cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);
 }
 
 }  // namespace

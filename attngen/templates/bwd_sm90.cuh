@@ -1,11 +1,13 @@
 // bwd_sm90.cuh: attention backward for sm_90a (Hopper), FlashAttention-3 style, warp specialized, in three
 // launches on one stream: bwd_pre.cuh's preprocess (delta, lse in log2, dQ_acc zeroed), the main kernel,
-// its own postprocess (dQ = dQ_acc * scale, below). A CTA owns kv-block j (BK = 128 rows) of one kv head: grid
-// (ceil(Lk / BK), Hkv, B), low kv blocks first (under causal-like masks they see the most q blocks).
-// Warpgroup 0 is the producer: one thread loads K and V once, then for each q-block the mask does not prove
-// EMPTY (block_range_bwd.cuh, over the query heads that share the kv head) its Q and dO tiles (TMA, 128-byte
-// swizzle) and its row statistics (bulk copies) into a STAGES-deep ring; its warps 1 and 2 are the consumers'
-// dQ writers (write_dq). Warpgroups 1 and 2 each own 64 kv
+// its own postprocess (dQ = dQ_acc * scale, below). A work tile is kv-block j (BK = 128 rows) of one kv head, low kv
+// blocks first (under causal-like masks they see the most q blocks); a CTA per SM takes tiles from a counter in
+// that order and loads the next tile's K and V while it stores this one's dK and dV (PERSISTENT; deterministic mode
+// launches a CTA per tile).
+// Warpgroup 0 loads: a lane of warp 3 names each work tile and loads its K and V (load_kv_tiles); warp 0 walks the
+// q-blocks the mask does not prove EMPTY (block_range_bwd.cuh, over the query heads that share the kv head), its
+// lane 0 loading their Q and dO tiles (TMA, 128-byte swizzle) and row statistics (bulk copies) into a STAGES-deep
+// ring (produce); warps 1 and 2 are the consumers' dQ writers (write_dq). Warpgroups 1 and 2 each own 64 kv
 // rows and, per q-block of BQ = 64 rows, with wgmma:
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory), then in registers P^T and
 //   dS^T = P^T (dP^T - delta) [* d score_mod / d score] (bwd_probs.cuh, one pass);
@@ -14,7 +16,7 @@
 //   for warp 1 + consumer of warpgroup 0 to add to the fp32 dQ_acc with one bulk reduction;
 //   sm90_bwd_layout.cuh says how dQ is split;
 //   the gradients of captured tensors the call asks for summed per tile (bwd_grad_sites.cuh) under dQ's product.
-// dK is scaled once at the end, dQ in the postprocess. Configuration (Elem, D, BQ, BK, STAGES, kDtypeCode,
+// dK is scaled once at a tile's end, dQ in the postprocess. Configuration (Elem, D, BQ, BK, STAGES, kDtypeCode,
 // kArch) and variant.inc come from the including attngen_bwd.cu (templates/attngen_bwd.cu.j2).
 #pragma once
 
@@ -35,17 +37,59 @@ namespace {
 
 using namespace attngen;
 
-// Where one CTA's walk starts: its kv block, kv head, batch, and the query heads [h0, h_end) sharing the kv head.
+// Where one work tile's walk starts: its kv block, kv head, batch, and the query heads [h0, h_end) sharing the kv
+// head.
 struct BwdCta {
   int j, kvh, b, h_end;
   TileArgs t;  // t.h: the walk's first query head
 };
 
-__device__ __forceinline__ BwdCta bwd_cta(const AttngenBwdArgs& a) {
+// Work tiles in launch order: kv block fastest, then kv head, then batch (the CTAs running at once share a head's
+// Q and dO in L2; under causal-like masks the low kv blocks, which walk the most q blocks, come first in a head).
+__host__ __device__ __forceinline__ int num_work_tiles(const AttngenBwdArgs& a) {
+  return (a.Lk + BK - 1) / BK * a.Hkv * a.B;
+}
+
+// Persistent CTAs (one per SM, the tiles after the first from tile_counter) unless the call is deterministic: its
+// turns wait on lower kv blocks, which a CTA per tile in launch order reaches first, and a persistent CTA holding
+// its SM while a lower tile's CTA is not resident could wait for good.
+__host__ __device__ __forceinline__ bool persistent_walks(const AttngenBwdArgs& a) {
+  return PERSISTENT && a.tile_counter != nullptr && a.dq_semaphore == nullptr;
+}
+
+// The tile loader names a work tile to the producer warp and the consumers by its fields in a slot of shared memory
+// (j < 0: no more tiles), so that they do not divide by runtime counts: ptxas hoists such divisions' constants out
+// of the loop over tiles, where the producer's few registers (setmaxnreg) cannot hold them.
+__device__ __forceinline__ void put_tile(int* slot, const BwdCta& c) {
+  volatile int* v = slot;
+  v[0] = c.j;
+  v[1] = c.kvh;
+  v[2] = c.b;
+  v[3] = c.t.h;
+  v[4] = c.h_end;
+}
+
+__device__ __forceinline__ BwdCta take_tile(const AttngenBwdArgs& a, const int* slot) {
+  const volatile int* v = slot;
   BwdCta c;
-  c.j = blockIdx.x;
-  c.kvh = blockIdx.y;
-  c.b = blockIdx.z;
+  c.j = v[0];
+  c.kvh = v[1];
+  c.b = v[2];
+  c.t.h = v[3];
+  c.h_end = v[4];
+  c.t.QLEN = a.Lq;
+  c.t.KVLEN = a.Lk;
+  c.t.QOFF = a.q_offset;
+  c.t.b = c.b;
+  return c;
+}
+
+__device__ __forceinline__ BwdCta bwd_cta(const AttngenBwdArgs& a, int w) {
+  const int nkb = (a.Lk + BK - 1) / BK;
+  BwdCta c;
+  c.j = w % nkb;
+  c.kvh = (w / nkb) % a.Hkv;
+  c.b = w / (nkb * a.Hkv);
   const int group = a.Hq / a.Hkv;  // GQA / MQA: consecutive query heads share a kv head
   c.h_end = (c.kvh + 1) * group;
   c.t.QLEN = a.Lq;
@@ -71,34 +115,84 @@ __device__ __forceinline__ QStep following_q_tile(const AttngenBwdArgs& a, const
 }
 
 // ------------------------------------------------------------------------------------------- producer
-// One thread: K and V once, then Q, dO and the statistics of every visited q-block once its slot is free.
-__device__ __forceinline__ void produce(const AttngenBwdArgs& a, const CUtensorMap& tm_q, const CUtensorMap& tm_do,
-                                        const CUtensorMap& tm_k, const CUtensorMap& tm_v, const BwdSmem& sm) {
-  tma_prefetch_map(&tm_q);
-  tma_prefetch_map(&tm_do);
-  const BwdCta c = bwd_cta(a);
-  mbar_arrive_expect_tx(sm.bar_kv(), 2 * KV_BYTES);
-#pragma unroll
-  for (int db = 0; db < DB; ++db) {
-    tma_load_4d(sm.k() + db * KV_BLOCK_BYTES, &tm_k, sm.bar_kv(), db * 64, c.j * BK, c.kvh, c.b);
-    tma_load_4d(sm.v() + db * KV_BLOCK_BYTES, &tm_v, sm.bar_kv(), db * 64, c.j * BK, c.kvh, c.b);
-  }
-  const int Lq_pad = (a.Lq + BQ - 1) / BQ * BQ;
-  int stage = 0;
-  uint32_t phase = 0;
+// The Q, dO and statistics of one work tile's walk into the ring. Warp 0 runs the walk, every lane alike, so that
+// ptxas can keep its kernel-argument arithmetic in uniform registers (the warpgroup's setmaxnreg leaves 24 per
+// thread); lane 0 issues the copies. ring: the count of the ring's slots filled so far (slot n % STAGES, phase
+// n / STAGES % 2), alike in every lane, so ptxas keeps it in a uniform register (a copy per lane in shared memory
+// took the walk out of uniform registers: vector arithmetic and 24 R2UR per q-block around the copies).
+__device__ __forceinline__ void produce_walk(const AttngenBwdArgs& a, const CUtensorMap& tm_q, const CUtensorMap& tm_do,
+                                             const BwdSmem& sm, const BwdCta& c, bool leader, uint32_t& ring) {
   for (QStep s = first_q_tile(a, c); s.h < c.h_end; s = following_q_tile(a, c, s)) {
-    mbar_wait(sm.empty(stage), phase ^ 1u);
-    const uint32_t full = sm.full(stage);
-    mbar_arrive_expect_tx(full, 2 * Q_BYTES + STATS_BYTES);
+    const uint32_t filled = ring++;
+    const int stage = (int)(filled % STAGES);
+    mbar_wait(sm.empty(stage), ((filled / STAGES) & 1u) ^ 1u);
+    if (leader) {
+      const uint32_t full = sm.full(stage);
+      mbar_arrive_expect_tx(full, 2 * Q_BYTES + STATS_BYTES);
+#pragma unroll
+      for (int db = 0; db < DB; ++db) {
+        tma_load_4d(sm.q(stage) + db * Q_BLOCK_BYTES, &tm_q, full, db * 64, s.i * BQ, s.h, c.b);
+        tma_load_4d(sm.dout(stage) + db * Q_BLOCK_BYTES, &tm_do, full, db * 64, s.i * BQ, s.h, c.b);
+      }
+      const int Lq_pad = (a.Lq + BQ - 1) / BQ * BQ;
+      // (b, h) in 32 bits: B * Hq heads of Lq_pad rows fit no GPU's memory past 2^31
+      const long long row = (long long)(c.b * a.Hq + s.h) * Lq_pad + s.i * BQ;
+      bulk_load_1d(sm.stats(stage), a.lse_log2 + row, BQ * 4, full);
+      bulk_load_1d(sm.stats(stage) + BQ * 4, a.delta + row, BQ * 4, full);
+    }
+  }
+}
+
+// Warp 0: the walks' Q, dO and statistics, tile after tile as the tile loader names them (the ring runs on across
+// tiles).
+__device__ __forceinline__ void produce(const AttngenBwdArgs& a, const CUtensorMap& tm_q, const CUtensorMap& tm_do,
+                                        const BwdSmem& sm, int lane) {
+  const bool leader = lane == 0;
+  if (leader) {
+    tma_prefetch_map(&tm_q);
+    tma_prefetch_map(&tm_do);
+  }
+  uint32_t ring = 0u;
+  for (uint32_t turn = 0;; ++turn) {
+    mbar_wait(sm.tile_full(), turn & 1u);
+    const BwdCta c = take_tile(a, sm.tile(turn & 1u));
+    if (c.j < 0) return;
+    produce_walk(a, tm_q, tm_do, sm, c, leader, ring);
+    __syncwarp();  // every lane has read the slot
+    // this tile's slot read and its tile_full phase waited for, its walk empty or not: without this arrival the
+    // consumers of an empty walk could let the loader publish two tiles before this warp waited for the first
+    if (leader) mbar_arrive(sm.kv_empty());
+  }
+}
+
+// Warp 3's lane, the tile loader: per work tile of the CTA, once the consumers are done with the last tile's K and
+// V and the producer warp with its slot (kv_empty), the tile in its slot (tile_full) and its K and V (bar_kv);
+// after the last, a slot with j = -1 and bar_kv armed without bytes end the walks. After its first tile
+// (blockIdx.x) a persistent CTA takes the next from tile_counter only then, so that no CTA holds a tile while
+// another goes idle at the end.
+__device__ __forceinline__ void load_kv_tiles(const AttngenBwdArgs& a, const CUtensorMap& tm_k, const CUtensorMap& tm_v,
+                                              const BwdSmem& sm) {
+  const int ntiles = num_work_tiles(a);
+  for (uint32_t turn = 0;; ++turn) {
+    int w = blockIdx.x;
+    if (turn > 0) {
+      mbar_wait(sm.kv_empty(), (turn - 1u) & 1u);
+      w = persistent_walks(a) ? atomicAdd(a.tile_counter, 1) + (int)gridDim.x : ntiles;
+    }
+    BwdCta c = bwd_cta(a, w);
+    if (w >= ntiles) c.j = -1;
+    put_tile(sm.tile(turn), c);
+    mbar_arrive(sm.tile_full());
+    if (w >= ntiles) {
+      mbar_arrive(sm.bar_kv());
+      return;
+    }
+    mbar_arrive_expect_tx(sm.bar_kv(), 2 * KV_BYTES);
 #pragma unroll
     for (int db = 0; db < DB; ++db) {
-      tma_load_4d(sm.q(stage) + db * Q_BLOCK_BYTES, &tm_q, full, db * 64, s.i * BQ, s.h, c.b);
-      tma_load_4d(sm.dout(stage) + db * Q_BLOCK_BYTES, &tm_do, full, db * 64, s.i * BQ, s.h, c.b);
+      tma_load_4d(sm.k() + db * KV_BLOCK_BYTES, &tm_k, sm.bar_kv(), db * 64, c.j * BK, c.kvh, c.b);
+      tma_load_4d(sm.v() + db * KV_BLOCK_BYTES, &tm_v, sm.bar_kv(), db * 64, c.j * BK, c.kvh, c.b);
     }
-    const long long row = ((long long)c.b * a.Hq + s.h) * Lq_pad + (long long)s.i * BQ;
-    bulk_load_1d(sm.stats(stage), a.lse_log2 + row, BQ * 4, full);
-    bulk_load_1d(sm.stats(stage) + BQ * 4, a.delta + row, BQ * 4, full);
-    advance(stage, phase);
   }
 }
 
@@ -186,7 +280,10 @@ __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem&
         bulk_commit();
         bulk_wait_all();  // the additions performed before the turn passes on
         asm volatile("fence.proxy.async.global;\n" ::: "memory");
-        asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(sem), "r"(cw == 0 ? turn + 1 : 2 * (blockIdx.x + 1))
+        // consumer 1 passes the turn to the next kv block: 2 (j + 1), j the kv block of the CTA's one work tile
+        // (deterministic mode launches a CTA per tile: turn 0's slot)
+        const int j = static_cast<const volatile int*>(sm.tile(0))[0];
+        asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(sem), "r"(cw == 0 ? turn + 1 : 2 * (j + 1))
                      : "memory");
       } else {
         bulk_reduce_add_f32(dst, buf, DQ_STAGE_BYTES);
@@ -224,10 +321,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
   const int g = lane >> 2;
   const int tig = lane & 3;
   const int r0 = wq * 16 + g;          // this thread's accumulator rows r0, r0 + 8 (of 64)
-  const BwdCta c = bwd_cta(a);
   const CapturedArgs& C = a.captured;
-  TileArgs t = c.t;
-  const int kv0 = c.j * BK + cw * 64 + r0;  // the kv position of this thread's first row
   const float scale = a.scale;
 
   // Descriptors (sm90_wgmma.cuh): K / V rows of this consumer as A (K-major); Q / dO as B of S^T and dP^T
@@ -238,14 +332,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
   const uint64_t desc_kt = DQ_SPLIT_D ? make_smem_desc_sw128(sm.k() + cw * (DQ_N / 64) * KV_BLOCK_BYTES, KV_BLOCK_BYTES, 1024)
                                       : make_smem_desc_sw128(sm.k() + cw * 64 * 128, KV_BLOCK_BYTES, 1024);
 
-  float dk[NKV], dv[NKV];
-#pragma unroll
-  for (int n = 0; n < NKV; ++n) dk[n] = dv[n] = 0.f;
-  HeadCtx hc = head_ctx(C, c.b, t.h);
-  ColCtx cc[1][2];
-  int ctx_h = -1;
   // the captured tensors' gradients this call asks for (bwd_grad_sites.cuh)
-  const int kv_row0 = c.j * BK + cw * 64;  // this consumer's first kv row
   GradSites gs;
 #pragma unroll
   for (int k = 0; k < kGradSites; ++k) {
@@ -260,104 +347,128 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
     named_bar_sync(BAR_BINS + cw, 128);
   }
 
-  mbar_wait(sm.bar_kv(), 0);
-  int stage = 0;
-  uint32_t phase = 0;
-  int n = 0;  // q-blocks done: the dS^T buffer
-  uint32_t dq_phase = 0;  // the parity of the staged dQ's hand-overs
-  for (QStep s = first_q_tile(a, c); s.h < c.h_end; s = following_q_tile(a, c, s), ++n) {
-    if (s.h != ctx_h) {  // a new query head: its HeadCtx and this thread's kv rows' ColCtx
-      ctx_h = s.h;
-      hc = head_ctx(C, c.b, s.h);
+  // q-blocks done over the CTA's tiles: the ring slot (n % STAGES, its phase n / STAGES % 2), the dS^T buffer and the
+  // staged dQ's hand-over parity (n % 2), all from one register
+  uint32_t n = 0;
+  for (int turn = 0;; ++turn) {  // the CTA's work tiles, as the tile loader names them
+    mbar_wait(sm.bar_kv(), (uint32_t)turn & 1u);
+    // the tile's fields, read once: the same in every thread, so ptxas keeps them in uniform registers as it does
+    // the landed kernel's blockIdx (read at each q-block, the shared-memory loads and what follows from them sat
+    // on every step's path)
+    const BwdCta c = take_tile(a, sm.tile(turn));
+    if (c.j < 0) break;
+    float dk[NKV], dv[NKV];
 #pragma unroll
-      for (int rh = 0; rh < 2; ++rh) cc[0][rh] = col_ctx(C, hc, min(kv0 + rh * 8, t.KVLEN - 1));
-    }
-    t.h = s.h;
-    const int q0 = s.i * BQ;
-    // deterministic mode: thread 0 finds this tile's turn before the products hold registers, and keeps it in
-    // shared memory (one register more across the tile spills)
-    if (a.dq_semaphore != nullptr && tid == 0) sm.turn(cw)[0] = dq_turn(C, t, s.i, c.j);
-    const float* lse2 = sm.stats_ptr(stage);
-    const float* delta = lse2 + BQ;
+    for (int x = 0; x < NKV; ++x) dk[x] = dv[x] = 0.f;
+    HeadCtx hc = head_ctx(C, c.b, c.t.h);
+    ColCtx cc[1][2];
+    int ctx_h = -1;
+    for (QStep s = first_q_tile(a, c); s.h < c.h_end; s = following_q_tile(a, c, s), ++n) {
+      TileArgs t = c.t;
+      // j through an opaque copy at each step: kv0 and its clamps, hoisted out of the walk, would hold vector
+      // registers across it (softcap + causal and prefix_lm spill at 240 then)
+      int j = c.j;
+      asm volatile("" : "+r"(j));
+      const int kv0 = j * BK + cw * 64 + r0;  // the kv position of this thread's first row
+      const int kv_row0 = j * BK + cw * 64;  // this consumer's first kv row
+      if (s.h != ctx_h) {  // a new query head: its HeadCtx and this thread's kv rows' ColCtx
+        ctx_h = s.h;
+        hc = head_ctx(C, c.b, s.h);
+#pragma unroll
+        for (int rh = 0; rh < 2; ++rh) cc[0][rh] = col_ctx(C, hc, min(kv0 + rh * 8, t.KVLEN - 1));
+      }
+      t.h = s.h;
+      const int q0 = s.i * BQ;
+      const int stage = (int)(n % STAGES);
+      // deterministic mode: thread 0 finds this tile's turn before the products hold registers, and keeps it in
+      // shared memory (one register more across the tile spills)
+      if (a.dq_semaphore != nullptr && tid == 0) sm.turn(cw)[0] = dq_turn(C, t, s.i, c.j);
+      const float* lse2 = sm.stats_ptr(stage);
+      const float* delta = lse2 + BQ;
 
-    float st[NS], dp[NS];
-    mbar_wait(sm.full(stage), phase);
-    wgmma_fence();
-    wgmma_ss_kmajor<Elem, BQ, KSTEPS_D, KV_BLOCK_BYTES, Q_BLOCK_BYTES>(st, desc_k,
-                                                                     make_smem_desc_sw128(sm.q(stage), 16, 1024));
-    wgmma_commit();
-    wgmma_ss_kmajor<Elem, BQ, KSTEPS_D, KV_BLOCK_BYTES, Q_BLOCK_BYTES>(dp, desc_v,
-                                                                     make_smem_desc_sw128(sm.dout(stage), 16, 1024));
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(st);
-    fence_regs(dp);
+      float st[NS], dp[NS];
+      mbar_wait(sm.full(stage), (n / STAGES) & 1u);
+      wgmma_fence();
+      wgmma_ss_kmajor<Elem, BQ, KSTEPS_D, KV_BLOCK_BYTES, Q_BLOCK_BYTES>(st, desc_k,
+                                                                       make_smem_desc_sw128(sm.q(stage), 16, 1024));
+      wgmma_commit();
+      wgmma_ss_kmajor<Elem, BQ, KSTEPS_D, KV_BLOCK_BYTES, Q_BLOCK_BYTES>(dp, desc_v,
+                                                                       make_smem_desc_sw128(sm.dout(stage), 16, 1024));
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(st);
+      fence_regs(dp);
 
-    // P^T into st, dS^T into dp: mask_mod only where the tile is not known FULL, bounds on tiles past either end
-    const bool masked = q_tile_masked<BQ, BK>(C, t, s, c.j);
-    const bool bounds = q0 + BQ > t.QLEN || (c.j + 1) * BK > t.KVLEN;
-    gs.bins = grad_sites_lane_bins(sm.bins(cw, n & 1), lane, wq);
-    GradSites* const sites = kGradSites > 0 ? &gs : nullptr;
-    if (masked) {
-      if (bounds) probs_t<true, true, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
-      else probs_t<true, false, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
-    } else {
-      if (bounds) probs_t<false, true, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
-      else probs_t<false, false, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
-    }
-    uint32_t pa[KSTEPS_Q][4], da[KSTEPS_Q][4];
-    pack_a_frags<Elem, BQ>(st, pa);
-    pack_a_frags<Elem, BQ>(dp, da);
-    const uint32_t ds = sm.ds(n & 1);
-    store_ds(ds, da, cw * 64 + r0, tig);
+      // P^T into st, dS^T into dp: mask_mod only where the tile is not known FULL, bounds on tiles past either end
+      const bool masked = q_tile_masked<BQ, BK>(C, t, s, c.j);
+      const bool bounds = q0 + BQ > t.QLEN || (c.j + 1) * BK > t.KVLEN;
+      gs.bins = grad_sites_lane_bins(sm.bins(cw, n & 1), lane, wq);
+      GradSites* const sites = kGradSites > 0 ? &gs : nullptr;
+      if (masked) {
+        if (bounds) probs_t<true, true, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
+        else probs_t<true, false, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
+      } else {
+        if (bounds) probs_t<false, true, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
+        else probs_t<false, false, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
+      }
+      uint32_t pa[KSTEPS_Q][4], da[KSTEPS_Q][4];
+      pack_a_frags<Elem, BQ>(st, pa);
+      pack_a_frags<Elem, BQ>(dp, da);
+      const uint32_t ds = sm.ds(n & 1);
+      store_ds(ds, da, cw * 64 + r0, tig);
 
-    // dV += P^T dO, dK += dS^T Q
-    wgmma_fence();
-    wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dv, pa, make_smem_desc_sw128(sm.dout(stage), Q_BLOCK_BYTES, 1024));
-    wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dk, da, make_smem_desc_sw128(sm.q(stage), Q_BLOCK_BYTES, 1024));
-    wgmma_commit();
+      // dV += P^T dO, dK += dS^T Q
+      wgmma_fence();
+      wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dv, pa, make_smem_desc_sw128(sm.dout(stage), Q_BLOCK_BYTES, 1024));
+      wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dk, da, make_smem_desc_sw128(sm.q(stage), Q_BLOCK_BYTES, 1024));
+      wgmma_commit();
 
-    // dQ = dS K once the dS^T rows it reads are written (generic stores, read by wgmma: the async proxy)
-    fence_proxy_async_smem();
-    if (DQ_SPLIT_D) named_bar_sync(BAR_DS, 128 * NUM_CONSUMERS);
-    else named_bar_sync(BAR_DS + cw, 128);
-    float dq[NDQ];
-    wgmma_fence();
-    wgmma_ss_mnmajor<Elem, DQ_N, DQ_KSTEPS>(dq, make_smem_desc_sw128(ds + dq_ds_off, 1024, 1024), desc_kt);
-    wgmma_commit();
-    // the tile's gradient sums out under the products (every thread of the consumer has added its elements)
-    if (kGradSites > 0) {
-      grad_sites_flush_tile(gs, C, hc, t.QOFF + q0, min(kv0, t.KVLEN - 1), lane);
-      if (kGradDiagSites > 0) grad_sites_flush_bins(gs, sm.bins(cw, n & 1), C, hc, t.QOFF + q0, kv_row0, tid);
+      // dQ = dS K once the dS^T rows it reads are written (generic stores, read by wgmma: the async proxy)
+      fence_proxy_async_smem();
+      if (DQ_SPLIT_D) named_bar_sync(BAR_DS, 128 * NUM_CONSUMERS);
+      else named_bar_sync(BAR_DS + cw, 128);
+      float dq[NDQ];
+      wgmma_fence();
+      wgmma_ss_mnmajor<Elem, DQ_N, DQ_KSTEPS>(dq, make_smem_desc_sw128(ds + dq_ds_off, 1024, 1024), desc_kt);
+      wgmma_commit();
+      // the tile's gradient sums out under the products (every thread of the consumer has added its elements)
+      if (kGradSites > 0) {
+        grad_sites_flush_tile(gs, C, hc, t.QOFF + q0, min(kv0, t.KVLEN - 1), lane);
+        if (kGradDiagSites > 0) grad_sites_flush_bins(gs, sm.bins(cw, n & 1), C, hc, t.QOFF + q0, kv_row0, tid);
+      }
+      wgmma_wait<0>();
+      fence_regs(dv);
+      fence_regs(dk);
+      fence_regs(dq);
+      fence_regs(pa);
+      fence_regs(da);
+      // Q, dO and the statistics of this slot are read: each thread releases it, so that compute-sanitizer's
+      // racecheck sees every read of the statistics ordered before the bulk copy that refills the slot (it does not
+      // follow a __syncwarp then one lane's arrival: scripts/racecheck_bulk_probe.cu)
+      mbar_arrive(sm.empty(stage));
+      mbar_wait(sm.dq_empty(cw), (n & 1u) ^ 1u);  // the writer's last reduction has read the buffer
+      stage_dq(sm.dq(cw), dq, tid);
+      if (tid == 0) {
+        sm.dq_tile(cw)[0] = ((long long)c.b * a.Hq + s.h) * ((t.QLEN + BQ - 1) / BQ) + s.i;
+        if (a.dq_semaphore != nullptr) sm.turn(cw)[1] = sm.turn(cw)[0];
+      }
+      fence_proxy_async_smem();  // generic stores, read by the bulk reduction (the async proxy)
+      __syncwarp();
+      if (lane == 0) mbar_arrive(sm.dq_full(cw));
     }
-    wgmma_wait<0>();
-    fence_regs(dv);
-    fence_regs(dk);
-    fence_regs(dq);
-    fence_regs(pa);
-    fence_regs(da);
-    // Q, dO and the statistics of this slot are read: each thread releases it, so that compute-sanitizer's
-    // racecheck sees every read of the statistics ordered before the bulk copy that refills the slot (it does not
-    // follow a __syncwarp then one lane's arrival: scripts/racecheck_bulk_probe.cu)
-    mbar_arrive(sm.empty(stage));
-    mbar_wait(sm.dq_empty(cw), dq_phase ^ 1u);  // the writer's last reduction has read the buffer
-    stage_dq(sm.dq(cw), dq, tid);
-    if (tid == 0) {
-      sm.dq_tile(cw)[0] = ((long long)c.b * a.Hq + s.h) * ((t.QLEN + BQ - 1) / BQ) + s.i;
-      if (a.dq_semaphore != nullptr) sm.turn(cw)[1] = sm.turn(cw)[0];
-    }
-    fence_proxy_async_smem();  // generic stores, read by the bulk reduction (the async proxy)
-    __syncwarp();
-    if (lane == 0) mbar_arrive(sm.dq_full(cw));
-    dq_phase ^= 1u;
-    advance(stage, phase);
+    // every product of the walk has been waited for: K and V are free for the next tile's loads, which run under
+    // these stores
+    mbar_arrive(sm.kv_empty());
+    // the fields again from the slot (the loader names the next tile in the other), so that none is held across the
+    // walk for the stores
+    const BwdCta e = take_tile(a, sm.tile(turn));
+    const int kv_row = e.j * BK + cw * 64 + r0;
+    store_kv_grad(a.dk, a.dk_stride, e.b, e.kvh, kv_row, a.Lk, dk, scale, tig);
+    store_kv_grad(a.dv, a.dv_stride, e.b, e.kvh, kv_row, a.Lk, dv, 1.f, tig);
   }
-  // the walk is over: once the writer has taken the last staged dQ, it stops
-  mbar_wait(sm.dq_empty(cw), dq_phase ^ 1u);
+  // the walks are over: once the writer has taken the last staged dQ, it stops
+  mbar_wait(sm.dq_empty(cw), (n & 1u) ^ 1u);
   if (lane == 0) mbar_arrive(sm.dq_done(cw));
-
-  store_kv_grad(a.dk, a.dk_stride, c.b, c.kvh, c.j * BK + cw * 64 + r0, t.KVLEN, dk, scale, tig);
-  store_kv_grad(a.dv, a.dv_stride, c.b, c.kvh, c.j * BK + cw * 64 + r0, t.KVLEN, dv, 1.f, tig);
 }
 
 __global__ void __launch_bounds__(NTHREADS, 1)
@@ -380,6 +491,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
       mbar_init(sm.dq_empty(cw), 1);  // its writer's lane 0
       mbar_init(sm.dq_done(cw), 4);   // the consumer's warps, once
     }
+    mbar_init(sm.kv_empty(), 128 * NUM_CONSUMERS + 1);  // every consumer thread and lane 0 of the producer warp, per tile
+    mbar_init(sm.tile_full(), 1);                   // the tile loader, once per work tile
     mbar_fence_init();
   }
   __syncthreads();
@@ -392,7 +505,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
       write_dq(a, sm, warp - 1, (int)threadIdx.x & 31);
       return;
     }
-    if (threadIdx.x == 0) produce(a, tm_q, tm_do, tm_k, tm_v, sm);
+    if (warp == 0) produce(a, tm_q, tm_do, sm, (int)threadIdx.x & 31);
+    else if (threadIdx.x == 32 * (NUM_CONSUMERS + 1)) load_kv_tiles(a, tm_k, tm_v, sm);
     return;
   }
   setmaxnreg_inc<CONSUMER_REGS>();
@@ -462,9 +576,9 @@ int launch_bwd(const AttngenBwdArgs& a, cudaStream_t stream) {
       tma_encode_bhld_memo(memo_v, &tm_v, a.v, kDtypeCode, D, a.B, a.Hkv, a.Lk, a.v_stride, BK) != CUDA_SUCCESS)
     return ATTNGEN_ERROR_SM90_TMA_LAYOUT;
   launch_bwd_pre(a, BQ, stream);
-  const int nkb = (a.Lk + BK - 1) / BK;
-  if (nkb > 0) {
-    const dim3 grid((unsigned)nkb, (unsigned)a.Hkv, (unsigned)a.B);
+  const int ntiles = num_work_tiles(a);
+  if (ntiles > 0) {
+    const int grid = persistent_walks(a) ? min(ntiles, sms) : ntiles;
     attngen_bwd_kernel<<<grid, NTHREADS, SMEM_BYTES, stream>>>(a, tm_q, tm_do, tm_k, tm_v);
   }
   const long long qblocks = (long long)a.B * a.Hq * ((a.Lq + BQ - 1) / BQ);

@@ -15,7 +15,7 @@ using namespace attngen;
 constexpr int NUM_CONSUMERS = BK / 64;  // each consumer warpgroup owns 64 kv rows (wgmma M = 64)
 constexpr int NTHREADS = 128 * (1 + NUM_CONSUMERS);
 // setmaxnreg budgets (PRODUCER_REGS, CONSUMER_REGS: the tile configuration's), as in the forward
-// (sm90_layout.cuh): 128 * 24 + 256 * 240 = 64512 = 384 * 168 by default; the build tries more for the producer
+// (sm90_layout.cuh): 128 * 40 + 256 * 232 = 64512 = 384 * 168 by default; the build tries 24 / 240 and 56 / 224
 // when that spills (jit/tiles.py sm90_bwd_ladder).
 
 constexpr int DB = D / 64;                     // 128-byte (64-column) blocks of a row
@@ -49,8 +49,8 @@ constexpr int DQ_CHUNK = DQ_SPLIT_D ? 1 : 0;   // the chunk of consumer cw is DQ
 
 // Shared memory (offsets from a 1024-byte aligned base; tiles are multiples of 1024 bytes, so every 8-row
 // swizzle atom is 1024-aligned as the descriptors' base offset 0 requires):
-//   K | V | Q [STAGES] | dO [STAGES] | dS^T [2] | row statistics [STAGES] | gradient bins | turns | mbarriers
-//   | staged dQ [NUM_CONSUMERS]
+//   K | V | Q [STAGES] | dO [STAGES] | dS^T [2] | row statistics [STAGES] | gradient bins | turns | work-tile
+//   slots [2] | mbarriers | staged dQ [NUM_CONSUMERS]
 // dS^T is double-buffered so that one consumer may write the next q-block's while the other still reads
 // this one's in dQ = dS K. The gradient bins (bwd_grad_sites.cuh; none without diagonal sites) are too, per
 // consumer: a tile's bins are emptied after the barrier that follows it, the next tile fills the other ones.
@@ -63,10 +63,11 @@ constexpr int OFF_STATS = OFF_DS + 2 * DS_BYTES;
 constexpr int OFF_BINS = OFF_STATS + STAGES * STATS_BYTES;
 constexpr int BINS_BYTES = kGradDiagSites * GRAD_SITE_FLOATS * 4;  // one consumer's bins of one tile
 constexpr int OFF_TURN = OFF_BINS + NUM_CONSUMERS * 2 * BINS_BYTES;  // each consumer's turn and dQ slot (16 B)
-constexpr int OFF_BAR = OFF_TURN + 16 * NUM_CONSUMERS;
+constexpr int OFF_TILE = OFF_TURN + 16 * NUM_CONSUMERS;  // the work tile of the CTA's even / odd turns (8 ints each)
+constexpr int OFF_BAR = OFF_TILE + 64;
 // K and V loaded; per stage: Q, dO, statistics loaded / released; per consumer: its staged dQ written / read, its
-// walk over
-constexpr int NUM_MBARS = 1 + 2 * STAGES + 3 * NUM_CONSUMERS;
+// walk over; K and V read for the last time in a work tile; the work tile named
+constexpr int NUM_MBARS = 1 + 2 * STAGES + 3 * NUM_CONSUMERS + 2;
 constexpr int OFF_DQ = (OFF_BAR + NUM_MBARS * 8 + 127) / 128 * 128;  // the consumers' staged dQ
 constexpr int SMEM_BYTES = 1024 /* alignment slack */ + OFF_DQ + NUM_CONSUMERS * DQ_STAGE_BYTES;
 
@@ -81,7 +82,7 @@ static_assert(NUM_CONSUMERS == 2 && BK == 64 * NUM_CONSUMERS, "two consumer warp
 static_assert(STAGES >= 2, "Q / dO of the next q-block load under this one");
 static_assert(DQ_SPLIT_D || D == 64, "dQ split by columns, or by kv rows at D = 64");
 static_assert(STATS_BYTES % 16 == 0 && (BQ * 4) % 16 == 0, "bulk copies move multiples of 16 bytes");
-static_assert(OFF_STATS % 16 == 0 && OFF_TURN % 8 == 0 && OFF_BAR % 8 == 0,
+static_assert(OFF_STATS % 16 == 0 && OFF_TURN % 8 == 0 && OFF_TILE % 8 == 0 && OFF_BAR % 8 == 0,
               "alignment of the statistics, the slots and the mbarriers");
 static_assert(OFF_DQ % 16 == 0 && DQ_STAGE_BYTES % 16 == 0, "bulk reductions read 16-byte aligned sources");
 static_assert(GRAD_ROWS == 64 && GRAD_ROWS + BQ - 1 <= GRAD_BINS, "a diagonal bin per diagonal of a consumer's tile");
@@ -121,6 +122,8 @@ struct BwdSmem {
   __device__ long long* dq_tile(int consumer) const {
     return reinterpret_cast<long long*>(ptr + OFF_TURN) + 2 * consumer + 1;
   }
+  // the work tile of the CTA's n-th turn (n % 2), set by the tile loader before it arrives on tile_full
+  __device__ int* tile(uint32_t n) const { return reinterpret_cast<int*>(ptr + OFF_TILE) + 8 * (n & 1u); }
   __device__ uint32_t bar(int n) const { return base + OFF_BAR + 8u * (uint32_t)n; }
   __device__ uint32_t bar_kv() const { return bar(0); }
   __device__ uint32_t full(int st) const { return bar(1 + st); }
@@ -128,6 +131,8 @@ struct BwdSmem {
   __device__ uint32_t dq_full(int consumer) const { return bar(1 + 2 * STAGES + consumer); }
   __device__ uint32_t dq_empty(int consumer) const { return bar(1 + 2 * STAGES + NUM_CONSUMERS + consumer); }
   __device__ uint32_t dq_done(int consumer) const { return bar(1 + 2 * STAGES + 2 * NUM_CONSUMERS + consumer); }
+  __device__ uint32_t kv_empty() const { return bar(1 + 2 * STAGES + 3 * NUM_CONSUMERS); }
+  __device__ uint32_t tile_full() const { return bar(2 + 2 * STAGES + 3 * NUM_CONSUMERS); }
 };
 
 // Float offset in a tiled dQ_acc q-block of the element at tile row r (< 64), column col.

@@ -66,7 +66,7 @@ CASES += [
     ("softcap_causal", torch.bfloat16, 64, 2, 4, 1, 517, 517, 0),
     ("alibi", torch.bfloat16, 128, 1, 2, 2, 1024, 1024, 0),
     ("document_masked_rows", torch.bfloat16, 64, 1, 4, 4, 512, 512, 0),
-    # more kv blocks than SMs (288 and 192 of them): several waves of CTAs
+    # more kv blocks than SMs (288 and 192 work tiles): the sm90 kernel's persistent CTAs walk several each
     ("causal", torch.bfloat16, 128, 2, 8, 4, 4608, 4608, 0),
     ("alibi", torch.bfloat16, 64, 3, 4, 2, 4096, 4096, 0),
 ]
@@ -161,15 +161,61 @@ def test_backward_matches_float64(case, family):
         assert (dq[:, :, rows] == 0).all(), "fully masked rows must get zero dq"
 
 
+def _sm90_bwd_library(monkeypatch, hd, persistent):
+    """A causal variant's sm90 backward library built with persistent walks on or off (its own cache entry): the
+    spec's ladder (jit/spec.py reads it) patched to the shipped one (jit/tiles.py's) with the setting replaced."""
+    import attngen.jit.spec as spec
+    from dataclasses import replace
+
+    from attngen.jit.tiles import sm90_bwd_ladder
+
+    monkeypatch.setattr(spec, "sm90_bwd_ladder",
+                        lambda d: tuple(replace(t, persistent=persistent) for t in sm90_bwd_ladder(d)))
+    attn = attngen.compile(causal=True)
+    return attn, attn.backward_library(torch.bfloat16, hd, torch.cuda.current_device(), "sm90_bwd")
+
+
+# (B, Hq, Hkv, Lq, Lk): 512 work tiles, about four per SM; then most kv blocks with an empty walk (past the last
+# query under causal) between a few full ones in every head, the CTAs' cheapest tiles one after another
+PERSISTENT_SHAPES = [(4, 8, 2, 8192, 8192), (4, 4, 4, 1024, 8192)]
+
+
+@pytest.mark.requires_sm90
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("shape", PERSISTENT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_persistent_walks_match_a_cta_per_tile(hd, shape, monkeypatch):
+    """The sm90 backward's persistent CTAs (kv blocks from a counter, several per CTA) against a CTA per kv block:
+    dK and dV bit for bit (each element is written once, from the same walk), dQ within its fp32 additions' order."""
+    B, Hq, Hkv, Lq, Lk = shape
+    gen = torch.Generator(device="cpu").manual_seed(hd)
+    q, do = (torch.randn(B, Hq, Lq, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(B, Hkv, Lk, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
+    grads, paths = {}, set()
+    for persistent in (True, False):
+        attn, lib = _sm90_bwd_library(monkeypatch, hd, persistent)
+        paths.add(lib.path)
+        out, lse = attn(q, k, v, return_lse=True)
+        poison_allocator(64 << 20)
+        grads[persistent] = attngen.launch.backward(lib, q, k, v, out, do, lse, params=attn._param_fields())
+        torch.cuda.synchronize()
+    assert len(paths) == 2, "both settings loaded one library"
+    (dq, dk, dv), (dq1, dk1, dv1) = grads[True], grads[False]
+    assert torch.equal(dk, dk1) and torch.equal(dv, dv1)
+    assert torch.isfinite(dq).all()
+    assert (dq.float() - dq1.float()).abs().max().item() <= 2 ** -7 * dq1.float().abs().max().item()
+    if Lq < Lk:  # kv blocks past the last query: nothing kept, zero gradients
+        assert (dk[:, :, Lq:] == 0).all() and (dv[:, :, Lq:] == 0).all()
+
+
 @pytest.mark.requires_sm90
 def test_no_queries_give_zero_kv_gradients():
     """Lq = 0: nothing is kept, so dK and dV are zeros (launch.backward returns them without a launch: the kernel's
     statistics and dQ workspaces would be empty, and the C entry point refuses their null pointers); poisoned
     memory first, so the zeros are written, not found."""
-    attn = attngen.compile(causal=True)
-    lib = attn.backward_library(torch.bfloat16, 128, torch.cuda.current_device(), "sm90_bwd")
     k, v = (torch.randn(2, 2, 300, 128, device=DEV, dtype=torch.bfloat16) for _ in range(2))
     q = torch.empty(2, 4, 0, 128, device=DEV, dtype=torch.bfloat16)
+    attn = attngen.compile(causal=True)
+    lib = attn.backward_library(torch.bfloat16, 128, torch.cuda.current_device(), "sm90_bwd")
     poison_allocator(64 << 20)
     dq, dk, dv = attngen.launch.backward(lib, q, k, v, torch.empty_like(q), torch.empty_like(q),
                                          torch.empty(2, 4, 0, device=DEV), params=attn._param_fields())
