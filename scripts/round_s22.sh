@@ -12,6 +12,8 @@
 #    tile's fields once per work tile and the producer's ring count in a register (session 22): the small cases, then
 #    bwd_tiles_ab.py on it (a CTA per kv block, then persistent), then the landed kernel the same way in a second
 #    process (the tree as committed, copied before the patch is applied), then the backward suites.
+# E: the persistent backward as landed: memcheck and racecheck over the backward's small cases, then the training
+#    anchors beside flex and cuDNN (issue 11's bar: 1.3x flex, 1.0x cuDNN on causal and full).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -40,5 +42,12 @@ case "$1" in
       scripts/bwd_tiles_ab.py --variants causal sliding_window document full --set ladder) 2>&1 \
       | tee "$R/bwd_tiles_ab_landed.log" | grep -E "TFLOP|grad"
     run_tests bwd 170 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_autograd_gpu.py
+    pack_results ;;
+  E)
+    smoke_backward 90 || { pack_results; exit 0; }
+    sanitize_backward memcheck 90
+    sanitize_backward racecheck 75
+    timeout 200 python benchmarks/bench_training.py --variants sliding_window document full causal --out "$R" 2>&1 \
+      | tee "$R/training.log" | grep -E "^\||rror"
     pack_results ;;
 esac
