@@ -14,6 +14,7 @@
 #    process (the tree as committed, copied before the patch is applied), then the backward suites.
 # E: the persistent backward as landed: memcheck and racecheck over the backward's small cases, then the training
 #    anchors beside flex and cuDNN (issue 11's bar: 1.3x flex, 1.0x cuDNN on causal and full).
+# F: the other three training anchors on the persistent backward.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -48,6 +49,10 @@ case "$1" in
     sanitize_backward memcheck 90
     sanitize_backward racecheck 75
     timeout 200 python benchmarks/bench_training.py --variants sliding_window document full causal --out "$R" 2>&1 \
+      | tee "$R/training.log" | grep -E "^\||rror"
+    pack_results ;;
+  F)
+    timeout 190 python benchmarks/bench_training.py --variants softcap_causal alibi_causal prefix_lm --out "$R" 2>&1 \
       | tee "$R/training.log" | grep -E "^\||rror"
     pack_results ;;
 esac
