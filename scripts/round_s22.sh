@@ -14,7 +14,7 @@
 #    process (the tree as committed, copied before the patch is applied), then the backward suites.
 # E: the persistent backward as landed: memcheck and racecheck over the backward's small cases, then the training
 #    anchors beside flex and cuDNN (issue 11's bar: 1.3x flex, 1.0x cuDNN on causal and full).
-# F: the other three training anchors on the persistent backward.
+# F: the other three training anchors on the persistent backward (did not run: too little device time was left).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
