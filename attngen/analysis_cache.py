@@ -50,27 +50,14 @@ class VariantFacts:
 
     @classmethod
     def of(cls, traced, predicates) -> "VariantFacts":
+        from .predicates import is_half_plane
         from .symbols import B
 
         return cls(traced.canonical(), traced.has_mask, traced.has_score_mod, tuple(traced.captured),
                    tuple(predicates.summaries), tuple(traced.params),
                    B in (traced.score.free_symbols | traced.mask.free_symbols),
-                   _is_half_plane(traced.mask, {p.symbol for p in traced.params}))
+                   is_half_plane(traced.mask, {p.symbol for p in traced.params}))
 
-
-def _is_half_plane(mask, params: set) -> bool:
-    """True when ``mask`` is one inequality between expressions linear in q_idx, kv_idx and the runtime parameters
-    ``params`` (their symbols): a tile holds at most one edge of it, and its partial tiles cost one comparison per
-    element."""
-    import sympy
-
-    from .symbols import KV, Q
-
-    if not isinstance(mask, (sympy.GreaterThan, sympy.StrictGreaterThan, sympy.LessThan, sympy.StrictLessThan)):
-        return False
-    diff = mask.lhs - mask.rhs
-    gens = (Q, KV, *sorted(params, key=str))
-    return diff.free_symbols <= set(gens) and diff.is_polynomial(*gens) and sympy.Poly(diff, *gens).total_degree() <= 1
 
 
 def variant_facts(variant) -> Tuple[VariantFacts, Optional[tuple]]:

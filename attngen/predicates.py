@@ -727,6 +727,18 @@ def _both_bounds(t, box, summ):
 # tile_any: sound over-approximation, exact for the affine / floor / mod / abs families
 # ----------------------------------------------------------------------------------------------
 
+
+def is_half_plane(mask, params: set) -> bool:
+    """True when ``mask`` is one inequality between expressions linear in q_idx, kv_idx and the runtime parameters
+    ``params`` (their symbols): a tile holds at most one edge of it, and its partial tiles cost one comparison per
+    element."""
+    if not isinstance(mask, (sympy.GreaterThan, sympy.StrictGreaterThan, sympy.LessThan, sympy.StrictLessThan)):
+        return False
+    diff = mask.lhs - mask.rhs
+    gens = (S.Q, S.KV, *sorted(params, key=str))
+    return diff.free_symbols <= set(gens) and diff.is_polynomial(*gens) and sympy.Poly(diff, *gens).total_degree() <= 1
+
+
 def _vars(e):
     return {v for v in (S.Q, S.KV) if e.has(v)}
 

@@ -545,6 +545,9 @@ def test_backward_launch_with_no_queries_returns_zero_kv_gradients_without_a_ker
     lib._bwd = refuse
     monkeypatch.setattr(launch, "call_on", refuse)
     k, v = (torch.randn(2, 2, 300, 64, dtype=torch.bfloat16) for _ in range(2))
+    # outputs poisoned: the zeros must be written, not found in fresh memory
+    new_empty = torch.Tensor.new_empty
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda t, *a, **kw: new_empty(t, *a, **kw).fill_(float("nan")))
     q = torch.empty(2, 4, 0, 64, dtype=torch.bfloat16)
     dq, dk, dv = launch.backward(lib, q, k, v, torch.empty_like(q), torch.empty_like(q), torch.empty(2, 4, 0))
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape

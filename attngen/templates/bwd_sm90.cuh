@@ -69,6 +69,14 @@ __device__ __forceinline__ void put_tile(int* slot, const BwdCta& c) {
   v[4] = c.h_end;
 }
 
+// The TileArgs fields that come from the call, and the tile's batch.
+__device__ __forceinline__ void set_call_fields(const AttngenBwdArgs& a, BwdCta& c) {
+  c.t.QLEN = a.Lq;
+  c.t.KVLEN = a.Lk;
+  c.t.QOFF = a.q_offset;
+  c.t.b = c.b;
+}
+
 __device__ __forceinline__ BwdCta take_tile(const AttngenBwdArgs& a, const int* slot) {
   const volatile int* v = slot;
   BwdCta c;
@@ -77,10 +85,7 @@ __device__ __forceinline__ BwdCta take_tile(const AttngenBwdArgs& a, const int* 
   c.b = v[2];
   c.t.h = v[3];
   c.h_end = v[4];
-  c.t.QLEN = a.Lq;
-  c.t.KVLEN = a.Lk;
-  c.t.QOFF = a.q_offset;
-  c.t.b = c.b;
+  set_call_fields(a, c);
   return c;
 }
 
@@ -92,10 +97,7 @@ __device__ __forceinline__ BwdCta bwd_cta(const AttngenBwdArgs& a, int w) {
   c.b = w / (nkb * a.Hkv);
   const int group = a.Hq / a.Hkv;  // GQA / MQA: consecutive query heads share a kv head
   c.h_end = (c.kvh + 1) * group;
-  c.t.QLEN = a.Lq;
-  c.t.KVLEN = a.Lk;
-  c.t.QOFF = a.q_offset;
-  c.t.b = c.b;
+  set_call_fields(a, c);
   c.t.h = c.kvh * group;
   return c;
 }

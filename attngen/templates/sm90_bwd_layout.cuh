@@ -15,8 +15,8 @@ using namespace attngen;
 constexpr int NUM_CONSUMERS = BK / 64;  // each consumer warpgroup owns 64 kv rows (wgmma M = 64)
 constexpr int NTHREADS = 128 * (1 + NUM_CONSUMERS);
 // setmaxnreg budgets (PRODUCER_REGS, CONSUMER_REGS: the tile configuration's), as in the forward
-// (sm90_layout.cuh): 128 * 40 + 256 * 232 = 64512 = 384 * 168 by default; the build tries 24 / 240 and 56 / 224
-// when that spills (jit/tiles.py sm90_bwd_ladder).
+// (sm90_layout.cuh): 128 * 24 + 256 * 240 = 64512 = 384 * 168 by default; the build tries 56 / 224 when that
+// spills (jit/tiles.py sm90_bwd_ladder).
 
 constexpr int DB = D / 64;                     // 128-byte (64-column) blocks of a row
 constexpr int Q_BLOCK_BYTES = BQ * 128;        // one 64-column block of a Q (or dO) tile
