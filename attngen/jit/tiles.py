@@ -144,6 +144,9 @@ class Sm90BwdTiles:
     # one CTA per SM taking kv blocks from a counter in launch order, the next block's K and V loading under this
     # one's dK / dV stores (False: a CTA per kv block; deterministic mode always launches that way)
     persistent: bool = True
+    # the first addition into each chunk of the fp32 dQ accumulator stores instead, so the preprocess zeroes a
+    # flag per chunk rather than the accumulator (bwd_sm90.cuh write_dq; deterministic mode always adds into zeros)
+    first_store: bool = True
 
     def __post_init__(self):
         if not 0 <= self.walk_shift <= 1024:

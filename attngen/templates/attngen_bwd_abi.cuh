@@ -5,7 +5,7 @@
 
 #include "attngen_common.cuh"
 
-#define ATTNGEN_BWD_ABI_VERSION 6
+#define ATTNGEN_BWD_ABI_VERSION 7
 
 // Layout (x86-64 / aarch64, natural alignment, no padding):
 //   offset   0  q, k, v, o, dout, lse         6 pointers
@@ -18,16 +18,21 @@
 //   offset 832  dcaptured[ATTNGEN_MAX_CAPTURED] pointers           fp32 gradients of the captured tensors
 //   offset 896  dq_semaphore                  pointer              deterministic mode's turn counters
 //   offset 904  tile_counter                  pointer              the persistent sm90 kernel's work-tile counter
-//   size   912
+//   offset 912  dq_written                    pointer              which chunks of dq_accum hold a first write
+//   size   920
 // Workspaces: dq_accum B * Hq * Lq_pad * D floats, laid out as the kernel family chooses (row-major, or tiled
 // by q-block: sm90_bwd_layout.cuh); delta and lse_log2 (B, Hq, Lq_pad) contiguous with
 // Lq_pad = ceil(Lq / block_q) * block_q (AttngenKernelInfo.block_q), so that every q-block's slice is whole
-// and 16-byte aligned. Each call overwrites all three before reading them. dcaptured[i]: null, or a zeroed
-// fp32 buffer laid out with captured.stride[i] that the sm90 kernel adds tensor i's gradient to
-// (bwd_grad_sites.cuh); dq_semaphore: null, or zeroed int32 (B, Hq, ceil(Lq / block_q)) that makes the sm90
-// kernel add dQ in kv-block order (deterministic mode). The sm80 kernel takes only nulls in both. tile_counter:
-// null, or one int32 the preprocess zeroes and the sm90 kernel's persistent CTAs take their work tiles from
-// (ignored by the sm80 kernel).
+// and 16-byte aligned. Each call writes all three before reading them (dq_accum: see dq_written).
+// dcaptured[i]: null, or a zeroed fp32 buffer laid out with captured.stride[i] that the sm90 kernel adds tensor
+// i's gradient to (bwd_grad_sites.cuh); dq_semaphore: null, or zeroed int32 (B, Hq, ceil(Lq / block_q)) that
+// makes the sm90 kernel add dQ in kv-block order (deterministic mode). The sm80 kernel takes only nulls in both.
+// tile_counter: null, or one int32 the preprocess zeroes and the sm90 kernel's persistent CTAs take their work
+// tiles from (ignored by the sm80 kernel). dq_written: null, or int32 (B, Hq, ceil(Lq / block_q), 2), one per
+// chunk of a q-block of dq_accum (the column halves of the sm90 kernel's staged dQ; at head dim 64 only the first
+// is used): the preprocess zeroes these instead of dq_accum, the sm90 kernel's first addition into a chunk is a
+// store (bwd_sm90.cuh write_dq) and its postprocess reads a chunk nobody wrote as zeros. Families and modes that
+// do not use it (sm80, deterministic mode, an sm90 kernel built without first stores) launch as if it were null.
 struct AttngenBwdArgs {
   const void* q;         // (B, Hq, Lq, D), last dim contiguous
   const void* k;         // (B, Hkv, Lk, D)
@@ -56,10 +61,11 @@ struct AttngenBwdArgs {
   float* dcaptured[ATTNGEN_MAX_CAPTURED];
   int* dq_semaphore;
   int* tile_counter;
+  int* dq_written;
 };
 
 #if defined(__cplusplus) && !defined(__CUDACC_RTC__)
-static_assert(sizeof(AttngenBwdArgs) == 912, "AttngenBwdArgs layout is part of the C ABI");
+static_assert(sizeof(AttngenBwdArgs) == 920, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, dq_accum) == 72, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, B) == 288, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, scale) == 312, "AttngenBwdArgs layout is part of the C ABI");
@@ -67,4 +73,5 @@ static_assert(__builtin_offsetof(AttngenBwdArgs, captured) == 320, "AttngenBwdAr
 static_assert(__builtin_offsetof(AttngenBwdArgs, dcaptured) == 832, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, dq_semaphore) == 896, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, tile_counter) == 904, "AttngenBwdArgs layout is part of the C ABI");
+static_assert(__builtin_offsetof(AttngenBwdArgs, dq_written) == 912, "AttngenBwdArgs layout is part of the C ABI");
 #endif

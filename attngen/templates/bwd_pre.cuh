@@ -1,7 +1,8 @@
 // bwd_pre.cuh: the launch ahead of either backward main kernel (bwd_sm80.cuh, bwd_sm90.cuh), on its stream, a
 //  block per q-block: delta = rowsum(dO * O) (fp32), lse in the log2 domain (+inf for rows with nothing kept and
-//  for the padding of the last q-block, so P = 0 there), the fp32 dQ accumulator zeroed. Each kernel family has its
-//  own postprocess, for the layout it keeps dQ_acc in. Configuration (Elem, D) from the including attngen_bwd.cu.
+//  for the padding of the last q-block, so P = 0 there), the fp32 dQ accumulator zeroed, or, where the main kernel
+//  stores its first addition to each chunk (AttngenBwdArgs.dq_written), the chunks' flags instead. Each kernel
+//  family has its own postprocess, for the layout it keeps dQ_acc in. Configuration (Elem, D) from the including attngen_bwd.cu.
 #pragma once
 
 #include "attngen_common.cuh"
@@ -43,7 +44,8 @@ static_assert(D % 8 == 0 && PRE_PIECES <= 32, "the preprocess reads a row in at 
 
 // Block `tile` = (b * Hq + h) * nqb + i: the bq rows of q-block i of head (b, h), rows past Lq padding:
 // delta, lse_log2 (+inf for rows with nothing kept and padding), the rows of dQ_acc zeroed (whichever layout the
-// main kernel keeps in a q-block's bq * D floats); block 0 also zeroes the work-tile counter.
+// main kernel keeps in a q-block's bq * D floats) or the q-block's two dq_written flags; block 0 also zeroes the
+// work-tile counter.
 __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __grid_constant__ AttngenBwdArgs a,
                                                                       int bq) {
   const int nqb = (a.Lq + bq - 1) / bq;
@@ -53,6 +55,8 @@ __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __gr
   const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);
   const int piece = threadIdx.x % PRE_LANES;
   if (tile == 0 && threadIdx.x == 0 && a.tile_counter != nullptr) *a.tile_counter = 0;
+  const bool zero_acc = a.dq_written == nullptr;
+  if (!zero_acc && threadIdx.x == 0) reinterpret_cast<int2*>(a.dq_written)[tile] = make_int2(0, 0);
   for (int step = 0; step < bq; step += PRE_ROWS) {  // the same steps for every warp: the shuffles take all lanes
     const int rr = step + (int)threadIdx.x / PRE_LANES;
     const int r = i * bq + rr;
@@ -69,7 +73,7 @@ __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __gr
     for (int m = PRE_LANES / 2; m >= 1; m >>= 1) delta += __shfl_xor_sync(0xffffffffu, delta, m);
     if (rr >= bq) continue;
     const long long row_id = bh * nqb * bq + r;
-    if (piece < PRE_PIECES) {
+    if (zero_acc && piece < PRE_PIECES) {
       float4* acc = reinterpret_cast<float4*>(a.dq_accum + row_id * D) + 2 * piece;
       acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
     }

@@ -393,11 +393,13 @@ AttngenKernelInfo bwd_kernel_info() {
   return {ATTNGEN_BWD_ABI_VERSION, (int)sizeof(AttngenBwdArgs), D, kDtypeCode, BQ, BK, NTHREADS, SMEM_BYTES, kArch};
 }
 
-int launch_bwd(const AttngenBwdArgs& a, cudaStream_t stream) {
+int launch_bwd(const AttngenBwdArgs& call, cudaStream_t stream) {
   // captured-tensor gradients and the deterministic dQ order are the sm90 kernel's
-  if (a.dq_semaphore != nullptr) return ATTNGEN_ERROR_BWD_OPTION;
+  if (call.dq_semaphore != nullptr) return ATTNGEN_ERROR_BWD_OPTION;
   for (int i = 0; i < ATTNGEN_MAX_CAPTURED; ++i)
-    if (a.dcaptured[i] != nullptr) return ATTNGEN_ERROR_BWD_OPTION;
+    if (call.dcaptured[i] != nullptr) return ATTNGEN_ERROR_BWD_OPTION;
+  AttngenBwdArgs a = call;
+  a.dq_written = nullptr;  // this kernel adds every term into a zeroed dQ_acc
   int dev = 0, sms = 0;
   cudaError_t err = prepare_device(attngen_bwd_kernel, SMEM_BYTES, dev, sms);
   if (err != cudaSuccess) return (int)err;

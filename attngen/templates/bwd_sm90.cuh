@@ -1,9 +1,9 @@
 // bwd_sm90.cuh: attention backward for sm_90a (Hopper), FlashAttention-3 style, warp specialized, in three
-// launches on one stream: bwd_pre.cuh's preprocess (delta, lse in log2, dQ_acc zeroed), the main kernel,
-// its own postprocess (dQ = dQ_acc * scale, below). A work tile is kv-block j (BK = 128 rows) of one kv head, low kv
-// blocks first (under causal-like masks they see the most q blocks); a CTA per SM takes tiles from a counter in
-// that order and loads the next tile's K and V while it stores this one's dK and dV (PERSISTENT; deterministic mode
-// launches a CTA per tile).
+// launches on one stream: bwd_pre.cuh's preprocess (delta, lse in log2, dQ_acc's first-store flags or dQ_acc
+// itself zeroed), the main kernel, its own postprocess (dQ = dQ_acc * scale, below). A work tile is kv-block j
+// (BK = 128 rows) of one kv head, low kv blocks first (under causal-like masks they see the most q blocks); a CTA
+// per SM takes tiles from a counter in that order and loads the next tile's K and V while it stores this one's dK
+// and dV (PERSISTENT; deterministic mode launches a CTA per tile).
 // Warpgroup 0 loads: a lane of warp 3 names each work tile and loads its K and V (load_kv_tiles); warp 0 walks the
 // q-blocks the mask does not prove EMPTY (block_range_bwd.cuh, over the query heads that share the kv head), its
 // lane 0 loading their Q and dO tiles (TMA, 128-byte swizzle) and row statistics (bulk copies) into a STAGES-deep
@@ -248,6 +248,32 @@ __device__ __forceinline__ int dq_turn(const CapturedArgs& C, const TileArgs& t,
   return 2 * (p + 1);
 }
 
+// First stores (FIRST_STORE, outside deterministic mode): dQ_acc is not zeroed. Each chunk's flag (dq_written,
+// zeroed by the preprocess) goes 0 -> 1 for the writer that takes it, which stores its staged dQ and, once the store
+// is performed, sets 2; every other writer of the chunk waits for 2, then adds. A writer only ever waits for a store
+// already issued, so none can wait for good.
+__device__ __forceinline__ void store_or_add_dq(int* flag, float* dst, uint32_t buf) {
+  int state;
+  asm volatile("atom.acquire.gpu.global.cas.b32 %0, [%1], %2, %3;\n" : "=r"(state) : "l"(flag), "r"(0), "r"(1)
+               : "memory");
+  if (state == 0) {
+    bulk_store(dst, buf, DQ_STAGE_BYTES);
+    bulk_commit();
+    bulk_wait_all();  // performed before the flag lets the additions in
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(flag), "r"(2) : "memory");
+    return;
+  }
+  while (state != 2) {
+    __nanosleep(64);
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(state) : "l"(flag) : "memory");
+  }
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");  // the acquire, before the async proxy's adds
+  bulk_reduce_add_f32(dst, buf, DQ_STAGE_BYTES);
+  bulk_commit();
+  bulk_wait_read<0>();
+}
+
 // ------------------------------------------------------------------------------------------- dQ writers
 // Warp 1 + cw of the producer warpgroup: each time consumer cw has staged a q-block's dQ and named it
 // in its slot (the tile (b, h, i) and the deterministic turn), one bulk reduction adds it to the tiled dQ_acc, and
@@ -287,6 +313,8 @@ __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem&
         const int j = static_cast<const volatile int*>(sm.tile(0))[0];
         asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(sem), "r"(cw == 0 ? turn + 1 : 2 * (j + 1))
                      : "memory");
+      } else if (a.dq_written != nullptr) {
+        store_or_add_dq(a.dq_written + 2 * tile + DQ_CHUNK * cw, dst, buf);
       } else {
         bulk_reduce_add_f32(dst, buf, DQ_STAGE_BYTES);
         bulk_commit();
@@ -524,6 +552,7 @@ constexpr int POST_THREADS = 256;
 constexpr int POST_PITCH = D / 2 + 4;  // 32-bit words per staged row: the 8 rows a warp writes start 4 banks apart
 static_assert((BQ * D / 4) % POST_THREADS == 0 && (BQ * D / 8) % POST_THREADS == 0 && (D / 2) % 32 == 0,
               "the postprocess's loops cover a q-block evenly, conflict-free");
+static_assert((16 * DQ_N) % POST_THREADS == 0 && NUM_CONSUMERS == 2, "each load of the postprocess in one of two chunks");
 
 __global__ void __launch_bounds__(POST_THREADS)
     attngen_bwd_post_tiled_kernel(const __grid_constant__ AttngenBwdArgs a) {
@@ -534,9 +563,15 @@ __global__ void __launch_bounds__(POST_THREADS)
   const long long bh = tile / nqb;
   const int i = (int)(tile - bh * nqb);
   const float4* src = reinterpret_cast<const float4*>(a.dq_accum) + tile * (BQ * D / 4);
+  // a chunk no writer took (first stores: its flag still 0) holds whatever the memory held: it is zero
+  const int2 written = a.dq_written == nullptr ? make_int2(1, 1) : reinterpret_cast<const int2*>(a.dq_written)[tile];
   float4 x[LOADS];
 #pragma unroll
-  for (int n = 0; n < LOADS; ++n) x[n] = __ldcs(src + n * POST_THREADS + threadIdx.x);  // read once: streamed
+  for (int n = 0; n < LOADS; ++n) {
+    const int chunk = DQ_SPLIT_D ? n * POST_THREADS / (16 * DQ_N) : 0;  // 16 DQ_N float4 per chunk
+    x[n] = (chunk == 0 ? written.x : written.y) != 0 ? __ldcs(src + n * POST_THREADS + threadIdx.x)  // read once
+                                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   const float s = a.scale;
 #pragma unroll
   for (int n = 0; n < LOADS; ++n) {
@@ -564,7 +599,9 @@ AttngenKernelInfo bwd_kernel_info() {
   return {ATTNGEN_BWD_ABI_VERSION, (int)sizeof(AttngenBwdArgs), D, kDtypeCode, BQ, BK, NTHREADS, SMEM_BYTES, kArch};
 }
 
-int launch_bwd(const AttngenBwdArgs& a, cudaStream_t stream) {
+int launch_bwd(const AttngenBwdArgs& call, cudaStream_t stream) {
+  AttngenBwdArgs a = call;
+  if (!FIRST_STORE || a.dq_semaphore != nullptr) a.dq_written = nullptr;  // then every addition goes into zeros
   int dev = 0, sms = 0;
   const cudaError_t err = prepare_device(attngen_bwd_kernel, SMEM_BYTES, dev, sms);  // before the driver calls
   if (err != cudaSuccess) return (int)err;

@@ -82,6 +82,12 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gmem_dst, uint32_t sm
                "r"(smem_src), "r"(bytes)
                : "memory");
 }
+// dst[0 .. bytes) = src[0 .. bytes): the same copy as bulk_reduce_add_f32's without the addition.
+__device__ __forceinline__ void bulk_store(void* gmem_dst, uint32_t smem_src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(reinterpret_cast<uint64_t>(gmem_dst)),
+               "r"(smem_src), "r"(bytes)
+               : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // This thread's bulk async-groups, all but the newest N, have read their shared-memory sources.
 template <int N>

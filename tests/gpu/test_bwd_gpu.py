@@ -161,17 +161,17 @@ def test_backward_matches_float64(case, family):
         assert (dq[:, :, rows] == 0).all(), "fully masked rows must get zero dq"
 
 
-def _sm90_bwd_library(monkeypatch, hd, persistent):
-    """A causal variant's sm90 backward library built with persistent walks on or off (its own cache entry): the
-    spec's ladder (jit/spec.py reads it) patched to the shipped one (jit/tiles.py's) with the setting replaced."""
+def _sm90_bwd_library(monkeypatch, hd, attn=None, **setting):
+    """A variant's (causal by default) sm90 backward library built with fields of jit.tiles.Sm90BwdTiles set (its
+    own cache entry): the spec's ladder (jit/spec.py reads it) patched to the shipped one (jit/tiles.py's) with
+    the setting replaced."""
     import attngen.jit.spec as spec
     from dataclasses import replace
 
     from attngen.jit.tiles import sm90_bwd_ladder
 
-    monkeypatch.setattr(spec, "sm90_bwd_ladder",
-                        lambda d: tuple(replace(t, persistent=persistent) for t in sm90_bwd_ladder(d)))
-    attn = attngen.compile(causal=True)
+    monkeypatch.setattr(spec, "sm90_bwd_ladder", lambda d: tuple(replace(t, **setting) for t in sm90_bwd_ladder(d)))
+    attn = attn or attngen.compile(causal=True)
     return attn, attn.backward_library(torch.bfloat16, hd, torch.cuda.current_device(), "sm90_bwd")
 
 
@@ -192,7 +192,7 @@ def test_persistent_walks_match_a_cta_per_tile(hd, shape, monkeypatch):
     k, v = (torch.randn(B, Hkv, Lk, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
     grads, paths = {}, set()
     for persistent in (True, False):
-        attn, lib = _sm90_bwd_library(monkeypatch, hd, persistent)
+        attn, lib = _sm90_bwd_library(monkeypatch, hd, persistent=persistent)
         paths.add(lib.path)
         out, lse = attn(q, k, v, return_lse=True)
         poison_allocator(64 << 20)
@@ -205,6 +205,38 @@ def test_persistent_walks_match_a_cta_per_tile(hd, shape, monkeypatch):
     assert (dq.float() - dq1.float()).abs().max().item() <= 2 ** -7 * dq1.float().abs().max().item()
     if Lq < Lk:  # kv blocks past the last query: nothing kept, zero gradients
         assert (dk[:, :, Lq:] == 0).all() and (dv[:, :, Lq:] == 0).all()
+
+
+def _causal_from_200(b, h, q, k):
+    return (q >= 200) & (k <= q)  # q-blocks 0..2 (64 rows each) keep nothing: no kv block adds to their dQ
+
+
+@pytest.mark.requires_sm90
+@pytest.mark.parametrize("hd", [64, 128])
+def test_first_stores_match_adding_into_zeros(hd, monkeypatch):
+    """dQ_acc not zeroed, the first addition into each chunk a store (Sm90BwdTiles.first_store), against adding
+    every term into a zeroed dQ_acc: dK and dV bit for bit, dQ within its fp32 additions' order, and the q-blocks
+    no kv block visits zero (their chunks hold poisoned memory, which the postprocess must not read). GQA, more
+    work tiles than SMs, kv longer than q."""
+    B, Hq, Hkv, Lq, Lk = 2, 8, 2, 2000, 4200
+    gen = torch.Generator(device="cpu").manual_seed(hd + 1)
+    q, do = (torch.randn(B, Hq, Lq, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(B, Hkv, Lk, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
+    variant = attngen.compile(mask_mod=attngen.MaskMod(_causal_from_200, "causal_from_200"))
+    grads, paths = {}, set()
+    for first_store in (True, False):
+        attn, lib = _sm90_bwd_library(monkeypatch, hd, variant, first_store=first_store)
+        paths.add(lib.path)
+        out, lse = attn(q, k, v, return_lse=True)
+        poison_allocator(256 << 20)
+        grads[first_store] = attngen.launch.backward(lib, q, k, v, out, do, lse, params=attn._param_fields())
+        torch.cuda.synchronize()
+    assert len(paths) == 2, "both settings loaded one library"
+    (dq, dk, dv), (dq0, dk0, dv0) = grads[True], grads[False]
+    assert torch.equal(dk, dk0) and torch.equal(dv, dv0)
+    assert torch.isfinite(dq).all()
+    assert (dq[:, :, :200] == 0).all()
+    assert (dq.float() - dq0.float()).abs().max().item() <= 2 ** -7 * dq0.float().abs().max().item()
 
 
 @pytest.mark.requires_sm90
