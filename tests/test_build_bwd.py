@@ -88,11 +88,13 @@ def test_sm90_backward_family_and_tiles():
         "", torch.float16, 64, "sm_90a", tiles=shifted, kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
     with pytest.raises(attngen.BuildError, match="walk_shift"):
         tiles.Sm90BwdTiles(walk_shift=-1)
-    # first stores into dQ_acc: on unless asked off
-    assert "constexpr bool FIRST_STORE = 1;" in src
-    plain = dataclasses.replace(tiles.SM90_BWD_TILES[64], first_store=False)
-    assert "constexpr bool FIRST_STORE = 0;" in render.render_sources(
+    # how dQ_acc starts out: zeroed ahead by the producer unless asked otherwise
+    assert "constexpr int DQ_INIT = 2;" in src
+    plain = dataclasses.replace(tiles.SM90_BWD_TILES[64], dq_init=0)
+    assert "constexpr int DQ_INIT = 0;" in render.render_sources(
         "", torch.float16, 64, "sm_90a", tiles=plain, kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
+    with pytest.raises(attngen.BuildError, match="dq_init"):
+        tiles.Sm90BwdTiles(dq_init=3)
 
 
 def test_prebuild_plans_the_backward_each_arch_runs():

@@ -144,11 +144,14 @@ class Sm90BwdTiles:
     # one CTA per SM taking kv blocks from a counter in launch order, the next block's K and V loading under this
     # one's dK / dV stores (False: a CTA per kv block; deterministic mode always launches that way)
     persistent: bool = True
-    # the first addition into each chunk of the fp32 dQ accumulator stores instead, so the preprocess zeroes a
-    # flag per chunk rather than the accumulator (bwd_sm90.cuh write_dq; deterministic mode always adds into zeros)
-    first_store: bool = True
+    # how the fp32 dQ accumulator starts out (bwd_sm90.cuh; deterministic mode always takes 0): 0 zeroed by the
+    # preprocess; 1 not zeroed, the first addition into each chunk a store; 2 each q-block zeroed by the producer
+    # warp of the first CTA whose walk loads it, ahead of every addition (the preprocess zeroes only a flag each)
+    dq_init: int = 2
 
     def __post_init__(self):
+        if self.dq_init not in (0, 1, 2):
+            raise BuildError(f"Sm90BwdTiles.dq_init must be 0, 1 or 2, got {self.dq_init}")
         if not 0 <= self.walk_shift <= 1024:
             raise BuildError(f"Sm90BwdTiles.walk_shift must be in [0, 1024] (q-blocks per kv block of rotation), "
                              f"got {self.walk_shift}")
