@@ -8,8 +8,9 @@
 # A2: dq_init 2, each q-block's dQ_acc zeroed by the producer warp of the first CTA whose walk loads it: the small
 #    cases plain, under memcheck and under racecheck, the backward suites (the dq_init test over 0, 1, 2), then
 #    bwd_tiles_ab.py dq_init=0 against 2.
-# B: the training anchors beside flex and cuDNN on the tree as landed (issue 11's bar: 1.3x flex, 1.0x cuDNN on
-#    causal and full), then session 22's head-dim-64 ladder test.
+# B: dq_init 1 (first stores) as the default: bwd_tiles_ab.py dq_init 0 / 1 / 2 on the three training anchors A and
+#    A2 did not time, session 22's head-dim-64 ladder test, then every training anchor beside flex and cuDNN (issue
+#    11's bar: 1.3x flex, 1.0x cuDNN on causal and full).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -30,7 +31,9 @@ case "$1" in
       --set dq_init=0 dq_init=2 2>&1 | tee "$R/bwd_tiles_ab.log" | grep -E "TFLOP|grad"
     pack_results ;;
   B)
-    timeout 330 python benchmarks/bench_training.py --out "$R" 2>&1 | tee "$R/training.log" | grep -E "^\||rror"
-    run_tests api64 200 -n 4 tests/gpu/test_gpu_api.py -k "head_dim_64_masks_on_their_ladder"
+    timeout 110 python scripts/bwd_tiles_ab.py --variants softcap_causal alibi_causal prefix_lm \
+      --set dq_init=0 dq_init=1 dq_init=2 2>&1 | tee "$R/bwd_tiles_ab.log" | grep -E "TFLOP|grad"
+    run_tests api64 150 -n 4 tests/gpu/test_gpu_api.py -k "head_dim_64_masks_on_their_ladder"
+    timeout 320 python benchmarks/bench_training.py --out "$R" 2>&1 | tee "$R/training.log" | grep -E "^\||rror"
     pack_results ;;
 esac

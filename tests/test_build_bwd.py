@@ -88,8 +88,8 @@ def test_sm90_backward_family_and_tiles():
         "", torch.float16, 64, "sm_90a", tiles=shifted, kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
     with pytest.raises(attngen.BuildError, match="walk_shift"):
         tiles.Sm90BwdTiles(walk_shift=-1)
-    # how dQ_acc starts out: zeroed ahead by the producer unless asked otherwise
-    assert "constexpr int DQ_INIT = 2;" in src
+    # how dQ_acc starts out: first stores unless asked otherwise
+    assert "constexpr int DQ_INIT = 1;" in src
     plain = dataclasses.replace(tiles.SM90_BWD_TILES[64], dq_init=0)
     assert "constexpr int DQ_INIT = 0;" in render.render_sources(
         "", torch.float16, 64, "sm_90a", tiles=plain, kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]

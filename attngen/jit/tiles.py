@@ -147,7 +147,7 @@ class Sm90BwdTiles:
     # how the fp32 dQ accumulator starts out (bwd_sm90.cuh; deterministic mode always takes 0): 0 zeroed by the
     # preprocess; 1 not zeroed, the first addition into each chunk a store; 2 each q-block zeroed by the producer
     # warp of the first CTA whose walk loads it, ahead of every addition (the preprocess zeroes only a flag each)
-    dq_init: int = 2
+    dq_init: int = 1
 
     def __post_init__(self):
         if self.dq_init not in (0, 1, 2):
