@@ -2,11 +2,12 @@
 steps (bench_training.py's) of each variant at each setting (--set: fields of jit.tiles.Sm90BwdTiles, e.g.
 `stages=3` for the Q / dO ring, `walk_shift=2` for the rotated walk, `persistent=0`; one setting per argument,
 fields joined by commas; `ladder` for the shipped ladder, whose first rung without spills a build takes),
-interleaved rounds of triton's do_bench, the median; gradients compared with the first setting's. Shared
+interleaved rounds of triton's do_bench, the median; gradients compared with the first setting's; with --flex,
+flex's step (bench_training.py's) timed in the same rounds, each setting's ratio to it printed. Shared
 memory allows 3 stages at head dim 128 (the staged dQ still fitting beside them, sm90_bwd_layout.cuh). Needs a GPU.
 
     python scripts/bwd_tiles_ab.py [--variants causal full sliding_window document] [--set stages=2 stages=3]
-        [--head-dim 128] [--seq 8192]
+        [--head-dim 128] [--seq 8192] [--flex]
 """
 import argparse
 import sys
@@ -27,6 +28,7 @@ def main(argv=None):
     p.add_argument("--set", nargs="+", default=["stages=2", "stages=3"], dest="settings", metavar="FIELD=VALUE")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--seq", type=int, default=8192)
+    p.add_argument("--flex", action="store_true", help="time flex_attention's step beside the settings")
     args = p.parse_args(argv)
     import torch
 
@@ -69,14 +71,18 @@ def main(argv=None):
             diff = max((g - r).abs().max().item() for g, r in zip(grads, first))
             print(f"[{key}] {s}: max |grad - grad at {args.settings[0]}| = {diff:.3e}", flush=True)
             fns[s] = fn
+        if args.flex:
+            fns["flex"] = step_fn(bf.Flex().make(score_mod, mask_mod, S, device, None), q, k, v, dout)
+            fns["flex"]()
         times = {s: [] for s in fns}
         for _ in range(bf.ROUNDS):
             for s, fn in fns.items():
                 times[s].append(bf.bench_ms(fn))
-        for s, ts in times.items():
-            ms = sorted(ts)[len(ts) // 2]
+        medians = {s: sorted(ts)[len(ts) // 2] for s, ts in times.items()}
+        for s, ms in medians.items():
+            vs_flex = f", {medians['flex'] / ms:.3f}x flex" if "flex" in medians and s != "flex" else ""
             print(f"[{key}] D {D} {s}: {ms:.3f} ms, "
-                  f"{bf.tflops(B, H, S, D, density, ms) * FLOP_FACTOR:.1f} TFLOP/s", flush=True)
+                  f"{bf.tflops(B, H, S, D, density, ms) * FLOP_FACTOR:.1f} TFLOP/s{vs_flex}", flush=True)
 
 
 if __name__ == "__main__":
