@@ -94,7 +94,7 @@ def test_sm90_backward_family_and_tiles():
     assert "constexpr int DQ_INIT = 0;" in render.render_sources(
         "", torch.float16, 64, "sm_90a", tiles=plain, kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
     with pytest.raises(attngen.BuildError, match="dq_init"):
-        tiles.Sm90BwdTiles(dq_init=3)
+        tiles.Sm90BwdTiles(dq_init=2)
 
 
 def test_prebuild_plans_the_backward_each_arch_runs():

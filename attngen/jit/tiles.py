@@ -145,13 +145,13 @@ class Sm90BwdTiles:
     # one's dK / dV stores (False: a CTA per kv block; deterministic mode always launches that way)
     persistent: bool = True
     # how the fp32 dQ accumulator starts out (bwd_sm90.cuh; deterministic mode always takes 0): 0 zeroed by the
-    # preprocess; 1 not zeroed, the first addition into each chunk a store; 2 each q-block zeroed by the producer
-    # warp of the first CTA whose walk loads it, ahead of every addition (the preprocess zeroes only a flag each)
+    # preprocess; 1 not zeroed, the first addition into each chunk a store (the preprocess zeroes a flag per chunk)
     dq_init: int = 1
 
     def __post_init__(self):
-        if self.dq_init not in (0, 1, 2):
-            raise BuildError(f"Sm90BwdTiles.dq_init must be 0, 1 or 2, got {self.dq_init}")
+        if self.dq_init not in (0, 1):
+            raise BuildError(f"Sm90BwdTiles.dq_init must be 0 (zeroed by the preprocess) or 1 (first stores), "
+                             f"got {self.dq_init}")
         if not 0 <= self.walk_shift <= 1024:
             raise BuildError(f"Sm90BwdTiles.walk_shift must be in [0, 1024] (q-blocks per kv block of rotation), "
                              f"got {self.walk_shift}")

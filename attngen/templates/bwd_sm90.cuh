@@ -117,25 +117,6 @@ __device__ __forceinline__ QStep following_q_tile(const AttngenBwdArgs& a, const
 }
 
 // ------------------------------------------------------------------------------------------- producer
-// DQ_INIT 2 (outside deterministic mode): dQ_acc is not zeroed by the preprocess. The producer warp of the first
-// CTA whose walk loads q-block `tile` takes its flag (dq_written, zeroed by the preprocess: 0 -> 1), zeroes the
-// q-block's dQ_acc and sets the flag to 2; the dQ writers add only once it reads 2 (add_dq_when_zeroed). The zeroes
-// go out under the compute of the kernel, at least a q-block ahead of the first addition, instead of through the
-// memory-bound preprocess, and the additions find them in L2.
-__device__ __forceinline__ void zero_dq_ahead(const AttngenBwdArgs& a, long long tile, bool leader) {
-  int* const flag = a.dq_written + 2 * tile;
-  int state = 1;
-  if (leader) state = atomicCAS(flag, 0, 1);
-  if (__shfl_sync(0xffffffffu, state, 0) != 0) return;
-  float4* const dst = reinterpret_cast<float4*>(a.dq_accum + tile * (BQ * D));
-  const int lane = (int)threadIdx.x & 31;
-#pragma unroll 4
-  for (int x = lane; x < BQ * D / 4; x += 32) __stcg(dst + x, make_float4(0.f, 0.f, 0.f, 0.f));
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");  // generic stores, added to by the async proxy
-  __syncwarp();  // every lane's stores ordered before the leader's release
-  if (leader) asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(flag), "r"(2) : "memory");
-}
-
 // The Q, dO and statistics of one work tile's walk into the ring. Warp 0 runs the walk, every lane alike, so that
 // ptxas can keep its kernel-argument arithmetic in uniform registers (the warpgroup's setmaxnreg leaves 24 per
 // thread); lane 0 issues the copies. ring: the count of the ring's slots filled so far (slot n % STAGES, phase
@@ -161,8 +142,6 @@ __device__ __forceinline__ void produce_walk(const AttngenBwdArgs& a, const CUte
       bulk_load_1d(sm.stats(stage), a.lse_log2 + row, BQ * 4, full);
       bulk_load_1d(sm.stats(stage) + BQ * 4, a.delta + row, BQ * 4, full);
     }
-    if (DQ_INIT == 2 && a.dq_written != nullptr)
-      zero_dq_ahead(a, (long long)(c.b * a.Hq + s.h) * ((a.Lq + BQ - 1) / BQ) + s.i, leader);
   }
 }
 
@@ -295,21 +274,6 @@ __device__ __forceinline__ void store_or_add_dq(int* flag, float* dst, uint32_t 
   bulk_wait_read<0>();
 }
 
-// DQ_INIT 2: the q-block's flag was taken before this CTA's walk loaded it (zero_dq_ahead); once it reads 2 the
-// zeroes are in place.
-__device__ __forceinline__ void add_dq_when_zeroed(const int* flag, float* dst, uint32_t buf) {
-  int state;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(state) : "l"(flag) : "memory");
-  while (state != 2) {
-    __nanosleep(64);
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(state) : "l"(flag) : "memory");
-  }
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");  // the acquire, before the async proxy's adds
-  bulk_reduce_add_f32(dst, buf, DQ_STAGE_BYTES);
-  bulk_commit();
-  bulk_wait_read<0>();
-}
-
 // ------------------------------------------------------------------------------------------- dQ writers
 // Warp 1 + cw of the producer warpgroup: each time consumer cw has staged a q-block's dQ and named it
 // in its slot (the tile (b, h, i) and the deterministic turn), one bulk reduction adds it to the tiled dQ_acc, and
@@ -349,10 +313,8 @@ __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem&
         const int j = static_cast<const volatile int*>(sm.tile(0))[0];
         asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(sem), "r"(cw == 0 ? turn + 1 : 2 * (j + 1))
                      : "memory");
-      } else if (DQ_INIT == 1 && a.dq_written != nullptr) {
+      } else if (a.dq_written != nullptr) {
         store_or_add_dq(a.dq_written + 2 * tile + DQ_CHUNK * cw, dst, buf);
-      } else if (DQ_INIT == 2 && a.dq_written != nullptr) {
-        add_dq_when_zeroed(a.dq_written + 2 * tile, dst, buf);
       } else {
         bulk_reduce_add_f32(dst, buf, DQ_STAGE_BYTES);
         bulk_commit();
@@ -601,10 +563,8 @@ __global__ void __launch_bounds__(POST_THREADS)
   const long long bh = tile / nqb;
   const int i = (int)(tile - bh * nqb);
   const float4* src = reinterpret_cast<const float4*>(a.dq_accum) + tile * (BQ * D / 4);
-  // a chunk no writer took (DQ_INIT 1 and 2: its flag still 0; at 2 the q-block's first flag holds for both)
-  // holds whatever the memory held: it is zero
-  int2 written = a.dq_written == nullptr ? make_int2(1, 1) : reinterpret_cast<const int2*>(a.dq_written)[tile];
-  if (DQ_INIT == 2) written.y = written.x;
+  // a chunk no writer took (first stores: its flag still 0) holds whatever the memory held: it is zero
+  const int2 written = a.dq_written == nullptr ? make_int2(1, 1) : reinterpret_cast<const int2*>(a.dq_written)[tile];
   float4 x[LOADS];
 #pragma unroll
   for (int n = 0; n < LOADS; ++n) {
