@@ -11,8 +11,9 @@
 # B: dq_init 1 (first stores) as the default: bwd_tiles_ab.py dq_init 0 / 1 / 2 on the three training anchors A and
 #    A2 did not time, session 22's head-dim-64 ladder test, then every training anchor beside flex and cuDNN (issue
 #    11's bar: 1.3x flex, 1.0x cuDNN on causal and full).
-# C: the walk rotated (Sm90BwdTiles.walk_shift 2) with first stores, against first stores alone, flex's step in the
-#    same rounds (bwd_tiles_ab.py --flex): the document and the window, then causal and full.
+# C: the two tests of backward settings as refactored (one helper), then the walk rotated (Sm90BwdTiles.walk_shift 2)
+#    with first stores against first stores alone, flex's step in the same rounds (bwd_tiles_ab.py --flex): the
+#    document and the window, then causal and full.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -39,7 +40,8 @@ case "$1" in
     timeout 320 python benchmarks/bench_training.py --out "$R" 2>&1 | tee "$R/training.log" | grep -E "^\||rror"
     pack_results ;;
   C)
-    timeout 260 python scripts/bwd_tiles_ab.py --flex --variants document sliding_window causal full \
+    run_tests settings 100 -n 2 tests/gpu/test_bwd_gpu.py -k "persistent_walks or dq_acc_starts"
+    timeout 230 python scripts/bwd_tiles_ab.py --flex --variants document sliding_window causal full \
       --set dq_init=1 dq_init=1,walk_shift=2 2>&1 | tee "$R/bwd_tiles_ab.log" | grep -E "TFLOP|grad"
     pack_results ;;
 esac

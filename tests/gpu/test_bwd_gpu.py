@@ -161,18 +161,36 @@ def test_backward_matches_float64(case, family):
         assert (dq[:, :, rows] == 0).all(), "fully masked rows must get zero dq"
 
 
-def _sm90_bwd_library(monkeypatch, hd, attn=None, **setting):
-    """A variant's (causal by default) sm90 backward library built with fields of jit.tiles.Sm90BwdTiles set (its
-    own cache entry): the spec's ladder (jit/spec.py reads it) patched to the shipped one (jit/tiles.py's) with
-    the setting replaced."""
+def _sm90_bwd_library(monkeypatch, hd, attn, **setting):
+    """attn's sm90 backward library built with fields of jit.tiles.Sm90BwdTiles set (its own cache entry): the
+    spec's ladder (jit/spec.py reads it) patched to the shipped one (jit/tiles.py's) with the setting replaced."""
     import attngen.jit.spec as spec
     from dataclasses import replace
 
     from attngen.jit.tiles import sm90_bwd_ladder
 
     monkeypatch.setattr(spec, "sm90_bwd_ladder", lambda d: tuple(replace(t, **setting) for t in sm90_bwd_ladder(d)))
-    attn = attn or attngen.compile(causal=True)
-    return attn, attn.backward_library(torch.bfloat16, hd, torch.cuda.current_device(), "sm90_bwd")
+    return attn.backward_library(torch.bfloat16, hd, torch.cuda.current_device(), "sm90_bwd")
+
+
+def _grads_per_setting(monkeypatch, hd, shape, settings, make_variant):
+    """(dq, dk, dv) of the sm90 backward at each setting (Sm90BwdTiles fields by name), each from a fresh variant
+    and its own library, on the same random inputs (B, Hq, Hkv, Lq, Lk), with poisoned memory before each call."""
+    B, Hq, Hkv, Lq, Lk = shape
+    gen = torch.Generator(device="cpu").manual_seed(hd)
+    q, do = (torch.randn(B, Hq, Lq, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(B, Hkv, Lk, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
+    grads, paths = {}, set()
+    for name, setting in settings.items():
+        attn = make_variant()
+        lib = _sm90_bwd_library(monkeypatch, hd, attn, **setting)
+        paths.add(lib.path)
+        out, lse = attn(q, k, v, return_lse=True)
+        poison_allocator(256 << 20)
+        grads[name] = attngen.launch.backward(lib, q, k, v, out, do, lse, params=attn._param_fields())
+        torch.cuda.synchronize()
+    assert len(paths) == len(settings), "two settings loaded one library"
+    return grads
 
 
 # (B, Hq, Hkv, Lq, Lk): 512 work tiles, about four per SM; then most kv blocks with an empty walk (past the last
@@ -186,23 +204,13 @@ PERSISTENT_SHAPES = [(4, 8, 2, 8192, 8192), (4, 4, 4, 1024, 8192)]
 def test_persistent_walks_match_a_cta_per_tile(hd, shape, monkeypatch):
     """The sm90 backward's persistent CTAs (kv blocks from a counter, several per CTA) against a CTA per kv block:
     dK and dV bit for bit (each element is written once, from the same walk), dQ within its fp32 additions' order."""
-    B, Hq, Hkv, Lq, Lk = shape
-    gen = torch.Generator(device="cpu").manual_seed(hd)
-    q, do = (torch.randn(B, Hq, Lq, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
-    k, v = (torch.randn(B, Hkv, Lk, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
-    grads, paths = {}, set()
-    for persistent in (True, False):
-        attn, lib = _sm90_bwd_library(monkeypatch, hd, persistent=persistent)
-        paths.add(lib.path)
-        out, lse = attn(q, k, v, return_lse=True)
-        poison_allocator(64 << 20)
-        grads[persistent] = attngen.launch.backward(lib, q, k, v, out, do, lse, params=attn._param_fields())
-        torch.cuda.synchronize()
-    assert len(paths) == 2, "both settings loaded one library"
+    grads = _grads_per_setting(monkeypatch, hd, shape, {True: dict(persistent=True), False: dict(persistent=False)},
+                               lambda: attngen.compile(causal=True))
     (dq, dk, dv), (dq1, dk1, dv1) = grads[True], grads[False]
     assert torch.equal(dk, dk1) and torch.equal(dv, dv1)
     assert torch.isfinite(dq).all()
     assert (dq.float() - dq1.float()).abs().max().item() <= 2 ** -7 * dq1.float().abs().max().item()
+    Lq, Lk = shape[3:]
     if Lq < Lk:  # kv blocks past the last query: nothing kept, zero gradients
         assert (dk[:, :, Lq:] == 0).all() and (dv[:, :, Lq:] == 0).all()
 
@@ -218,20 +226,8 @@ def test_dq_acc_starts_match_zeroing_in_the_preprocess(hd, monkeypatch):
     preprocess zeroing it (0): dK and dV bit for bit, dQ within its fp32 additions' order, and the q-blocks no kv
     block visits zero (their dQ_acc holds poisoned memory, which the postprocess must not read). GQA, more work
     tiles than SMs, kv longer than q."""
-    B, Hq, Hkv, Lq, Lk = 2, 8, 2, 2000, 4200
-    gen = torch.Generator(device="cpu").manual_seed(hd + 1)
-    q, do = (torch.randn(B, Hq, Lq, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
-    k, v = (torch.randn(B, Hkv, Lk, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
-    grads, paths = {}, set()
-    for dq_init in (0, 1):
-        variant = attngen.compile(mask_mod=attngen.MaskMod(_causal_from_200, "causal_from_200"))
-        attn, lib = _sm90_bwd_library(monkeypatch, hd, variant, dq_init=dq_init)
-        paths.add(lib.path)
-        out, lse = attn(q, k, v, return_lse=True)
-        poison_allocator(256 << 20)
-        grads[dq_init] = attngen.launch.backward(lib, q, k, v, out, do, lse, params=attn._param_fields())
-        torch.cuda.synchronize()
-    assert len(paths) == 2, "both settings loaded one library"
+    grads = _grads_per_setting(monkeypatch, hd, (2, 8, 2, 2000, 4200), {0: dict(dq_init=0), 1: dict(dq_init=1)},
+                               lambda: attngen.compile(mask_mod=attngen.MaskMod(_causal_from_200, "causal_from_200")))
     (dq0, dk0, dv0), (dq, dk, dv) = grads[0], grads[1]
     assert torch.equal(dk, dk0) and torch.equal(dv, dv0)
     assert torch.isfinite(dq).all()
