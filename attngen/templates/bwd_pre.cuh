@@ -2,7 +2,8 @@
 //  block per q-block: delta = rowsum(dO * O) (fp32), lse in the log2 domain (+inf for rows with nothing kept and
 //  for the padding of the last q-block, so P = 0 there), the fp32 dQ accumulator zeroed, or, where the main kernel
 //  stores its first addition to each chunk (AttngenBwdArgs.dq_written), the chunks' flags instead. Each kernel
-//  family has its own postprocess, for the layout it keeps dQ_acc in. Configuration (Elem, D) from the including attngen_bwd.cu.
+//  family has its own postprocess, for the layout it keeps dQ_acc in. Configuration (Elem, D) from the including
+//  attngen_bwd.cu.
 #pragma once
 
 #include "attngen_common.cuh"

@@ -552,7 +552,8 @@ constexpr int POST_THREADS = 256;
 constexpr int POST_PITCH = D / 2 + 4;  // 32-bit words per staged row: the 8 rows a warp writes start 4 banks apart
 static_assert((BQ * D / 4) % POST_THREADS == 0 && (BQ * D / 8) % POST_THREADS == 0 && (D / 2) % 32 == 0,
               "the postprocess's loops cover a q-block evenly, conflict-free");
-static_assert((16 * DQ_N) % POST_THREADS == 0 && NUM_CONSUMERS == 2, "each load of the postprocess in one of two chunks");
+static_assert((16 * DQ_N) % POST_THREADS == 0 && NUM_CONSUMERS == 2,
+              "each load of the postprocess lies in one of the two chunks");
 
 __global__ void __launch_bounds__(POST_THREADS)
     attngen_bwd_post_tiled_kernel(const __grid_constant__ AttngenBwdArgs a) {
