@@ -1,0 +1,86 @@
+"""Is the sm90 backward's SASS unchanged against a git revision? Builds each variant's sm90_bwd library at head
+dims 64 and 128 from this tree and from REV (a `git worktree` of it, imported in a subprocess), each side into a
+cache of its own, dumps both with cuobjdump and compares the instruction text (addresses and encodings kept; the
+file header and the anonymous namespace's per-source hash in the function names dropped). scripts/sass_diff.py does this for the forward kernels from their sources; this one goes
+through each tree's whole build (its ladder, codegen and renderer). No GPU needed.
+
+    python scripts/bwd_sass_cmp.py REV [--variants causal document softcap_causal] [--cuobjdump PATH]
+
+cuobjdump needs nvdisasm on PATH (or NVDISASM_PATH) to dump SASS; without it the build's dump fails here.
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# variants by name, as an expression over attngen and torch (each side evaluates it with its own attngen)
+VARIANTS = {
+    "causal": "attngen.compile(causal=True)",
+    "document": "attngen.compile(mask_mod=attngen.document(torch.arange(4096) // 700))",
+    "softcap_causal": "attngen.compile(softcap=30.0, causal=True)",
+}
+
+DUMP = """
+import os, subprocess, sys, torch
+sys.path.insert(0, sys.argv[1])
+import attngen
+assert attngen.__file__.startswith(sys.argv[1]), attngen.__file__
+variants = eval(sys.argv[3])
+for name, hd in ((n, int(h)) for n, h in (x.split(":") for x in sys.argv[4:])):
+    lib = variants[name].spec(torch.bfloat16, hd, "sm_90a", "sm90_bwd").build_cached()
+    out = subprocess.run([sys.argv[2], "--dump-sass", str(lib)], capture_output=True, text=True, check=True).stdout
+    print(f"== {name} {hd}")
+    print("\\n".join(l for l in out.splitlines() if l.strip().startswith(("/*", "Function"))))
+"""
+
+
+def dump(tree: Path, cuobjdump: str, cases, cache: str) -> dict:
+    """{(variant, head dim): SASS text} of tree's builds."""
+    env = dict(os.environ, ATTNGEN_CACHE_DIR=cache, PYTHONPATH=str(tree))
+    table = "{" + ", ".join(f"{n!r}: {VARIANTS[n]}" for n in dict.fromkeys(n for n, _ in cases)) + "}"
+    args = [f"{n}:{hd}" for n, hd in cases]
+    run = subprocess.run([sys.executable, "-c", DUMP, str(tree), cuobjdump, table, *args], env=env,
+                         cwd=tempfile.gettempdir(), capture_output=True, text=True)
+    if run.returncode != 0:
+        raise SystemExit(f"building or dumping at {tree} failed:\n{run.stderr[-3000:]}")
+    out = run.stdout
+    parts = {}
+    for block in out.split("== ")[1:]:
+        head, _, body = block.partition("\n")
+        name, hd = head.split()
+        parts[(name, int(hd))] = re.sub(r"_GLOBAL__N__[0-9a-f]+_", "_GLOBAL__N__", body)
+    return parts
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("rev")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
+    args = p.parse_args(argv)
+    cases = [(n, hd) for n in args.variants for hd in (64, 128)]
+    with tempfile.TemporaryDirectory() as tmp:
+        old = Path(tmp) / "rev"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(old), args.rev], check=True)
+        try:
+            before = dump(old, args.cuobjdump, cases, str(Path(tmp) / "cache-rev"))
+            after = dump(ROOT, args.cuobjdump, cases, str(Path(tmp) / "cache-here"))
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False)
+    same = True
+    for case in cases:
+        equal = before[case] == after[case]
+        same &= equal
+        print(f"{case[0]} hd{case[1]}: {'same SASS' if equal else 'SASS differs'} "
+              f"({len(after[case].splitlines())} lines here, {len(before[case].splitlines())} at {args.rev})")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
