@@ -180,12 +180,4 @@ constexpr bool dq_float4_place_matches_offsets() {
 }
 static_assert(dq_float4_place_matches_offsets(), "the postprocess would put dQ_acc's floats in the wrong places");
 
-// The next slot of the Q / dO ring (stage) and the parity of its use (phase; sm90_mbarrier.cuh).
-__device__ __forceinline__ void advance(int& stage, uint32_t& phase) {
-  if (++stage == STAGES) {
-    stage = 0;
-    phase ^= 1u;
-  }
-}
-
 }  // namespace
