@@ -1,6 +1,6 @@
 """The sm90 backward at other tile settings than jit/tiles.py's, side by side in one process: forward + backward
 steps (bench_training.py's) of each variant at each setting (--set: fields of jit.tiles.Sm90BwdTiles, e.g.
-`stages=3` for the Q / dO ring, `walk_shift=2` for the rotated walk, `persistent=0`; one setting per argument,
+`stages=3` for the Q / dO ring, `rel_walk=0` for score_mod per element, `walk_shift=2` for the rotated walk, `persistent=0`; one setting per argument,
 fields joined by commas; `ladder` for the shipped ladder, whose first rung without spills a build takes),
 interleaved rounds of triton's do_bench, the median; gradients compared with the first setting's; with --flex,
 flex's step (bench_training.py's) timed in the same rounds, each setting's ratio to it printed. Shared
@@ -8,6 +8,8 @@ memory allows 3 stages at head dim 128 (the staged dQ still fitting beside them,
 
     python scripts/bwd_tiles_ab.py [--variants causal full sliding_window document] [--set stages=2 stages=3]
         [--head-dim 128] [--seq 8192] [--flex]
+
+Variants: bench_forward.py's anchors and bench_training.py's learnable ones (relpos_learnable, ...).
 """
 import argparse
 import sys
@@ -19,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_forward as bf  # noqa: E402
-from bench_training import FLOP_FACTOR, step_fn  # noqa: E402
+from bench_training import FLEX_RETRY_OPTIONS, FLOP_FACTOR, LEARNABLE, make_learnable, step_fn  # noqa: E402
 
 
 def main(argv=None):
@@ -59,11 +61,14 @@ def main(argv=None):
 
     bf.heat_gpu(device)
     for key in args.variants:
-        score_mod, mask_mod = bf.make_variant(key, S, H, device)
+        if key in LEARNABLE:  # the step also differentiates the captured tensor (bench_training.py's)
+            score_mod, mask_mod, leaves = make_learnable(key, S, H, device)
+        else:
+            (score_mod, mask_mod), leaves = bf.make_variant(key, S, H, device), []
         density = bf.density_of(score_mod, mask_mod, B, H, S, device)
         fns, first = {}, None
         for s in args.settings:
-            fn = under(s, step_fn(bf.make_attngen(score_mod, mask_mod), q, k, v, dout))
+            fn = under(s, step_fn(bf.make_attngen(score_mod, mask_mod), q, k, v, dout, leaves))
             grads = [g.float() for g in fn()]
             torch.cuda.synchronize()
             if first is None:
@@ -71,9 +76,17 @@ def main(argv=None):
             diff = max((g - r).abs().max().item() for g, r in zip(grads, first))
             print(f"[{key}] {s}: max |grad - grad at {args.settings[0]}| = {diff:.3e}", flush=True)
             fns[s] = fn
-        if args.flex:
-            fns["flex"] = step_fn(bf.Flex().make(score_mod, mask_mod, S, device, None), q, k, v, dout)
-            fns["flex"]()
+        for options in [None] + FLEX_RETRY_OPTIONS if args.flex else []:  # bench_training.py's retries
+            try:
+                fns["flex"] = step_fn(bf.Flex().make(score_mod, mask_mod, S, device, options), q, k, v, dout, leaves)
+                fns["flex"]()
+                if options:
+                    print(f"[{key}] flex ran with kernel_options={options}", flush=True)
+                break
+            except Exception as e:  # noqa: BLE001
+                fns.pop("flex", None)
+                if "out of resource" not in str(e):
+                    raise
         times = {s: [] for s in fns}
         for _ in range(bf.ROUNDS):
             for s, fn in fns.items():

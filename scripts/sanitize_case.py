@@ -1,8 +1,8 @@
 """Small cases for compute-sanitizer (memcheck / racecheck / synccheck): one per head dim through the
-public API, checked against the float64 reference; with `--backward` also the gradients of q, k, v (the backward
-kernels: sm90 at head dims 64 / 128 on H100/H200, the portable one at 256); with `--decode` the KV-cache kernel
-instead (attn.with_kvcache: paged and contiguous caches, appends, splits and their combine). `--build` only fills the
-kernel cache (run it outside the sanitizer so nvcc is not traced).
+public API, checked against the float64 reference; with `--backward` also the gradients of q, k, v and of a
+learnable table (the backward kernels: sm90 at head dims 64 / 128 on H100/H200, the portable one at 256); with
+`--decode` the KV-cache kernel instead (attn.with_kvcache: paged and contiguous caches, appends, splits and their
+combine). `--build` only fills the kernel cache (run it outside the sanitizer so nvcc is not traced).
 Usage: sanitize_case.py [--build] [--backend sm90] [--backward | --decode]"""
 import argparse
 import sys
@@ -69,6 +69,13 @@ if args.decode:
     sys.exit(1 if failed else 0)
 
 docs = torch.randint(0, 3, (320,), generator=torch.Generator().manual_seed(0)).sort().values.cuda()
+table = (torch.randn(2, 600, generator=torch.Generator().manual_seed(1)) * 0.5).cuda().requires_grad_()
+
+
+def relpos(s, b, h, q, kv):
+    return s + table[h, q - kv + 299]
+
+
 cases = [
     (64, attngen.compile(softcap=30.0, causal=True, backend=args.backend), 200, 200, 0),
     (128, attngen.compile(mask_mod=attngen.document(docs), backend=args.backend), 130, 300, 20),
@@ -82,6 +89,8 @@ cases = [
     (128, attngen.compile(causal=True, backend=args.backend), 100, 4500, 4400, 4),
     # deterministic: the sm90 backward's dQ writers wait for their turns (kv blocks in order)
     (128, attngen.compile(causal=True, deterministic=True, backend=args.backend), 300, 300, 0),
+    # a learnable relative-position table under a window: its gradient summed in the kernel's shared-memory bins
+    (64, attngen.compile(score_mod=relpos, window=90, backend=args.backend), 200, 230, 10, 2, [table]),
 ]
 if args.build:
     for d, attn, *_ in cases:
@@ -91,8 +100,9 @@ if args.build:
             attn.spec(torch.bfloat16, d, kernel=attn.backward_kernels(d, dev)[0]).build_cached()
     sys.exit(0)
 bad = 0
-for d, attn, lq, lk, off, *heads in cases:
-    H = heads[0] if heads else 2
+for d, attn, lq, lk, off, *rest in cases:
+    H = rest[0] if rest else 2
+    leaves = rest[1] if len(rest) > 1 and args.backward else []  # captured tensors whose gradients are checked
     g = torch.Generator(device="cuda").manual_seed(d)
     q = torch.randn(1, H, lq, d, device="cuda", dtype=torch.bfloat16, generator=g)
     k, v = (torch.randn(1, H, lk, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
@@ -108,9 +118,9 @@ for d, attn, lq, lk, off, *heads in cases:
     ok = err < 3e-2 and bool(torch.isfinite(out).all())
     if args.backward:
         dout = torch.randn(out.shape, device="cuda", dtype=torch.bfloat16, generator=g)
-        grads = torch.autograd.grad(out, (q, k, v), dout)
+        grads = torch.autograd.grad(out, (q, k, v, *leaves), dout)
         torch.cuda.synchronize()
-        refs = torch.autograd.grad(ref, ins, dout.double())
+        refs = torch.autograd.grad(ref, ins + leaves, dout.double())
         gerr = max((x.double() - r).abs().max().item() / max(1.0, r.abs().max().item()) for x, r in zip(grads, refs))
         ok = ok and gerr < 5e-2 and all(bool(torch.isfinite(x).all()) for x in grads)
         err = max(err, gerr)

@@ -55,10 +55,12 @@ ATTNGEN_DEV_INLINE void red_add_global(float* p, float v) {
 }
 
 // Kept element (q_idx, kv_idx), fragment element (nt, rh, e), with dL / d score_mod = dy at the score
-// score_mod received.
+// score_mod received. HELD: kind 2 adds to held[k], a register the caller sums the element's diagonal in and
+// hands to grad_sites_add_held (bwd_probs.cuh's probs_t_rel), instead of to the bins.
+template <bool HELD = false>
 ATTNGEN_DEV_INLINE void grad_sites_add(GradSites& gs, float dy, float score, const CapturedArgs& C, const HeadCtx& hc,
                                        const RowCtx& rc, const ColCtx& cc, int q_idx, int kv_idx, int nt, int rh,
-                                       int e) {
+                                       int e, float* held = nullptr) {
 #if ATTNGEN_HAS_SCORE_MOD
 #pragma unroll
   for (int k = 0; k < kGradSites; ++k) {
@@ -66,9 +68,22 @@ ATTNGEN_DEV_INLINE void grad_sites_add(GradSites& gs, float dy, float score, con
     long long off;
     const float v = dy * grad_site(k, score, C, hc, rc, cc, q_idx, kv_idx, off);
     if (grad_site_kind(k) == GRAD_SITE_TILE) gs.tile[k] += v;
+    else if (grad_site_kind(k) == GRAD_SITE_DIAG && HELD) held[k] += v;
     else if (grad_site_kind(k) == GRAD_SITE_DIAG)
       red_add_shared(gs.bins + 4u * (uint32_t)(grad_site_bin(k) * GRAD_SITE_FLOATS + 8 * (nt - rh) + e), v);
     else red_add_global(gs.dcap[k] + off, v);
+  }
+#endif
+}
+
+// The held sums of the diagonal of fragment elements (chunk + rh, rh, e) into the bins, and zeroed.
+ATTNGEN_DEV_INLINE void grad_sites_add_held(const GradSites& gs, float* held, int chunk, int e) {
+#if ATTNGEN_HAS_SCORE_MOD
+#pragma unroll
+  for (int k = 0; k < kGradSites; ++k) {
+    if (grad_site_kind(k) != GRAD_SITE_DIAG || gs.dcap[k] == nullptr) continue;
+    red_add_shared(gs.bins + 4u * (uint32_t)(grad_site_bin(k) * GRAD_SITE_FLOATS + 8 * chunk + e), held[k]);
+    held[k] = 0.f;
   }
 #endif
 }

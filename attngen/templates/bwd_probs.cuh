@@ -8,7 +8,8 @@
 #pragma once
 
 #include "attngen_common.cuh"
-#include "softmax.cuh"  // fast_exp2
+#include "softmax.cuh"     // fast_exp2
+#include "score_mask.cuh"  // ATTNGEN_SCORE_REL*'s defaults for variant.inc files without them
 #include "bwd_grad_sites.cuh"
 
 // d score_mod / d score comes from variant.inc's score_mod_grad (announced by ATTNGEN_NUM_GRAD_SITES).
@@ -29,12 +30,102 @@ namespace attngen {
 // no array of derivatives is kept; without GRADS, g receives d score_mod / d score (grad_scores_t below does
 // the rest). With GRADS and `sites`, every kept element also adds to the captured tensors' gradients
 // (bwd_grad_sites.cuh).
-template <bool MASK, bool BOUNDS, bool GRADS = false, int MT, int NT>
+#if ATTNGEN_SCORE_REL
+// probs_t with GRADS for a relative score mod, score_mod(s) = a(d) s + b(d) with d = q_idx - kv_idx (variant.inc's
+// score_rel), as the forward's score_tile_rel walks it: element (nt, rh, e) has d = d0 + 8 (nt - rh) + e, so row
+// g + 8 at chunk nt has the d of row g at chunk nt - 1 and a thread's 4 NT elements need 2 (NT + 1) evaluations
+// of score_rel (each a load for a table) instead of 4 NT of score_mod; d score_mod / d score is a(d). For the
+// same reason a diagonal site's two elements of one d are summed in a register before they reach the bins.
+// Loads see d clamped to the range in-range (q_idx, kv_idx) pairs have (past-the-end rows and columns are
+// discarded).
+template <bool MASK, bool BOUNDS, int NT>
+ATTNGEN_DEV_INLINE void probs_t_rel(float (&s)[1][NT][4], float (&g)[1][NT][4], float scale, const CapturedArgs& C,
+                                    const HeadCtx& hc, const ColCtx (&cc)[1][2], int kv0, int q0, const TileArgs& t,
+                                    const float* lse2, int tig, const float* delta, GradSites* sites) {
+  const int d0 = t.QOFF + q0 + 2 * tig - kv0;  // d of element (0, 0, 0)
+  const float fd0 = (float)d0;
+  struct Terms {
+    float a;       // d score_mod / d score
+    float a2, b2;  // the score in the log2 domain: fmaf(qk, a2, b2)
+  };
+  auto terms = [&](int k) {  // at d0 + k
+    int d = d0 + k;
+#if ATTNGEN_SCORE_REL_LOADS
+    d = min(max(d, t.QOFF - (t.KVLEN - 1)), t.QOFF + t.QLEN - 1);
+#endif
+    const RelTerms r = score_rel(C, hc, d, fd0 + (float)k);
+    return Terms{r.a, r.a * scale * LOG2E, r.b * LOG2E};
+  };
+  // the diagonal sites' sums of this thread's elements on chunk nt - 1 (rh = 1 at nt, after rh = 0 at nt - 1)
+  // and on chunk nt (rh = 0), per e
+  float held[2][2][kGradSites > 0 ? kGradSites : 1] = {};
+  Terms prev[2] = {terms(-8), terms(-7)};  // chunk nt - 1's, for rh = 1
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const Terms cur[2] = {terms(8 * nt), terms(8 * nt + 1)};
+    const float2 l2 = *reinterpret_cast<const float2*>(lse2 + nt * 8 + 2 * tig);
+    const float2 d2 = *reinterpret_cast<const float2*>(delta + nt * 8 + 2 * tig);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int row = q0 + nt * 8 + 2 * tig + e;
+      const bool row_ok = !BOUNDS || row < t.QLEN;
+      const int q_idx = (BOUNDS ? min(row, t.QLEN - 1) : row) + t.QOFF;
+      const RowCtx rc = row_ctx(C, hc, q_idx);
+      const float lse = e ? l2.y : l2.x;
+#pragma unroll
+      for (int rh = 0; rh < 2; ++rh) {
+        float& x = s[0][nt][rh * 2 + e];
+        float& gx = g[0][nt][rh * 2 + e];
+        const Terms& r = rh == 0 ? cur[e] : prev[e];
+        const int kv_raw = kv0 + rh * 8;
+        const int kv = BOUNDS ? min(kv_raw, t.KVLEN - 1) : kv_raw;
+        const float sc = x * scale;
+        const float y = fmaf(x, r.a2, r.b2) - lse;
+        bool keep = !BOUNDS || (row_ok && kv_raw < t.KVLEN);
+#if ATTNGEN_HAS_MASK
+        if (MASK) keep = keep & mask_mod(C, hc, rc, cc[0][rh], q_idx, kv);
+#endif
+        x = keep ? fast_exp2(y) : 0.f;
+        const float dy = x * (gx - (e ? d2.y : d2.x));
+        gx = x > 0.f ? dy * r.a : 0.f;
+        if (kGradSites > 0 && sites != nullptr && x > 0.f)
+          grad_sites_add<true>(*sites, dy, sc, C, hc, rc, cc[0][rh], q_idx, kv, nt, rh, e, held[rh][e]);
+      }
+    }
+    if (kGradDiagSites > 0 && sites != nullptr) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        grad_sites_add_held(*sites, held[1][e], nt - 1, e);
+#pragma unroll
+        for (int k = 0; k < kGradSites; ++k) {
+          held[1][e][k] = held[0][e][k];
+          held[0][e][k] = 0.f;
+        }
+      }
+    }
+    prev[0] = cur[0];
+    prev[1] = cur[1];
+  }
+  if (kGradDiagSites > 0 && sites != nullptr) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) grad_sites_add_held(*sites, held[1][e], NT - 1, e);
+  }
+}
+#endif
+
+// REL (the sm90 kernel's Sm90BwdTiles.rel_walk, with GRADS): a relative score mod takes probs_t_rel.
+template <bool MASK, bool BOUNDS, bool GRADS = false, bool REL = false, int MT, int NT>
 ATTNGEN_DEV_INLINE void probs_t(float (&s)[MT][NT][4], float (&g)[MT][NT][4], float scale, const CapturedArgs& C,
                                 const HeadCtx& hc, const ColCtx (&cc)[MT][2], int kv0, int q0, const TileArgs& t,
                                 const float* lse2, int tig, const float* delta = nullptr,
                                 GradSites* sites = nullptr) {
   static_assert(!GRADS || MT == 1, "GradSites' bins address one 16-row slice per warp");
+#if ATTNGEN_SCORE_REL && ATTNGEN_HAS_SCORE_MOD
+  if constexpr (GRADS && REL) {
+    probs_t_rel<MASK, BOUNDS>(s, g, scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
+    return;
+  }
+#endif
 #if !ATTNGEN_HAS_SCORE_MOD
   const float scale_log2 = scale * LOG2E;
 #endif

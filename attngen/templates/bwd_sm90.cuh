@@ -435,11 +435,11 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
       gs.bins = grad_sites_lane_bins(sm.bins(cw, n & 1), lane, wq);
       GradSites* const sites = kGradSites > 0 ? &gs : nullptr;
       if (masked) {
-        if (bounds) probs_t<true, true, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
-        else probs_t<true, false, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
+        if (bounds) probs_t<true, true, true, REL_WALK>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
+        else probs_t<true, false, true, REL_WALK>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
       } else {
-        if (bounds) probs_t<false, true, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
-        else probs_t<false, false, true>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
+        if (bounds) probs_t<false, true, true, REL_WALK>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
+        else probs_t<false, false, true, REL_WALK>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
       }
       uint32_t pa[KSTEPS_Q][4], da[KSTEPS_Q][4];
       pack_a_frags<Elem, BQ>(st, pa);

@@ -173,9 +173,10 @@ def _sm90_bwd_library(monkeypatch, hd, attn, **setting):
     return attn.backward_library(torch.bfloat16, hd, torch.cuda.current_device(), "sm90_bwd")
 
 
-def _grads_per_setting(monkeypatch, hd, shape, settings, make_variant):
+def _grads_per_setting(monkeypatch, hd, shape, settings, make_variant, captured=(), q_offset=0):
     """(dq, dk, dv) of the sm90 backward at each setting (Sm90BwdTiles fields by name), each from a fresh variant
-    and its own library, on the same random inputs (B, Hq, Hkv, Lq, Lk), with poisoned memory before each call."""
+    and its own library, on the same random inputs (B, Hq, Hkv, Lq, Lk), with poisoned memory before each call;
+    with `captured` (the variant's captured tensors), (dq, dk, dv, dcaptured), every tensor's gradient asked for."""
     B, Hq, Hkv, Lq, Lk = shape
     gen = torch.Generator(device="cpu").manual_seed(hd)
     q, do = (torch.randn(B, Hq, Lq, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
@@ -185,9 +186,11 @@ def _grads_per_setting(monkeypatch, hd, shape, settings, make_variant):
         attn = make_variant()
         lib = _sm90_bwd_library(monkeypatch, hd, attn, **setting)
         paths.add(lib.path)
-        out, lse = attn(q, k, v, return_lse=True)
+        out, lse = attn(q, k, v, return_lse=True, q_offset=q_offset)
         poison_allocator(256 << 20)
-        grads[name] = attngen.launch.backward(lib, q, k, v, out, do, lse, params=attn._param_fields())
+        extra = dict(captured=list(captured), captured_grads=[True] * len(captured)) if captured else {}
+        grads[name] = attngen.launch.backward(lib, q, k, v, out, do, lse, q_offset=q_offset,
+                                              params=attn._param_fields(), **extra)
         torch.cuda.synchronize()
     assert len(paths) == len(settings), "two settings loaded one library"
     return grads
@@ -233,6 +236,30 @@ def test_dq_acc_starts_match_zeroing_in_the_preprocess(hd, monkeypatch):
     assert torch.isfinite(dq).all()
     assert (dq[:, :, :200] == 0).all()
     assert (dq.float() - dq0.float()).abs().max().item() <= 2 ** -7 * dq0.float().abs().max().item()
+
+
+@pytest.mark.requires_sm90
+@pytest.mark.parametrize("hd", [64, 128])
+def test_relative_walk_matches_score_mod_per_element(hd, monkeypatch):
+    """A relative score mod walked once per diagonal of a thread's elements (Sm90BwdTiles.rel_walk: score_rel's
+    table loads shared by the two elements of one d, the table's gradient summed in registers first) against
+    score_mod per element: a table read at q - kv under a sliding window, odd lengths, q_offset, GQA, more work
+    tiles than SMs. dq, dk, dv agree to a bf16 rounding of the same products (the score's two spellings differ in
+    the last fp32 bit), the table's gradient to its fp32 sums' order."""
+    L = 2600
+    table = (torch.randn(4, 2 * L, generator=torch.Generator().manual_seed(3)) * 0.5).to(DEV)
+
+    def relpos(s, b, h, q, kv):
+        return s + table[h, q - kv + L - 1]
+
+    settings = {1: dict(rel_walk=True), 0: dict(rel_walk=False)}
+    grads = _grads_per_setting(monkeypatch, hd, (2, 4, 2, 1100, 2450), settings,
+                               lambda: attngen.compile(score_mod=relpos, window=700), captured=[table], q_offset=130)
+    (dq, dk, dv, (dt,)), (dq0, dk0, dv0, (dt0,)) = grads[1], grads[0]
+    for what, g, g0 in (("dq", dq, dq0), ("dk", dk, dk0), ("dv", dv, dv0), ("dtable", dt, dt0)):
+        assert torch.isfinite(g).all(), what
+        top = g0.float().abs().max().item()
+        assert top > 0 and (g.float() - g0.float()).abs().max().item() <= 2 ** -7 * top, what
 
 
 @pytest.mark.requires_sm90
