@@ -2,7 +2,8 @@
 warm-up launch, so `ncu --launch-skip 1 --launch-count 1 -k regex:attngen_fwd` profiles a warm kernel;
 `--backward` also runs the backward (its kernels: `-k regex:attngen_bwd_kernel`); `--fp8` calls the FP8 forward on the
 inputs quantised as bench_fp8.py does (its attention kernel: `-k regex:attngen_fwd_kernel`, not the V^T kernel).
-`--build` only fills the kernel cache (run it outside ncu).
+`--build` only fills the kernel cache (run it outside ncu). VARIANT: bench_forward.py's, or bench_training.py's learnable
+ones (relpos_learnable: with --backward the table's gradient too)
 Usage: profile_case.py VARIANT [--build] [--backward | --fp8]"""
 import argparse
 import sys
@@ -12,6 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from bench_forward import make_variant  # noqa: E402
+from bench_training import LEARNABLE, make_learnable  # noqa: E402
 
 import attngen  # noqa: E402
 
@@ -25,7 +27,10 @@ p.add_argument("--backward", action="store_true")
 p.add_argument("--fp8", action="store_true")
 args = p.parse_args()
 B, H = 2, 16
-score_mod, mask_mod = make_variant(args.variant, args.S, H, "cuda")
+if args.variant in LEARNABLE:
+    score_mod, mask_mod, leaves = make_learnable(args.variant, args.S, H, "cuda")
+else:
+    (score_mod, mask_mod), leaves = make_variant(args.variant, args.S, H, "cuda"), []
 attn = attngen.compile(score_mod=score_mod, mask_mod=mask_mod, backend=args.backend)
 q, k, v = (torch.randn(B, H, args.S, args.D, device="cuda", dtype=torch.bfloat16, requires_grad=args.backward)
            for _ in range(3))
@@ -43,7 +48,7 @@ def call():
         return
     out = attn(q, k, v)
     if args.backward:
-        torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+        torch.autograd.grad(out, (q, k, v, *leaves), torch.randn_like(out))
 
 
 call()  # builds (or loads) the kernels; with --build that is all

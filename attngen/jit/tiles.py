@@ -147,9 +147,9 @@ class Sm90BwdTiles:
     # how the fp32 dQ accumulator starts out (bwd_sm90.cuh; deterministic mode always takes 0): 0 zeroed by the
     # preprocess; 1 not zeroed, the first addition into each chunk a store (the preprocess zeroes a flag per chunk)
     dq_init: int = 1
-    # a relative score mod (score_mod(s) = a(d) s + b(d), d = q_idx - kv_idx) evaluated once per diagonal of a
-    # thread's elements, its diagonal gradient sites summed in registers first (bwd_probs.cuh's probs_t_rel; False:
-    # score_mod per element)
+    # a relative score mod (score_mod(s) = a(d) s + b(d), d = q_idx - kv_idx; b not linear in d) evaluated once per
+    # diagonal of a thread's elements, its diagonal gradient sites summed in registers first (bwd_probs.cuh's
+    # probs_t_rel; False: score_mod per element)
     rel_walk: bool = True
 
     def __post_init__(self):
