@@ -24,6 +24,7 @@ VARIANTS = {
     "causal": "attngen.compile(causal=True)",
     "document": "attngen.compile(mask_mod=attngen.document(torch.arange(4096) // 700))",
     "softcap_causal": "attngen.compile(softcap=30.0, causal=True)",
+    "alibi_causal": "attngen.compile(score_mod=attngen.alibi(16), causal=True)",
 }
 
 DUMP = """

@@ -13,7 +13,11 @@
 #    bench_training.py on the learnable and frozen tables at head dim 64.
 # E: rel_walk 1 against 0 without flex (no compile pause between the settings' rounds): the tables at head dims 64
 #    and 128 (the walk's diagonal sums now paired across lanes), and the division score mod (a relative mod whose
-#    a(d) is a reciprocal) at 128.
+#    a(d) is a reciprocal) at 128. (The paired sums turned out slower than round B's walk: taken out.)
+# F: the walk as round B ran it (no lane pairing; ALiBi off it): E's A/B again, then bench_training.py on the tables at
+#    head dims 128 and 64.
+# G: the landed tree (F's kernel) under the sanitizers: the small cases plain, memcheck, racecheck; the captured-gradient,
+#    relative-walk and ALiBi tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -53,5 +57,22 @@ case "$1" in
       --set rel_walk=1 rel_walk=0 2>&1 | tee "$R/bwd_tiles_ab_rel64.log" | grep -E "TFLOP|grad"
     timeout 150 python scripts/bwd_tiles_ab.py --variants relpos_frozen relpos_learnable div_score \
       --set rel_walk=1 rel_walk=0 2>&1 | tee "$R/bwd_tiles_ab_rel128.log" | grep -E "TFLOP|grad"
+    pack_results ;;
+  F)
+    timeout 150 python scripts/bwd_tiles_ab.py --head-dim 64 --variants relpos_frozen relpos_learnable \
+      --set rel_walk=1 rel_walk=0 2>&1 | tee "$R/bwd_tiles_ab_rel64.log" | grep -E "TFLOP|grad"
+    timeout 150 python scripts/bwd_tiles_ab.py --variants relpos_frozen relpos_learnable \
+      --set rel_walk=1 rel_walk=0 2>&1 | tee "$R/bwd_tiles_ab_rel128.log" | grep -E "TFLOP|grad"
+    timeout 200 python benchmarks/bench_training.py --out "$R" --variants relpos_learnable relpos_frozen 2>&1 \
+      | tee "$R/training.log" | grep -E "^\||rror"
+    timeout 150 python benchmarks/bench_training.py --out "$R" --head-dim 64 --variants relpos_learnable \
+      relpos_frozen 2>&1 | tee "$R/training64.log" | grep -E "^\||rror"
+    pack_results ;;
+  G)
+    smoke_backward 90 || { pack_results; exit 0; }
+    sanitize_backward memcheck 70
+    sanitize_backward racecheck 90
+    run_tests grads 130 -n 4 tests/gpu/test_captured_grads_gpu.py tests/gpu/test_bwd_gpu.py -k \
+      "captured or relative_walk or alibi"
     pack_results ;;
 esac

@@ -76,34 +76,14 @@ ATTNGEN_DEV_INLINE void grad_sites_add(GradSites& gs, float dy, float score, con
 #endif
 }
 
-// The held sums of chunk `chunk` of a thread's elements (held[e][k]: elements (chunk + rh, rh, e)) into the bins,
-// zeroed. Lane (g, tig)'s e = 1 diagonal is lane (g + 1, tig)'s e = 0 one (for g = 7: lane (0, tig)'s e = 1 one of
-// the chunk before), so a lane adds its e = 0 sum and that neighbour's e = 1 sum in one shared atomic (a CAS loop
-// on sm90), the e = 1 sums moving one lane over in a shuffle; lane g = 0 hands its e = 1 sum over one chunk later
-// (`carry`), and grad_sites_add_carry adds the last. Every lane of the warp calls it.
-ATTNGEN_DEV_INLINE void grad_sites_add_held(const GradSites& gs, float (&held)[2][kGradSites > 0 ? kGradSites : 1],
-                                            float* carry, int chunk) {
+// The held sums of the diagonal of fragment elements (chunk + rh, rh, e) into the bins, and zeroed.
+ATTNGEN_DEV_INLINE void grad_sites_add_held(const GradSites& gs, float* held, int chunk, int e) {
 #if ATTNGEN_HAS_SCORE_MOD
-  const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int k = 0; k < kGradSites; ++k) {
     if (grad_site_kind(k) != GRAD_SITE_DIAG || gs.dcap[k] == nullptr) continue;
-    const float give = lane < 4 ? carry[k] : held[1][k];  // to lane (g - 1, tig), from g = 0 to (7, tig)
-    carry[k] = held[1][k];
-    const float v = held[0][k] + __shfl_sync(0xffffffffu, give, (lane + 4) & 31);
-    red_add_shared(gs.bins + 4u * (uint32_t)(grad_site_bin(k) * GRAD_SITE_FLOATS + 8 * chunk), v);
-    held[0][k] = held[1][k] = 0.f;
-  }
-#endif
-}
-
-// After a thread's last chunk: lane g = 0's e = 1 sum of that chunk, which no lane took.
-ATTNGEN_DEV_INLINE void grad_sites_add_carry(const GradSites& gs, const float* carry, int chunk) {
-#if ATTNGEN_HAS_SCORE_MOD
-#pragma unroll
-  for (int k = 0; k < kGradSites; ++k) {
-    if (grad_site_kind(k) != GRAD_SITE_DIAG || gs.dcap[k] == nullptr || (threadIdx.x & 31) >= 4) continue;
-    red_add_shared(gs.bins + 4u * (uint32_t)(grad_site_bin(k) * GRAD_SITE_FLOATS + 8 * chunk + 1), carry[k]);
+    red_add_shared(gs.bins + 4u * (uint32_t)(grad_site_bin(k) * GRAD_SITE_FLOATS + 8 * chunk + e), held[k]);
+    held[k] = 0.f;
   }
 #endif
 }

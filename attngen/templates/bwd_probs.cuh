@@ -35,8 +35,7 @@ namespace attngen {
 // score_rel), as the forward's score_tile_rel walks it: element (nt, rh, e) has d = d0 + 8 (nt - rh) + e, so row
 // g + 8 at chunk nt has the d of row g at chunk nt - 1 and a thread's 4 NT elements need 2 (NT + 1) evaluations
 // of score_rel (each a load for a table) instead of 4 NT of score_mod; d score_mod / d score is a(d). For the
-// same reason a diagonal site's two elements of one d are summed in a register before they reach the bins, and
-// two lanes' sums of one d in one shared atomic (grad_sites_add_held).
+// same reason a diagonal site's two elements of one d are summed in a register before they reach the bins.
 // Loads see d clamped to the range in-range (q_idx, kv_idx) pairs have (past-the-end rows and columns are
 // discarded).
 template <bool MASK, bool BOUNDS, int NT>
@@ -58,9 +57,8 @@ ATTNGEN_DEV_INLINE void probs_t_rel(float (&s)[1][NT][4], float (&g)[1][NT][4], 
     return Terms{r.a, r.a * scale * LOG2E, r.b * LOG2E};
   };
   // the diagonal sites' sums of this thread's elements on chunk nt - 1 (rh = 1 at nt, after rh = 0 at nt - 1)
-  // and on chunk nt (rh = 0), per e; what lane g = 0 hands over a chunk late (grad_sites_add_held)
-  constexpr int KS = kGradSites > 0 ? kGradSites : 1;
-  float held[2][2][KS] = {}, carry[KS] = {};
+  // and on chunk nt (rh = 0), per e
+  float held[2][2][kGradSites > 0 ? kGradSites : 1] = {};
   Terms prev[2] = {terms(-8), terms(-7)};  // chunk nt - 1's, for rh = 1
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
@@ -95,21 +93,22 @@ ATTNGEN_DEV_INLINE void probs_t_rel(float (&s)[1][NT][4], float (&g)[1][NT][4], 
       }
     }
     if (kGradDiagSites > 0 && sites != nullptr) {
-      grad_sites_add_held(*sites, held[1], carry, nt - 1);
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
+      for (int e = 0; e < 2; ++e) {
+        grad_sites_add_held(*sites, held[1][e], nt - 1, e);
 #pragma unroll
-        for (int k = 0; k < KS; ++k) {
+        for (int k = 0; k < kGradSites; ++k) {
           held[1][e][k] = held[0][e][k];
           held[0][e][k] = 0.f;
         }
+      }
     }
     prev[0] = cur[0];
     prev[1] = cur[1];
   }
   if (kGradDiagSites > 0 && sites != nullptr) {
-    grad_sites_add_held(*sites, held[1], carry, NT - 1);
-    grad_sites_add_carry(*sites, carry, NT - 1);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) grad_sites_add_held(*sites, held[1][e], NT - 1, e);
   }
 }
 #endif

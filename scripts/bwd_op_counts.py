@@ -1,0 +1,71 @@
+"""Spilled bytes and SASS instruction counts of the sm90 backward's main kernel per variant and Sm90BwdTiles setting,
+built on this machine (no GPU): global loads (LDG), shared-memory CAS loops (ATOMS: float atomics on sm90), shuffles,
+MUFU, shared loads and the instruction total, as cuobjdump prints them. Variants: bench_forward.py's anchors and
+bench_training.py's learnable ones. cuobjdump needs nvdisasm on PATH (scripts/bwd_sass_cmp.py says where to get both).
+
+    python scripts/bwd_op_counts.py [--variants relpos_learnable div_score] [--head-dim 128 64]
+        [--set rel_walk=1 rel_walk=0] [--cuobjdump PATH]
+"""
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+OPS = ("LDG", "ATOMS", "SHFL", "MUFU", "LDS", "STS", "LDL", "STL")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variants", nargs="+", default=["relpos_learnable"])
+    p.add_argument("--head-dim", nargs="+", type=int, default=[128, 64])
+    p.add_argument("--set", nargs="+", default=["rel_walk=1", "rel_walk=0"], dest="settings", metavar="FIELD=VALUE")
+    p.add_argument("--cuobjdump", default="cuobjdump")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as cache:
+        import os
+
+        os.environ["ATTNGEN_CACHE_DIR"] = cache  # nothing here reads or writes the user's cache
+        import torch
+
+        import attngen
+        import bench_forward as bf
+        from bench_training import LEARNABLE, make_learnable
+        from attngen.jit.spec import SM90_BWD_KERNEL, build_first_without_spills
+        from attngen.jit.tiles import SM90_BWD_TILES
+
+        print("| variant | D | setting | spilled bytes | " + " | ".join(OPS) + " | instructions |")
+        print("|---|---|---|---|" + "---|" * (len(OPS) + 1))
+        for key in args.variants:
+            if key in LEARNABLE:
+                score_mod, mask_mod, _ = make_learnable(key, 8192, 16, "cpu")
+            else:
+                score_mod, mask_mod = bf.make_variant(key, 8192, 16, "cpu")
+            attn = attngen.compile(score_mod=score_mod, mask_mod=mask_mod)
+            for hd in args.head_dim:
+                inc = attn.spec(torch.bfloat16, hd, "sm_90a", kernel=SM90_BWD_KERNEL).variant_inc()
+                for setting in args.settings:
+                    fields = {k: int(v) for k, v in (f.split("=") for f in setting.split(","))}
+                    with tempfile.TemporaryDirectory() as d:
+                        _, spill = build_first_without_spills(Path(d), inc, torch.bfloat16, hd, "sm_90a",
+                                                              (replace(SM90_BWD_TILES[hd], **fields),),
+                                                              kernel=SM90_BWD_KERNEL)
+                        sass = subprocess.run([args.cuobjdump, "-sass", str(Path(d) / "libattngen_bwd.so")],
+                                              capture_output=True, text=True, check=True).stdout
+                    main_kernel = next(f for f in sass.split("Function : ")[1:]  # not the pre / post kernels
+                                       if "18attngen_bwd_kernelE" in f.split("\n", 1)[0])
+                    ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", main_kernel)
+                    c = Counter(o.split(".")[0] for o in ops)
+                    print(f"| {key} | {hd} | {setting} | {spill} | " + " | ".join(str(c[o]) for o in OPS)
+                          + f" | {len(ops)} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
