@@ -19,18 +19,7 @@
 
 namespace attngen {
 
-// S^T (fp32 accumulators of K Q^T, unscaled) -> P^T = exp(x - lse) in place, x = score_mod(s * scale) (or
-// s * scale), 0 where masked: MASK evaluates mask_mod (the tile is not known FULL), BOUNDS masks q columns
-// past QLEN and kv rows past KVLEN (the mods see clamped indices there, results discarded). lse2 points at
-// the tile's BQ row log-sum-exps in the log2 domain (+inf for rows with nothing kept, so P = 0, never NaN).
-// kv0: the kv position of this thread's row g of slice 0; q0: the tile's first q row. With a score_mod, g
-// receives d score_mod / d score at each element.
-// GRADS (the sm90 kernel, which holds dP^T when it takes the probabilities): g holds dP^T on entry and receives
-// dS^T = P (dP - delta) (times d score_mod / d score), delta per q column at `delta`, in the same pass, so that
-// no array of derivatives is kept; without GRADS, g receives d score_mod / d score (grad_scores_t below does
-// the rest). With GRADS and `sites`, every kept element also adds to the captured tensors' gradients
-// (bwd_grad_sites.cuh).
-#if ATTNGEN_SCORE_REL
+#if ATTNGEN_SCORE_REL && ATTNGEN_HAS_SCORE_MOD && !ATTNGEN_SCORE_REL_LINEAR
 // probs_t with GRADS for a relative score mod, score_mod(s) = a(d) s + b(d) with d = q_idx - kv_idx (variant.inc's
 // score_rel), as the forward's score_tile_rel walks it: element (nt, rh, e) has d = d0 + 8 (nt - rh) + e, so row
 // g + 8 at chunk nt has the d of row g at chunk nt - 1 and a thread's 4 NT elements need 2 (NT + 1) evaluations
@@ -113,6 +102,17 @@ ATTNGEN_DEV_INLINE void probs_t_rel(float (&s)[1][NT][4], float (&g)[1][NT][4], 
 }
 #endif
 
+// S^T (fp32 accumulators of K Q^T, unscaled) -> P^T = exp(x - lse) in place, x = score_mod(s * scale) (or
+// s * scale), 0 where masked: MASK evaluates mask_mod (the tile is not known FULL), BOUNDS masks q columns
+// past QLEN and kv rows past KVLEN (the mods see clamped indices there, results discarded). lse2 points at
+// the tile's BQ row log-sum-exps in the log2 domain (+inf for rows with nothing kept, so P = 0, never NaN).
+// kv0: the kv position of this thread's row g of slice 0; q0: the tile's first q row. With a score_mod, g
+// receives d score_mod / d score at each element.
+// GRADS (the sm90 kernel, which holds dP^T when it takes the probabilities): g holds dP^T on entry and receives
+// dS^T = P (dP - delta) (times d score_mod / d score), delta per q column at `delta`, in the same pass, so that
+// no array of derivatives is kept; without GRADS, g receives d score_mod / d score (grad_scores_t below does
+// the rest). With GRADS and `sites`, every kept element also adds to the captured tensors' gradients
+// (bwd_grad_sites.cuh).
 // REL (the sm90 kernel's Sm90BwdTiles.rel_walk, with GRADS): a relative score mod takes probs_t_rel, unless b(d)
 // is linear in d (ALiBi: score_mod per element costs no more than score_rel, and measured a little faster).
 template <bool MASK, bool BOUNDS, bool GRADS = false, bool REL = false, int MT, int NT>
