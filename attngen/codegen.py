@@ -868,6 +868,8 @@ def render_variant_inc(traced: TracedVariant, preds: BlockPredicates, *, fast_ta
         # score_mod(s) = a(d) s: the softmax applies the scale (score_mask.cuh's score_tile_rel)
         f"#define ATTNGEN_SCORE_REL_SCALES {int(rel is not None and rel[1] == 0)}",
         f"#define ATTNGEN_SCORE_REL_LINEAR {int(rel_slope is not None)}",
+        # a does not depend on d (s + table[h, q - kv]): the kernels stage b alone per diagonal (score_mask.cuh)
+        f"#define ATTNGEN_SCORE_REL_A_CONST {int(rel is not None and not rel[0].free_symbols & {REL_D, REL_FD})}",
         f"#define ATTNGEN_HAS_MASK {has_mask}",
         f"#define ATTNGEN_NEEDS_CLASSIFIER {int(bool(preds.needs_classifier))}",
         f"#define ATTNGEN_KV_PARTS {len(preds.kv_parts) if has_mask else 0}",

@@ -1,7 +1,9 @@
 """The sm90 backward at other tile settings than jit/tiles.py's, side by side in one process: forward + backward
 steps (bench_training.py's) of each variant at each setting (--set: fields of jit.tiles.Sm90BwdTiles, e.g.
-`stages=3` for the Q / dO ring, `rel_walk=0` for score_mod per element, `walk_shift=2` for the rotated walk, `persistent=0`; one setting per argument,
-fields joined by commas; `ladder` for the shipped ladder, whose first rung without spills a build takes),
+`stages=3` for the Q / dO ring, `rel_walk=0` for score_mod per element, `walk_shift=2` for the rotated walk, `persistent=0`;
+fields of the forward's jit.tiles.Sm90Tiles prefixed `fwd.`, set on every rung of its ladder, e.g. `fwd.rel_stage=0`;
+one setting per argument, fields joined by commas; `ladder` for the shipped ladders, whose first rung without spills a
+build takes),
 interleaved rounds of triton's do_bench, the median; gradients compared with the first setting's; with --flex,
 flex's step (bench_training.py's) timed in the same rounds, each setting's ratio to it printed. Shared
 memory allows 3 stages at head dim 128 (the staged dQ still fitting beside them, sm90_bwd_layout.cuh). Needs a GPU.
@@ -44,18 +46,24 @@ def main(argv=None):
                      for _ in range(4))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
 
-    # the ladder a build (and every call's cache key) reads: one rung, this setting
-    def fields(setting):
-        return {name: int(value) for name, value in (f.split("=") for f in setting.split(","))}
+    # the ladders a build (and every call's cache key) reads: the backward's one rung at this setting, the forward's
+    # shipped ladder with the setting's fwd. fields on every rung
+    def fields(setting, fwd):
+        pairs = (f.split("=") for f in setting.split(","))
+        return {name[4:] if fwd else name: int(value) for name, value in pairs if name.startswith("fwd.") == fwd}
 
-    # "ladder": the shipped ladder itself (jit/tiles.py sm90_bwd_ladder), whose first spill-free rung a build takes
-    shipped = spec.sm90_bwd_ladder
-    ladders = {s: shipped if s == "ladder" else (lambda hd, f=fields(s): (replace(SM90_BWD_TILES[hd], **f),))
+    # "ladder": the shipped ladders themselves (jit/tiles.py), whose first spill-free rung a build takes
+    shipped, shipped_fwd = spec.sm90_bwd_ladder, spec.sm90_ladder
+    ladders = {s: shipped if s == "ladder" else (lambda hd, f=fields(s, False): (replace(SM90_BWD_TILES[hd], **f),))
                for s in args.settings}
+    fwd_ladders = {s: shipped_fwd if s == "ladder" or not fields(s, True) else
+                   (lambda *a, f=fields(s, True), **kw: tuple(replace(t, **f) for t in shipped_fwd(*a, **kw)))
+                   for s in args.settings}
 
     def under(setting, fn):
         def step():
             spec.sm90_bwd_ladder = ladders[setting]
+            spec.sm90_ladder = fwd_ladders[setting]
             return fn()
         return step
 

@@ -76,6 +76,14 @@ def relpos(s, b, h, q, kv):
     return s + table[h, q - kv + 299]
 
 
+def division(s, b, h, q, kv):  # a relative factor, no bias: the staged terms hold a alone
+    return s / (1 + 1e-3 * (q - kv) ** 2)
+
+
+def rel_both(s, b, h, q, kv):  # factor and bias both read at d: the staged terms hold both
+    return s * (1 + 0.5 * table[h, q - kv + 299]) + table[h, kv - q + 299]
+
+
 cases = [
     (64, attngen.compile(softcap=30.0, causal=True, backend=args.backend), 200, 200, 0),
     (128, attngen.compile(mask_mod=attngen.document(docs), backend=args.backend), 130, 300, 20),
@@ -89,8 +97,13 @@ cases = [
     (128, attngen.compile(causal=True, backend=args.backend), 100, 4500, 4400, 4),
     # deterministic: the sm90 backward's dQ writers wait for their turns (kv blocks in order)
     (128, attngen.compile(causal=True, deterministic=True, backend=args.backend), 300, 300, 0),
-    # a learnable relative-position table under a window: its gradient summed in the kernel's shared-memory bins
+    # a learnable relative-position table under a window: its gradient summed in the kernel's shared-memory bins;
+    # relative score mods' terms staged per warp in shared memory (b alone, a alone, both; the wide K/V tiles at hd128)
     (64, attngen.compile(score_mod=relpos, window=90, backend=args.backend), 200, 230, 10, 2, [table]),
+    (128, attngen.compile(score_mod=relpos, window=90, backend=args.backend), 200, 230, 10, 2, [table]),
+    (128, attngen.compile(score_mod=attngen.ScoreMod(division, "division"), backend=args.backend), 150, 260, 0),
+    (64, attngen.compile(score_mod=attngen.ScoreMod(rel_both, "rel_both"), causal=True, backend=args.backend), 130, 200,
+     70, 2, [table]),
 ]
 if args.build:
     for d, attn, *_ in cases:

@@ -24,7 +24,7 @@ def sm90_key(name, dtype, hd, tiles) -> str:
             f"{'' if t.overlap else '_noov'}{'' if t.pingpong else '_nopp'}{'_pin' if t.pin_softmax else ''}"
             f"{'_pers' if t.persistent else ''}{f'_max{t.persistent_max_kv}' if t.persistent_max_kv else ''}"
             f"{'_cross' if t.cross_tile else ''}"
-            f"{f'_rt{t.rescale_threshold:g}' if t.rescale_threshold else ''}")
+            f"{f'_rt{t.rescale_threshold:g}' if t.rescale_threshold else ''}{'' if t.rel_stage else '_walk'}")
 
 
 def sm90_sources(configs) -> dict:

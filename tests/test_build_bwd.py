@@ -95,6 +95,11 @@ def test_sm90_backward_family_and_tiles():
         "", torch.float16, 64, "sm_90a", tiles=plain, kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
     with pytest.raises(attngen.BuildError, match="dq_init"):
         tiles.Sm90BwdTiles(dq_init=2)
+    # relative score mods: walked per diagonal, their terms staged per warp, unless asked otherwise
+    assert "constexpr bool REL_WALK = 1;" in src and "constexpr bool REL_STAGE = 1;" in src
+    walk = dataclasses.replace(tiles.SM90_BWD_TILES[64], rel_stage=False)
+    assert "constexpr bool REL_STAGE = 0;" in render.render_sources(
+        "", torch.float16, 64, "sm_90a", tiles=walk, kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
 
 
 def test_prebuild_plans_the_backward_each_arch_runs():

@@ -99,6 +99,9 @@ def test_render(hd, dtype):
     assert "constexpr bool CROSS_TILE = false;" in cu  # off by default (tiles.py says why)
     cross = render_sm90(fixture_inc("causal"), dtype, hd, replace(cfg, persistent=True, cross_tile=True))
     assert "constexpr bool CROSS_TILE = true;" in cross[render.KERNEL_SOURCE]
+    assert "constexpr bool REL_STAGE = true;" in cu  # relative score mods' terms staged per warp by default
+    walk = render_sm90(fixture_inc("causal"), dtype, hd, replace(cfg, rel_stage=False))
+    assert "constexpr bool REL_STAGE = false;" in walk[render.KERNEL_SOURCE]
 
 
 def test_render_needs_every_parameter():
@@ -413,9 +416,11 @@ def test_relative_loads_clamped_with_a_linear_bias(nvcc_path, tmp_path):
     for linear in (1, 0):
         d = tmp_path / f"linear{linear}"
         d.mkdir()
+        # each thread's own walk in both (rel_stage would stage the terms of the non-linear one in shared memory)
         srcs = render.render_sources(inc.replace("#define ATTNGEN_SCORE_REL_LINEAR 1",
                                                  f"#define ATTNGEN_SCORE_REL_LINEAR {linear}"),
-                                     torch.bfloat16, 64, "sm_90a", kernel="sm90")
+                                     torch.bfloat16, 64, "sm_90a", tiles=replace(SM90_TILES[64], rel_stage=False),
+                                     kernel="sm90")
         for name, text in srcs.items():
             (d / name).write_text(text)
         ptx = subprocess.run([nvcc_path, "-ptx", "-arch=sm_90a", "-std=c++17", "-O3", "-o", "-",
@@ -423,3 +428,42 @@ def test_relative_loads_clamped_with_a_linear_bias(nvcc_path, tmp_path):
         assert ptx.returncode == 0, ptx.stderr[-2000:]
         loads[linear] = ptx.stdout.count("ld.global.nc")
     assert loads[1] == loads[0] > 0, loads
+
+
+@pytest.mark.requires_nvcc
+def test_relative_terms_staged_per_warp_without_spills(nvcc_path, tmp_path):
+    """A table read at q - kv (s + table[h, q - kv + L - 1]): its staged terms (Sm90Tiles.rel_stage, the default)
+    build without spills on the first rung of the forward's ladder at head dim 128 (each thread's own walk spilled
+    there), in the shared memory the tiles account for (b alone per diagonal: 4-byte slots); the PTX reads the table
+    once per slot a lane stages (5 per kv tile) instead of once per diagonal of each thread (34)."""
+    import attngen
+    from attngen.jit.spec import build_first_without_spills
+
+    table = torch.randn(16, 2 * 8192 - 1)
+
+    def relpos(s, b, h, q, kv):
+        return s + table[h, q - kv + 8191]
+
+    attn = attngen.compile(score_mod=relpos)
+    spec = attn.spec(torch.bfloat16, 128, "sm_90a", "sm90")
+    first = spec.tile_choices()[0]
+    assert first.rel_stage
+    inc = spec.variant_inc()
+    assert "#define ATTNGEN_SCORE_REL_A_CONST 1" in inc and "#define ATTNGEN_SCORE_REL_LINEAR 0" in inc
+    chosen, spill = build_first_without_spills(tmp_path / "staged", inc, torch.bfloat16, 128, "sm_90a", (first,))
+    assert (chosen, spill) == (first, 0)
+    lib = launch.load_library(tmp_path / "staged" / ninja.LIBRARY_NAME)  # kernel info only: no GPU needed
+    assert lib.smem_bytes == first.smem_bytes(128, staged_rel=4) > first.smem_bytes(128)
+    loads = {}
+    for staged in (True, False):
+        d = tmp_path / f"ptx{int(staged)}"
+        d.mkdir()
+        for name, text in render.render_sources(inc, torch.bfloat16, 128, "sm_90a", tiles=replace(first, rel_stage=staged),
+                                                kernel="sm90").items():
+            (d / name).write_text(text)
+        ptx = subprocess.run([nvcc_path, "-ptx", "-arch=sm_90a", "-std=c++17", "-O3", "-o", "-",
+                              str(d / render.KERNEL_SOURCE)], capture_output=True, text=True)
+        assert ptx.returncode == 0, ptx.stderr[-2000:]
+        assert ptx.stdout.count(".entry") == 1  # the attention kernel alone
+        loads[staged] = (ptx.stdout.count("ld.global.nc"), ptx.stdout.count("st.shared.f32"))
+    assert loads[True][1] > 0 == loads[False][1] and 0 < loads[True][0] < loads[False][0], loads

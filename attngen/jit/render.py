@@ -106,6 +106,7 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
         params.update(family="sm90", block_q=t.block_q, block_k=t.block_k, stages=t.stages,
                       producer_regs=t.producer_regs, consumer_regs=t.consumer_regs, walk_shift=t.walk_shift,
                       persistent=int(t.persistent), dq_init=t.dq_init, rel_walk=int(t.rel_walk),
+                      rel_stage=int(t.rel_stage),
                       arch_number=90)
         text = _render(BWD_KERNEL_TEMPLATE, template_dir, **params)
         return {BWD_KERNEL_SOURCE: text, VARIANT_INCLUDE: variant_inc, **headers(template_dir)}
@@ -116,7 +117,8 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
         t = tiles or SM90_TILES[head_dim]
         params.update(block_q=t.block_q, block_k=t.block_k, stages=t.stages, overlap=t.overlap, pingpong=t.pingpong,
                       pin_softmax=t.pin_softmax, persistent=t.persistent, persistent_max_kv=t.persistent_max_kv,
-                      cross_tile=t.cross_tile, rescale_threshold=float(t.rescale_threshold), arch_number=90)
+                      cross_tile=t.cross_tile, rescale_threshold=float(t.rescale_threshold), rel_stage=t.rel_stage,
+                      arch_number=90)
     else:
         t = tiles or tile_config(head_dim, arch)
         params.update(block_q=t.block_q, block_k=t.block_k, num_warps=t.num_warps, min_blocks=t.min_blocks,

@@ -151,6 +151,10 @@ class Sm90BwdTiles:
     # diagonal of a thread's elements, its diagonal gradient sites summed in registers first (bwd_probs.cuh's
     # probs_t_rel; False: score_mod per element)
     rel_walk: bool = True
+    # with rel_walk: each consumer warp evaluates the relative score mod once per diagonal of its 16 kv rows and the
+    # q-block (BQ + 15 slots of 4 to 16 bytes in shared memory) and every thread reads its diagonals' slots, where that
+    # fits beside the gradient bins (False, or where it does not fit: each thread evaluates its own 2 (BQ / 8 + 1))
+    rel_stage: bool = True
 
     def __post_init__(self):
         if self.dq_init not in (0, 1):
@@ -218,19 +222,28 @@ class Sm90Tiles:
     # keep a row's running max while it grows by at most this (log2 units) and skip rescaling O (0: only while it
     # does not grow)
     rescale_threshold: float = 0.0
+    # a relative score mod (score_mod(s) = a(d) s + b(d), d = q_idx - kv_idx; b not linear in d): each consumer warp
+    # evaluates it once per diagonal of its 16 rows into shared memory (BK + 15 slots of 4 or 8 bytes) and every element
+    # reads its diagonal's slot, where that fits beside the tiles (False, or where it does not fit: each thread
+    # evaluates its own 2 (BK / 8 + 1) diagonals; score_mask.cuh)
+    rel_stage: bool = True
     block_q: int = 128
     elem_bytes: int = 2  # 1: FP8 (e4m3) inputs
 
-    def smem_bytes(self, head_dim: int) -> int:
+    def smem_bytes(self, head_dim: int, staged_rel: int = 0) -> int:
         """Dynamic shared memory: 1 KiB alignment slack, the Q tile (two on the persistent grid where they
-        fit: sm90_layout.cuh), the K/V ring, mbarriers, the tile id."""
+        fit: sm90_layout.cuh), the K/V ring, the consumer warps' relative terms (``staged_rel``: the bytes of a
+        staged term, score_mask.cuh's REL_SLOT_BYTES, for a relative score mod with b not linear in d, else 0; with
+        rel_stage, where they fit with one Q tile), mbarriers, the tile id."""
         q = self.block_q * head_dim * self.elem_bytes
         kv = self.block_k * head_dim * self.elem_bytes
 
-        def size(q_bufs):
-            return 1024 + q_bufs * q + 2 * self.stages * kv + 8 * (2 * q_bufs + 4 * self.stages + 2) + 8
+        def size(q_bufs, rel):
+            return 1024 + q_bufs * q + 2 * self.stages * kv + rel + 8 * (2 * q_bufs + 4 * self.stages + 2) + 8
 
-        return size(2) if self.persistent and size(2) <= SM90_SMEM_LIMIT else size(1)
+        rel = 8 * -(-(self.block_k + 15) * staged_rel // 16) * 16 if self.rel_stage else 0
+        rel = rel if size(1, rel) <= SM90_SMEM_LIMIT else 0
+        return size(2, rel) if self.persistent and size(2, rel) <= SM90_SMEM_LIMIT else size(1, rel)
 
 
 # Head dims whose half-plane masks without a score_mod try cross_tile first (docs/performance.md, "Tile choices":

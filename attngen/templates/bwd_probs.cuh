@@ -19,6 +19,11 @@
 
 namespace attngen {
 
+// A staged relative term's bytes (stage_rel_terms_t): b log2(e) alone where a does not depend on d (a and a scale
+// log2(e) are then the same for every diagonal: probs_t_rel works them out once), a where b is 0 (a scale log2(e)
+// one multiply away), else (a, a scale log2(e), b log2(e), unused).
+constexpr int REL_SLOT_BYTES_T = ATTNGEN_SCORE_REL_A_CONST || ATTNGEN_SCORE_REL_SCALES ? 4 : 16;
+
 #if ATTNGEN_SCORE_REL && ATTNGEN_HAS_SCORE_MOD && !ATTNGEN_SCORE_REL_LINEAR
 // probs_t with GRADS for a relative score mod, score_mod(s) = a(d) s + b(d) with d = q_idx - kv_idx (variant.inc's
 // score_rel), as the forward's score_tile_rel walks it: element (nt, rh, e) has d = d0 + 8 (nt - rh) + e, so row
@@ -26,24 +31,48 @@ namespace attngen {
 // of score_rel (each a load for a table) instead of 4 NT of score_mod; d score_mod / d score is a(d). For the
 // same reason a diagonal site's two elements of one d are summed in a register before they reach the bins.
 // Loads see d clamped to the range in-range (q_idx, kv_idx) pairs have (past-the-end rows and columns are
-// discarded).
-template <bool MASK, bool BOUNDS, int NT>
+// discarded). STAGED (REL_STAGED of the sm90 backward): the terms come from the warp's shared slots
+// (stage_rel_terms_t), rel_base being this thread's rel_slot_base_t there.
+template <bool MASK, bool BOUNDS, bool STAGED, int NT>
 ATTNGEN_DEV_INLINE void probs_t_rel(float (&s)[1][NT][4], float (&g)[1][NT][4], float scale, const CapturedArgs& C,
                                     const HeadCtx& hc, const ColCtx (&cc)[1][2], int kv0, int q0, const TileArgs& t,
-                                    const float* lse2, int tig, const float* delta, GradSites* sites) {
+                                    const float* lse2, int tig, const float* delta, GradSites* sites,
+                                    uint32_t rel_base) {
   const int d0 = t.QOFF + q0 + 2 * tig - kv0;  // d of element (0, 0, 0)
   const float fd0 = (float)d0;
   struct Terms {
     float a;       // d score_mod / d score
     float a2, b2;  // the score in the log2 domain: fmaf(qk, a2, b2)
   };
-  auto terms = [&](int k) {  // at d0 + k
+  auto evaluated = [&](int k) {
     int d = d0 + k;
 #if ATTNGEN_SCORE_REL_LOADS
     d = min(max(d, t.QOFF - (t.KVLEN - 1)), t.QOFF + t.QLEN - 1);
 #endif
     const RelTerms r = score_rel(C, hc, d, fd0 + (float)k);
     return Terms{r.a, r.a * scale * LOG2E, r.b * LOG2E};
+  };
+  // STAGED with a free of d: a and its scaled form from one evaluation (its load of b, unused, compiled away)
+  Terms a_const{};
+  if constexpr (STAGED && ATTNGEN_SCORE_REL_A_CONST) a_const = evaluated(0);
+  auto terms = [&](int k) {  // at d0 + k
+    if constexpr (STAGED) {  // d0 + k is slot 8 + k above rel_base (rel_slot_base_t)
+      const uint32_t at = rel_base + (uint32_t)(REL_SLOT_BYTES_T * (8 + k));
+      Terms r{a_const.a, a_const.a2, 0.f};
+      if constexpr (ATTNGEN_SCORE_REL_A_CONST) {
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r.b2) : "r"(at));
+      } else if constexpr (ATTNGEN_SCORE_REL_SCALES) {
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r.a) : "r"(at));
+        r.a2 = r.a * scale * LOG2E;
+      } else {
+        float unused;
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=f"(r.a), "=f"(r.a2), "=f"(r.b2), "=f"(unused)
+                     : "r"(at));
+      }
+      return r;
+    }
+    return evaluated(k);
   };
   // the diagonal sites' sums of this thread's elements on chunk nt - 1 (rh = 1 at nt, after rh = 0 at nt - 1)
   // and on chunk nt (rh = 0), per e
@@ -100,7 +129,47 @@ ATTNGEN_DEV_INLINE void probs_t_rel(float (&s)[1][NT][4], float (&g)[1][NT][4], 
     for (int e = 0; e < 2; ++e) grad_sites_add_held(*sites, held[1][e], NT - 1, e);
   }
 }
+
+// The staged form of probs_t_rel's terms (REL_STAGED): a warp's 16 kv rows and a q-block's BQ = 8 NT columns span
+// 8 NT + 15 diagonals, so the warp evaluates score_rel once per diagonal (3 per lane at BQ = 64) into its `slots` in
+// shared memory (REL_SLOT_BYTES_T each, from the lowest d up), where each thread would evaluate 2 (NT + 1). d_lo:
+// the lowest, QOFF + q0 - (the warp's first kv row) - 15. Loads see d clamped as in probs_t_rel. The first
+// __syncwarp keeps these stores behind the lanes' reads of the last q-block's terms, the second ahead of this one's.
+template <int NT>
+ATTNGEN_DEV_INLINE void stage_rel_terms_t(uint32_t slots, float scale, const CapturedArgs& C, const TileArgs& t,
+                                          const HeadCtx& hc, int d_lo, int lane) {
+  constexpr int SLOTS = 8 * NT + 15;
+  __syncwarp();
+#pragma unroll
+  for (int k0 = 0; k0 < SLOTS; k0 += 32) {
+    const int k = k0 + lane;
+    if (k < SLOTS) {
+      int d = d_lo + k;
+      const float fd = (float)d;
+#if ATTNGEN_SCORE_REL_LOADS
+      d = min(max(d, t.QOFF - (t.KVLEN - 1)), t.QOFF + t.QLEN - 1);
 #endif
+      const RelTerms r = score_rel(C, hc, d, fd);
+      const uint32_t at = slots + (uint32_t)(REL_SLOT_BYTES_T * k);
+      if constexpr (ATTNGEN_SCORE_REL_A_CONST) {
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(r.b * LOG2E));
+      } else if constexpr (ATTNGEN_SCORE_REL_SCALES) {
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(r.a));
+      } else {
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "f"(r.a), "f"(r.a * scale * LOG2E),
+                     "f"(r.b * LOG2E), "f"(0.f));
+      }
+    }
+  }
+  __syncwarp();
+}
+#endif
+
+// Where thread (g, tig)'s relative terms start in its warp's slots (stage_rel_terms_t): its d0 (probs_t_rel) is slot
+// 2 tig - g + 15, and the lowest it reads, d0 - 8, is slot 2 tig - g + 7 >= 0.
+ATTNGEN_DEV_INLINE uint32_t rel_slot_base_t(uint32_t slots, int lane) {
+  return slots + (uint32_t)(REL_SLOT_BYTES_T * (2 * (lane & 3) - (lane >> 2) + 7));
+}
 
 // S^T (fp32 accumulators of K Q^T, unscaled) -> P^T = exp(x - lse) in place, x = score_mod(s * scale) (or
 // s * scale), 0 where masked: MASK evaluates mask_mod (the tile is not known FULL), BOUNDS masks q columns
@@ -114,16 +183,17 @@ ATTNGEN_DEV_INLINE void probs_t_rel(float (&s)[1][NT][4], float (&g)[1][NT][4], 
 // the rest). With GRADS and `sites`, every kept element also adds to the captured tensors' gradients
 // (bwd_grad_sites.cuh).
 // REL (the sm90 kernel's Sm90BwdTiles.rel_walk, with GRADS): a relative score mod takes probs_t_rel, unless b(d)
-// is linear in d (ALiBi: score_mod per element costs no more than score_rel, and measured a little faster).
-template <bool MASK, bool BOUNDS, bool GRADS = false, bool REL = false, int MT, int NT>
+// is linear in d (ALiBi: score_mod per element costs no more than score_rel, and measured a little faster);
+// REL_STAGED (with REL), its terms from the warp's shared slots, this thread's at rel_base.
+template <bool MASK, bool BOUNDS, bool GRADS = false, bool REL = false, bool REL_STAGED = false, int MT, int NT>
 ATTNGEN_DEV_INLINE void probs_t(float (&s)[MT][NT][4], float (&g)[MT][NT][4], float scale, const CapturedArgs& C,
                                 const HeadCtx& hc, const ColCtx (&cc)[MT][2], int kv0, int q0, const TileArgs& t,
                                 const float* lse2, int tig, const float* delta = nullptr,
-                                GradSites* sites = nullptr) {
+                                GradSites* sites = nullptr, uint32_t rel_base = 0) {
   static_assert(!GRADS || MT == 1, "GradSites' bins address one 16-row slice per warp");
 #if ATTNGEN_SCORE_REL && ATTNGEN_HAS_SCORE_MOD && !ATTNGEN_SCORE_REL_LINEAR
   if constexpr (GRADS && REL) {
-    probs_t_rel<MASK, BOUNDS>(s, g, scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
+    probs_t_rel<MASK, BOUNDS, REL_STAGED>(s, g, scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
     return;
   }
 #endif

@@ -351,6 +351,8 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
   const int g = lane >> 2;
   const int tig = lane & 3;
   const int r0 = wq * 16 + g;          // this thread's accumulator rows r0, r0 + 8 (of 64)
+  const uint32_t rel_slots = sm.rel(cw * 4 + wq);  // REL_STAGED: this warp's relative terms, this thread's first
+  const uint32_t rel_base = rel_slot_base_t(rel_slots, lane);
   const CapturedArgs& C = a.captured;
   const float scale = a.scale;
 
@@ -428,6 +430,10 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
       wgmma_wait<0>();
       fence_regs(st);
       fence_regs(dp);
+#if ATTNGEN_SCORE_REL && ATTNGEN_HAS_SCORE_MOD && !ATTNGEN_SCORE_REL_LINEAR
+      // a relative score mod's terms for this q-block into the warp's slots
+      if constexpr (REL_STAGED) stage_rel_terms_t<BQ / 8>(rel_slots, scale, C, t, hc, t.QOFF + q0 - (kv_row0 + 16 * wq) - 15, lane);
+#endif
 
       // P^T into st, dS^T into dp: mask_mod only where the tile is not known FULL, bounds on tiles past either end
       const bool masked = q_tile_masked<BQ, BK>(C, t, s, c.j);
@@ -435,11 +441,11 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
       gs.bins = grad_sites_lane_bins(sm.bins(cw, n & 1), lane, wq);
       GradSites* const sites = kGradSites > 0 ? &gs : nullptr;
       if (masked) {
-        if (bounds) probs_t<true, true, true, REL_WALK>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
-        else probs_t<true, false, true, REL_WALK>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
+        if (bounds) probs_t<true, true, true, REL_WALK, REL_STAGED>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
+        else probs_t<true, false, true, REL_WALK, REL_STAGED>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
       } else {
-        if (bounds) probs_t<false, true, true, REL_WALK>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
-        else probs_t<false, false, true, REL_WALK>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites);
+        if (bounds) probs_t<false, true, true, REL_WALK, REL_STAGED>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
+        else probs_t<false, false, true, REL_WALK, REL_STAGED>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
       }
       uint32_t pa[KSTEPS_Q][4], da[KSTEPS_Q][4];
       pack_a_frags<Elem, BQ>(st, pa);

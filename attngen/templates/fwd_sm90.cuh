@@ -182,7 +182,18 @@ struct TileCtx {
   const int (&qi)[MT][2];
   int tig;
   float scale;
+  // REL_STAGED: this warp's slots of relative terms, this thread's first slot there (rel_slot_base), the q_idx of
+  // the warp's first row, the lane
+  uint32_t rel_slots, rel_base;
+  int q_warp, lane;
 };
+
+// A relative score mod's terms for kv tile jn into the warp's slots (REL_STAGED), issued ahead of the wait for its S.
+__device__ __forceinline__ void stage_rel(const TileCtx& w, int jn) {
+#if ATTNGEN_SCORE_REL
+  if constexpr (REL_STAGED) stage_rel_terms<BK / 8>(w.rel_slots, w.scale, w.C, w.t, w.hc, w.q_warp, jn * BK, w.lane);
+#endif
+}
 
 // O += P V for the kv tile in ring slot v_stage (P from registers), one commit group; the caller has rescaled O
 // (not in flight) and waited for the V tile.
@@ -197,7 +208,8 @@ __device__ __forceinline__ void issue_pv(const Consumer& c, int v_stage, const R
 
 // The scores of kv tile jn (S complete in r.s) and their online softmax.
 __device__ __forceinline__ void score_softmax(const TileCtx& w, const Regs& r, int jn, int f_lo, int f_hi) {
-  score_kv_tile</*RAW=*/true, BQ, BK>(r.s, jn, f_lo, f_hi, w.scale, w.C, w.t, w.i, w.hc, w.rc, w.qi, w.tig);
+  score_kv_tile</*RAW=*/true, BQ, BK, REL_STAGED>(r.s, jn, f_lo, f_hi, w.scale, w.C, w.t, w.i, w.hc, w.rc, w.qi, w.tig,
+                                                  w.rel_base);
   online_softmax<P_OFFSET>(r.s, raw_score_factor(w.scale, w.C, w.hc), RESCALE_THRESHOLD, r.m, r.l, r.alpha);
 }
 
@@ -226,6 +238,7 @@ __device__ __forceinline__ void step(const Consumer& c, int k_stage, uint32_t k_
   }
   c.schedule_pass();
   if (QK) {
+    stage_rel(w, jn);
     wgmma_wait<PV ? 1 : 0>();  // S complete (its K slot is free); P V may still run
     fence_regs(r.s);
     c.release_k(k_stage);
@@ -262,6 +275,7 @@ __device__ __forceinline__ void cross_step(const Consumer& c, const Consumer& c_
   wgmma_ss_kmajor<Elem, BK, KSTEPS_QK, Q_BLOCK_BYTES, KV_BLOCK_BYTES>(r.s, c_next.desc_q, c.desc_k(k_stage));
   wgmma_commit();
   c.schedule_pass();
+  stage_rel(w, jn);
   wgmma_wait<1>();  // P V complete (the Q K^T may still run): O final, its V slot free
   fence_regs(r.o);
   fence_regs(r.p);
@@ -309,6 +323,9 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
   float tile_scale = scale, o_scale = 1.f;
   int qi[MT][2];
   RowCtx rc[MT][2];
+  int q_warp = 0;  // the q_idx of this warp's first row (REL_STAGED)
+  const uint32_t rel_slots = REL_STAGED ? sm.rel(cw * 4 + wq) : 0u;
+  const uint32_t rel_base = REL_STAGED ? rel_slot_base(rel_slots, lane) : 0u;
   auto take = [&](int wt) {
     qb = q_buffer(n);
     qpar = q_parity(n);
@@ -327,6 +344,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
       qi[0][rh] = min(i * BQ + r0 + rh * 8, t.QLEN - 1) + t.QOFF;
       rc[0][rh] = row_ctx(C, hc, qi[0][rh]);
     }
+    q_warp = i * BQ + cw * 64 + wq * 16 + t.QOFF;
   };
   auto first_kv_tile = [&]() { return next_kv_tile<BQ, BK>(C, t, i, tr.j_begin, tr.j_end, tr.f_lo, tr.f_hi, tr); };
 
@@ -352,7 +370,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
   bool primed = false;  // the tile's first Q K^T is done, its P packed (cross_step did it)
   int j = 0;
   while (wt >= 0) {
-    const TileCtx w{C, t, i, hc, rc, qi, tig, tile_scale};  // this tile's (what it refers to, `take` replaces)
+    const TileCtx w{C, t, i, hc, rc, qi, tig, tile_scale, rel_slots, rel_base, q_warp, lane};  // this tile's (what it refers to, `take` replaces)
     if (!primed) {
       fresh();
       mbar_wait(sm.bar_q(qb), qpar);
@@ -411,7 +429,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
           uint32_t nphase = phase;
           advance(nstage, nphase);
           cross_step(c_done, c, sm.bar_q(qb), qpar, nstage, nphase, stage, phase, jn, tr.f_lo, tr.f_hi,
-                     TileCtx{C, t, i, hc, rc, qi, tig, tile_scale}, r, epilogue);
+                     TileCtx{C, t, i, hc, rc, qi, tig, tile_scale, rel_slots, rel_base, q_warp, lane}, r, epilogue);
           stage = nstage;
           phase = nphase;
           j = jn;

@@ -19,8 +19,15 @@
 #ifndef ATTNGEN_SCORE_REL_LINEAR
 #define ATTNGEN_SCORE_REL_LINEAR 0  // ... and not known linear in d
 #endif
+#ifndef ATTNGEN_SCORE_REL_A_CONST
+#define ATTNGEN_SCORE_REL_A_CONST 0  // ... and a not known free of d
+#endif
 
 namespace attngen {
+
+// A staged relative term's bytes (stage_rel_terms): b alone where a does not depend on d (a scale is then the same
+// for every diagonal: score_tile_rel works it out once), a scale alone where b is 0, else (a scale, b).
+constexpr int REL_SLOT_BYTES = ATTNGEN_SCORE_REL_A_CONST || ATTNGEN_SCORE_REL_SCALES ? 4 : 8;
 
 // Element k (= 2 rh + e) of chunk nt of m16 slice mt, in either fragment shape.
 template <int N>
@@ -43,10 +50,12 @@ ATTNGEN_DEV_INLINE float& frag_at(float (&s)[MT][NT][4], int mt, int nt, int k) 
 // (ATTNGEN_SCORE_REL_SCALES: s / (1 + c d^2), s * table[d]) x = a qk, and the softmax factor carries the scale
 // instead (raw_score_factor; scale > 0 here, see score_tile): one FMUL per evaluation fewer. When b is linear in d
 // (ATTNGEN_SCORE_REL_LINEAR: alibi), b at d0 - k is b(d0) - k slope, one FFMA per evaluation (within an ulp of b(d0)).
-template <bool MASK, bool BOUNDS, typename Frag>
+// STAGED (the sm90 forward's REL_STAGED): the terms come from the warp's shared slots (stage_rel_terms) instead,
+// rel_base being this thread's rel_slot_base there.
+template <bool MASK, bool BOUNDS, bool STAGED = false, typename Frag>
 ATTNGEN_DEV_INLINE void score_tile_rel(Frag& s, float scale, const CapturedArgs& C, const TileArgs& t,
                                        const HeadCtx& hc, const RowCtx (&rc)[1][2], const int (&qi)[1][2], int kv0,
-                                       int tig) {
+                                       int tig, uint32_t rel_base = 0) {
   constexpr int NT = sizeof(Frag) / (sizeof(float) * 4);  // n8 chunks
   const int KVLEN = t.KVLEN;
   const int d0 = qi[0][0] + 8 - (kv0 + 2 * tig);  // d of row g + 8 at chunk 0, e = 0
@@ -62,7 +71,21 @@ ATTNGEN_DEV_INLINE void score_tile_rel(Frag& s, float scale, const CapturedArgs&
   const RelTerms r0 = rel_at(0);  // b(d0), the base of the others (a(d0)'s loads, if any, at the clamped d)
   const float b_slope = score_rel_slope(C, hc);
 #endif
+  // STAGED with a free of d: a scale from one evaluation (its load of b, unused, compiled away)
+  const float a_const = STAGED && ATTNGEN_SCORE_REL_A_CONST ? rel_at(0).a * (ATTNGEN_SCORE_REL_SCALES ? 1.f : scale) : 0.f;
   auto terms = [&](int k) {  // the terms at d0 - k
+    if constexpr (STAGED) {  // d0 - k is slot 8 NT + 1 - k above rel_base (rel_slot_base)
+      const uint32_t at = rel_base + (uint32_t)(REL_SLOT_BYTES * (8 * NT + 1 - k));
+      RelTerms r{a_const, 0.f};
+      if constexpr (ATTNGEN_SCORE_REL_A_CONST) {
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r.b) : "r"(at));
+      } else if constexpr (ATTNGEN_SCORE_REL_SCALES) {
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r.a) : "r"(at));
+      } else {
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(r.a), "=f"(r.b) : "r"(at));
+      }
+      return r;
+    }
 #if ATTNGEN_SCORE_REL_LINEAR
     RelTerms r = k == 0 ? r0 : rel_at(k);
     r.b = fmaf(-(float)k, b_slope, r0.b);
@@ -100,7 +123,50 @@ ATTNGEN_DEV_INLINE void score_tile_rel(Frag& s, float scale, const CapturedArgs&
     prev[1] = cur[1];
   }
 }
+
+// The staged form of score_tile_rel's terms (REL_STAGED): a warp's 16 rows and a kv tile's BK = 8 NT columns span
+// 8 NT + 15 diagonals, so the warp evaluates score_rel once per diagonal (about 5 per lane at BK = 128) into its
+// `slots` in shared memory (REL_SLOT_BYTES each, from the lowest d up), where each thread would evaluate 2 (NT + 1)
+// of them (a table load with its index arithmetic, or a reciprocal on the exponentials' unit). q_warp: the q_idx
+// of the warp's first row, past QLEN or not (such rows' d are clamped for the loads as in score_tile_rel, and their
+// scores never stored). The first __syncwarp keeps these stores behind the lanes' reads of the last tile's terms,
+// the second ahead of this tile's.
+template <int NT>
+ATTNGEN_DEV_INLINE void stage_rel_terms(uint32_t slots, float scale, const CapturedArgs& C, const TileArgs& t,
+                                        const HeadCtx& hc, int q_warp, int kv0, int lane) {
+  constexpr int SLOTS = 8 * NT + 15;
+  const int d_lo = q_warp - kv0 - (8 * NT - 1);
+  __syncwarp();
+#pragma unroll
+  for (int k0 = 0; k0 < SLOTS; k0 += 32) {
+    const int k = k0 + lane;
+    if (k < SLOTS) {
+      int d = d_lo + k;
+      const float fd = (float)d;
+#if ATTNGEN_SCORE_REL_LOADS
+      d = min(max(d, t.QOFF - (t.KVLEN - 1)), t.QOFF + t.QLEN - 1);
 #endif
+      RelTerms r = score_rel(C, hc, d, fd);
+      if (!ATTNGEN_SCORE_REL_SCALES) r.a *= scale;
+      const uint32_t at = slots + (uint32_t)(REL_SLOT_BYTES * k);
+      if constexpr (ATTNGEN_SCORE_REL_A_CONST) {
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(r.b));
+      } else if constexpr (ATTNGEN_SCORE_REL_SCALES) {
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(r.a));
+      } else {
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(r.a), "f"(r.b));
+      }
+    }
+  }
+  __syncwarp();
+}
+#endif
+
+// Where thread (g, tig)'s relative terms start in its warp's slots (stage_rel_terms): its d0 (score_tile_rel) is
+// slot g - 2 tig + 8 NT + 7, and the lowest it reads, d0 - 8 NT - 1, is slot g - 2 tig + 6 >= 0.
+ATTNGEN_DEV_INLINE uint32_t rel_slot_base(uint32_t slots, int lane) {
+  return slots + (uint32_t)(REL_SLOT_BYTES * ((lane >> 2) - 2 * (lane & 3) + 6));
+}
 
 // S (fp32 accumulators of Q K^T, unscaled) -> scores; a mask evaluating false gives -inf.
 // With a score_mod, x = score_mod(qk * scale) * log2(e). Without one, RAW keeps x = qk (the softmax
@@ -197,10 +263,12 @@ ATTNGEN_DEV_INLINE void score_tiles(Frag& s, bool masked, bool bounds, float sca
 // The scores of visited kv tile j of q-block i in a (BQ x BK)-tiled kernel: mask_mod only where the
 // tile is not known FULL (outside [f_lo, f_hi) of its KvRange, and not proven FULL by the classifier's
 // tile_all), the bounds mask only on the tile that straddles KVLEN.
-template <bool RAW, int BQ, int BK, typename Frag, int MT>
+// REL_STAGED: a relative score mod's terms from the warp's shared slots, this thread's at rel_base
+// (stage_rel_terms, rel_slot_base).
+template <bool RAW, int BQ, int BK, bool REL_STAGED = false, typename Frag, int MT>
 ATTNGEN_DEV_INLINE void score_kv_tile(Frag& s, int j, int f_lo, int f_hi, float scale, const CapturedArgs& C,
                                       const TileArgs& t, int i, const HeadCtx& hc, const RowCtx (&rc)[MT][2],
-                                      const int (&qi)[MT][2], int tig) {
+                                      const int (&qi)[MT][2], int tig, uint32_t rel_base = 0) {
   bool masked = false;
 #if ATTNGEN_HAS_MASK
   masked = !(j >= f_lo && j < f_hi);
@@ -214,11 +282,11 @@ ATTNGEN_DEV_INLINE void score_kv_tile(Frag& s, int j, int f_lo, int f_hi, float 
   if constexpr (RAW) {  // the sm90 kernel: raw_score_factor is this path's (log2(e) times the scale with SCALES)
     static_assert(MT == 1, "score_tile_rel walks the sm90 fragment (one m16 slice)");
     if (masked) {
-      if (bounds) score_tile_rel<true, true>(s, scale, C, t, hc, rc, qi, kv0, tig);
-      else score_tile_rel<true, false>(s, scale, C, t, hc, rc, qi, kv0, tig);
+      if (bounds) score_tile_rel<true, true, REL_STAGED>(s, scale, C, t, hc, rc, qi, kv0, tig, rel_base);
+      else score_tile_rel<true, false, REL_STAGED>(s, scale, C, t, hc, rc, qi, kv0, tig, rel_base);
     } else {
-      if (bounds) score_tile_rel<false, true>(s, scale, C, t, hc, rc, qi, kv0, tig);
-      else score_tile_rel<false, false>(s, scale, C, t, hc, rc, qi, kv0, tig);
+      if (bounds) score_tile_rel<false, true, REL_STAGED>(s, scale, C, t, hc, rc, qi, kv0, tig, rel_base);
+      else score_tile_rel<false, false, REL_STAGED>(s, scale, C, t, hc, rc, qi, kv0, tig, rel_base);
     }
     return;
   }

@@ -6,7 +6,9 @@
 #pragma once
 
 #include "attngen_common.cuh"
+#include "score_mask.cuh"      // ATTNGEN_SCORE_REL*'s defaults for variant.inc files without them
 #include "bwd_grad_sites.cuh"  // kGradDiagSites, GRAD_BINS
+#include "bwd_probs.cuh"       // REL_SLOT_BYTES_T
 
 namespace {
 
@@ -49,11 +51,13 @@ constexpr int DQ_CHUNK = DQ_SPLIT_D ? 1 : 0;   // the chunk of consumer cw is DQ
 
 // Shared memory (offsets from a 1024-byte aligned base; tiles are multiples of 1024 bytes, so every 8-row
 // swizzle atom is 1024-aligned as the descriptors' base offset 0 requires):
-//   K | V | Q [STAGES] | dO [STAGES] | dS^T [2] | row statistics [STAGES] | gradient bins | turns | work-tile
-//   slots [2] | mbarriers | staged dQ [NUM_CONSUMERS]
+//   K | V | Q [STAGES] | dO [STAGES] | dS^T [2] | row statistics [STAGES] | gradient bins | relative terms | turns
+//   | work-tile slots [2] | mbarriers | staged dQ [NUM_CONSUMERS]
 // dS^T is double-buffered so that one consumer may write the next q-block's while the other still reads
 // this one's in dQ = dS K. The gradient bins (bwd_grad_sites.cuh; none without diagonal sites) are too, per
 // consumer: a tile's bins are emptied after the barrier that follows it, the next tile fills the other ones.
+// The relative terms (REL_STAGED: the relative walk of a score mod whose b is not linear in d, REL_STAGE, where
+// they fit): each consumer warp's BQ + 15 diagonals (bwd_probs.cuh, stage_rel_terms_t).
 constexpr int SMEM_LIMIT = 232448;  // 227 KB opt-in maximum per block on sm90
 constexpr int OFF_V = KV_BYTES;
 constexpr int OFF_Q = 2 * KV_BYTES;
@@ -62,14 +66,27 @@ constexpr int OFF_DS = OFF_DO + STAGES * Q_BYTES;
 constexpr int OFF_STATS = OFF_DS + 2 * DS_BYTES;
 constexpr int OFF_BINS = OFF_STATS + STAGES * STATS_BYTES;
 constexpr int BINS_BYTES = kGradDiagSites * GRAD_SITE_FLOATS * 4;  // one consumer's bins of one tile
-constexpr int OFF_TURN = OFF_BINS + NUM_CONSUMERS * 2 * BINS_BYTES;  // each consumer's turn and dQ slot (16 B)
-constexpr int OFF_TILE = OFF_TURN + 16 * NUM_CONSUMERS;  // the work tile of the CTA's even / odd turns (8 ints each)
-constexpr int OFF_BAR = OFF_TILE + 64;
+constexpr int OFF_REL = OFF_BINS + NUM_CONSUMERS * 2 * BINS_BYTES;
+constexpr int REL_SLOTS = BQ + 15;
+constexpr int REL_WARP_BYTES = (REL_SLOTS * REL_SLOT_BYTES_T + 15) / 16 * 16;
 // K and V loaded; per stage: Q, dO, statistics loaded / released; per consumer: its staged dQ written / read, its
 // walk over; K and V read for the last time in a work tile; the work tile named
 constexpr int NUM_MBARS = 1 + 2 * STAGES + 3 * NUM_CONSUMERS + 2;
+constexpr int smem_bytes_for(int rel_bytes) {
+  return 1024 /* alignment slack */ +
+         (OFF_REL + rel_bytes + 16 * NUM_CONSUMERS + 64 + NUM_MBARS * 8 + 127) / 128 * 128 +
+         NUM_CONSUMERS * DQ_STAGE_BYTES;
+}
+constexpr int REL_BYTES_WANTED = REL_WALK && REL_STAGE && ATTNGEN_SCORE_REL && ATTNGEN_HAS_SCORE_MOD &&
+                                 !ATTNGEN_SCORE_REL_LINEAR ? 4 * NUM_CONSUMERS * REL_WARP_BYTES : 0;
+constexpr int REL_BYTES = smem_bytes_for(REL_BYTES_WANTED) <= SMEM_LIMIT ? REL_BYTES_WANTED : 0;
+constexpr bool REL_STAGED = REL_BYTES > 0;
+constexpr int OFF_TURN = OFF_REL + REL_BYTES;  // each consumer's turn and dQ slot (16 B)
+constexpr int OFF_TILE = OFF_TURN + 16 * NUM_CONSUMERS;  // the work tile of the CTA's even / odd turns (8 ints each)
+constexpr int OFF_BAR = OFF_TILE + 64;
 constexpr int OFF_DQ = (OFF_BAR + NUM_MBARS * 8 + 127) / 128 * 128;  // the consumers' staged dQ
 constexpr int SMEM_BYTES = 1024 /* alignment slack */ + OFF_DQ + NUM_CONSUMERS * DQ_STAGE_BYTES;
+static_assert(SMEM_BYTES == smem_bytes_for(REL_BYTES), "layout and its size formula agree");
 
 constexpr uint32_t BAR_DS = 1;  // named barrier (0 is __syncthreads): dS^T written (+ consumer index at D = 64)
 constexpr uint32_t BAR_BINS = 3;  // + consumer index: the gradient bins zeroed before the first tile
@@ -115,6 +132,7 @@ struct BwdSmem {
     return base + OFF_BINS + (uint32_t)((consumer * 2 + buf) * BINS_BYTES);
   }
   __device__ uint32_t dq(int consumer) const { return base + OFF_DQ + (uint32_t)(consumer * DQ_STAGE_BYTES); }
+  __device__ uint32_t rel(int warp) const { return base + OFF_REL + (uint32_t)(warp * REL_WARP_BYTES); }  // 0..7
   // a consumer's 16 bytes: int [0] its deterministic turn for the q-block in hand; for its dQ writer, int [1] the
   // staged dQ's turn and long long [1] its tile ((b * Hq + h) * q-blocks + i)
   __device__ int* turn(int consumer) const { return reinterpret_cast<int*>(ptr + OFF_TURN) + 4 * consumer; }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "attngen_common.cuh"
+#include "score_mask.cuh"  // ATTNGEN_SCORE_REL*'s defaults for variant.inc files without them
 #include "sm90_scheduler.cuh"  // TileMailbox
 
 namespace {
@@ -45,23 +46,35 @@ constexpr int KSTEPS_PV = BK * (int)sizeof(Elem) / KSTEP_BYTES;  // k steps of P
 
 // Shared memory (offsets from a 1024-byte aligned base; every tile is a multiple of 1024 bytes, so every
 // 8-row swizzle atom is aligned as the descriptors' base offset 0 requires):
-//   Q [QBUFS][DB][BQ][128 B] | K [STAGES][DB][BK][128 B] | V [STAGES][DB][BK][128 B] | mbarriers | tile id
+//   Q [QBUFS][DB][BQ][128 B] | K [STAGES][DB][BK][128 B] | V [STAGES][DB][BK][128 B] | relative terms | mbarriers
+//   | tile id
 // (FP8's V^T in the V slots: [STAGES][BK / VT_COLS][D][VT_COLS B].)
+// A relative score mod whose b is not linear in d (REL_STAGE) has each consumer warp stage its tile's BK + 15
+// diagonals' terms in REL_SLOTS slots of its own (score_mask.cuh, stage_rel_terms), where they fit
+// beside the tiles with one Q buffer; elsewhere each thread walks its own diagonals.
 // A persistent CTA double-buffers Q where it fits, so that the next work tile's Q loads under this one's
 // last kv tiles instead of after its last Q K^T (docs/performance.md).
 constexpr int SMEM_LIMIT = 232448;               // 227 KB opt-in maximum per block on sm90
-constexpr int smem_bytes_for(int qbufs) {
-  return 1024 /* alignment slack */ + qbufs * Q_BYTES + 2 * STAGES * KV_BYTES + (2 * qbufs + 4 * STAGES + 2) * 8 + 8;
+constexpr int REL_SLOTS = BK + 15;
+constexpr int REL_WARP_BYTES = (REL_SLOTS * REL_SLOT_BYTES + 15) / 16 * 16;
+constexpr int REL_BYTES_WANTED =
+    REL_STAGE && ATTNGEN_SCORE_REL && ATTNGEN_HAS_SCORE_MOD && !ATTNGEN_SCORE_REL_LINEAR ? 4 * NUM_CONSUMERS * REL_WARP_BYTES : 0;
+constexpr int smem_bytes_for(int qbufs, int rel_bytes) {
+  return 1024 /* alignment slack */ + qbufs * Q_BYTES + 2 * STAGES * KV_BYTES + rel_bytes +
+         (2 * qbufs + 4 * STAGES + 2) * 8 + 8;
 }
-constexpr int QBUFS = PERSISTENT && smem_bytes_for(2) <= SMEM_LIMIT ? 2 : 1;
+constexpr int REL_BYTES = smem_bytes_for(1, REL_BYTES_WANTED) <= SMEM_LIMIT ? REL_BYTES_WANTED : 0;
+constexpr bool REL_STAGED = REL_BYTES > 0;
+constexpr int QBUFS = PERSISTENT && smem_bytes_for(2, REL_BYTES) <= SMEM_LIMIT ? 2 : 1;
 constexpr int OFF_K = QBUFS * Q_BYTES;
 constexpr int OFF_V = OFF_K + STAGES * KV_BYTES;
-constexpr int OFF_BAR = OFF_V + STAGES * KV_BYTES;
+constexpr int OFF_REL = OFF_V + STAGES * KV_BYTES;
+constexpr int OFF_BAR = OFF_REL + REL_BYTES;
 // Q full, Q empty per Q buffer; K full, V full, K empty, V empty per stage; tile id full, tile id empty
 constexpr int NUM_MBARS = 2 * QBUFS + 4 * STAGES + 2;
 constexpr int OFF_TILE_ID = OFF_BAR + NUM_MBARS * 8;
 constexpr int SMEM_BYTES = 1024 /* alignment slack */ + OFF_TILE_ID + 8;
-static_assert(SMEM_BYTES == smem_bytes_for(QBUFS), "layout and its size formula agree");
+static_assert(SMEM_BYTES == smem_bytes_for(QBUFS, REL_BYTES), "layout and its size formula agree");
 
 constexpr uint32_t BAR_SCHEDULE = 1;  // named barrier (0 is __syncthreads) + consumer index: its turn
 
@@ -92,6 +105,7 @@ struct Smem {
   __device__ uint32_t q(int qb) const { return base + qb * Q_BYTES; }
   __device__ uint32_t k(int st) const { return base + OFF_K + st * KV_BYTES; }
   __device__ uint32_t v(int st) const { return base + OFF_V + st * KV_BYTES; }
+  __device__ uint32_t rel(int warp) const { return base + OFF_REL + warp * REL_WARP_BYTES; }  // consumer warp 0..7
   __device__ uint32_t bar(int n) const { return base + OFF_BAR + 8u * (uint32_t)n; }
   __device__ uint32_t bar_q(int qb) const { return bar(qb); }
   __device__ uint32_t bar_q_empty(int qb) const { return bar(QBUFS + qb); }

@@ -240,26 +240,37 @@ def test_dq_acc_starts_match_zeroing_in_the_preprocess(hd, monkeypatch):
 
 @pytest.mark.requires_sm90
 @pytest.mark.parametrize("hd", [64, 128])
-def test_relative_walk_matches_score_mod_per_element(hd, monkeypatch):
+@pytest.mark.parametrize("mod", ["table", "division", "both"])
+def test_relative_walk_matches_score_mod_per_element(hd, mod, monkeypatch):
     """A relative score mod walked once per diagonal of a thread's elements (Sm90BwdTiles.rel_walk: score_rel's
-    table loads shared by the two elements of one d, the table's gradient summed in registers first) against
-    score_mod per element: a table read at q - kv under a sliding window, odd lengths, q_offset, GQA, more work
-    tiles than SMs. dq, dk, dv agree to a bf16 rounding of the same products (the score's two spellings differ in
-    the last fp32 bit), the table's gradient to its fp32 sums' order."""
+    table loads shared by the two elements of one d, the table's gradient summed in registers first), with each
+    warp's terms staged once per diagonal in shared memory (rel_stage) and without, against score_mod per element:
+    b from a table (the slots hold b alone), a = 1 / (1 + c d^2) (a alone), both from the table (the whole terms);
+    under a sliding window, odd lengths, q_offset, GQA, more work tiles than SMs. Staged against unstaged: dk, dv
+    bit for bit (the same terms, each element written once), dq and the table's gradient to their fp32 sums' order.
+    Against score_mod per element, all agree to a bf16 rounding of the same products (the score's two spellings
+    differ in the last fp32 bit)."""
     L = 2600
     table = (torch.randn(4, 2 * L, generator=torch.Generator().manual_seed(3)) * 0.5).to(DEV)
-
-    def relpos(s, b, h, q, kv):
-        return s + table[h, q - kv + L - 1]
-
-    settings = {1: dict(rel_walk=True), 0: dict(rel_walk=False)}
+    fn = {"table": lambda s, b, h, q, kv: s + table[h, q - kv + L - 1],
+          "division": lambda s, b, h, q, kv: s / (1 + 1e-3 * (q - kv) ** 2),
+          "both": lambda s, b, h, q, kv: s * (1 + 0.5 * table[h, q - kv + L - 1]) + table[h, kv - q + L - 1]}[mod]
+    captured = [] if mod == "division" else [table]
+    settings = {"staged": dict(rel_walk=True, rel_stage=True), "walk": dict(rel_walk=True, rel_stage=False),
+                "element": dict(rel_walk=False)}
     grads = _grads_per_setting(monkeypatch, hd, (2, 4, 2, 1100, 2450), settings,
-                               lambda: attngen.compile(score_mod=relpos, window=700), captured=[table], q_offset=130)
-    (dq, dk, dv, (dt,)), (dq0, dk0, dv0, (dt0,)) = grads[1], grads[0]
-    for what, g, g0 in (("dq", dq, dq0), ("dk", dk, dk0), ("dv", dv, dv0), ("dtable", dt, dt0)):
+                               lambda: attngen.compile(score_mod=attngen.ScoreMod(fn, f"rel_{mod}"), window=700),
+                               captured=captured, q_offset=130)
+    names = ("dq", "dk", "dv") + (("dtable",) if captured else ())
+    flat = {k: tuple(g[:3]) + (tuple(g[3]) if captured else ()) for k, g in grads.items()}
+    for what, g, g1, g0 in zip(names, flat["staged"], flat["walk"], flat["element"]):
         assert torch.isfinite(g).all(), what
+        if what in ("dk", "dv"):
+            assert torch.equal(g, g1), what
         top = g0.float().abs().max().item()
-        assert top > 0 and (g.float() - g0.float()).abs().max().item() <= 2 ** -7 * top, what
+        assert top > 0, what
+        for other in (g1, g0):
+            assert (g.float() - other.float()).abs().max().item() <= 2 ** -7 * top, what
 
 
 @pytest.mark.requires_sm90

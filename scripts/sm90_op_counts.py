@@ -1,10 +1,13 @@
-"""Spilled bytes and SASS instruction counts of the sm90 backward's main kernel per variant and Sm90BwdTiles setting,
-built on this machine (no GPU): global loads (LDG), shared-memory CAS loops (ATOMS: float atomics on sm90), shuffles,
-MUFU, shared loads and the instruction total, as cuobjdump prints them. Variants: bench_forward.py's anchors and
-bench_training.py's learnable ones. cuobjdump needs nvdisasm on PATH (scripts/bwd_sass_cmp.py says where to get both).
+"""Spilled bytes and SASS instruction counts of an sm90 main kernel, the backward's (default) or the forward's
+(--forward), per variant and tile setting (Sm90BwdTiles, or the first rung of the forward's ladder with the fields
+set), built on this machine (no GPU): global loads (LDG), shared-memory CAS loops (ATOMS: float atomics on sm90),
+shuffles, MUFU, shared loads and stores, local memory and the instruction total, as cuobjdump prints them. Variants:
+bench_forward.py's anchors and bench_training.py's learnable ones. cuobjdump needs nvdisasm on PATH
+(scripts/bwd_sass_cmp.py says where to get both).
 
-    python scripts/bwd_op_counts.py [--variants relpos_learnable div_score] [--head-dim 128 64]
+    python scripts/sm90_op_counts.py [--variants relpos_learnable div_score] [--head-dim 128 64]
         [--set rel_walk=1 rel_walk=0] [--cuobjdump PATH]
+    python scripts/sm90_op_counts.py --forward --set rel_stage=1 rel_stage=0
 """
 import argparse
 import re
@@ -28,6 +31,7 @@ def main(argv=None):
     p.add_argument("--head-dim", nargs="+", type=int, default=[128, 64])
     p.add_argument("--set", nargs="+", default=["rel_walk=1", "rel_walk=0"], dest="settings", metavar="FIELD=VALUE")
     p.add_argument("--cuobjdump", default="cuobjdump")
+    p.add_argument("--forward", action="store_true", help="the forward kernel (default: the backward)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as cache:
         import os
@@ -41,6 +45,10 @@ def main(argv=None):
         from attngen.jit.spec import SM90_BWD_KERNEL, build_first_without_spills
         from attngen.jit.tiles import SM90_BWD_TILES
 
+        kernel = "sm90" if args.forward else SM90_BWD_KERNEL
+        library, entry = ("libattngen_fwd.so", "attngen_fwd_kernel") if args.forward else \
+            ("libattngen_bwd.so", "attngen_bwd_kernel")
+
         print("| variant | D | setting | spilled bytes | " + " | ".join(OPS) + " | instructions |")
         print("|---|---|---|---|" + "---|" * (len(OPS) + 1))
         for key in args.variants:
@@ -50,17 +58,18 @@ def main(argv=None):
                 score_mod, mask_mod = bf.make_variant(key, 8192, 16, "cpu")
             attn = attngen.compile(score_mod=score_mod, mask_mod=mask_mod)
             for hd in args.head_dim:
-                inc = attn.spec(torch.bfloat16, hd, "sm_90a", kernel=SM90_BWD_KERNEL).variant_inc()
+                spec = attn.spec(torch.bfloat16, hd, "sm_90a", kernel=kernel)
+                inc = spec.variant_inc()
+                base = spec.tile_choices()[0] if args.forward else SM90_BWD_TILES[hd]
                 for setting in args.settings:
                     fields = {k: int(v) for k, v in (f.split("=") for f in setting.split(","))}
                     with tempfile.TemporaryDirectory() as d:
                         _, spill = build_first_without_spills(Path(d), inc, torch.bfloat16, hd, "sm_90a",
-                                                              (replace(SM90_BWD_TILES[hd], **fields),),
-                                                              kernel=SM90_BWD_KERNEL)
-                        sass = subprocess.run([args.cuobjdump, "-sass", str(Path(d) / "libattngen_bwd.so")],
+                                                              (replace(base, **fields),), kernel=kernel)
+                        sass = subprocess.run([args.cuobjdump, "-sass", str(Path(d) / library)],
                                               capture_output=True, text=True, check=True).stdout
                     main_kernel = next(f for f in sass.split("Function : ")[1:]  # not the pre / post kernels
-                                       if "18attngen_bwd_kernelE" in f.split("\n", 1)[0])
+                                       if f"{len(entry)}{entry}E" in f.split("\n", 1)[0])
                     ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", main_kernel)
                     c = Counter(o.split(".")[0] for o in ops)
                     print(f"| {key} | {hd} | {setting} | {spill} | " + " | ".join(str(c[o]) for o in OPS)

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Session 25's device calls.
+# A: relative score mods' terms staged per warp in shared memory (Sm90Tiles.rel_stage, Sm90BwdTiles.rel_stage; on by
+#    default): the small cases (among them a learnable table at hd 64 and 128, a division and a mod with factor and
+#    bias from the table) plain, under memcheck and racecheck; then the staged-against-walk tests of the forward
+#    (tests/gpu/test_relative_gpu.py) and the backward (relative_walk), the captured-gradient and ALiBi tests.
+# B: bwd_tiles_ab.py with flex in the same rounds: the learnable and frozen tables at head dim 128, staged in both
+#    kernels, in neither, in the backward only; then bench_training.py on the tables at head dim 128 beside flex.
+# C: bench_training.py on the tables at head dim 64; bench_forward.py on the division score mod and the table's
+#    forward beside flex.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/device_step.sh  # environment, $R, run_tests
+tables() {  # log head-dim timeout: bench_training.py on the learnable and frozen tables beside flex
+  timeout "$3" python benchmarks/bench_training.py --out "$R" --head-dim "$2" --variants relpos_learnable \
+    relpos_frozen 2>&1 | tee "$R/$1" | grep -E "^\||rror"
+}
+case "$1" in
+  A)
+    smoke_backward 120 || { pack_results; exit 0; }
+    sanitize_backward memcheck 90
+    sanitize_backward racecheck 130
+    run_tests rel 260 -n 4 tests/gpu/test_relative_gpu.py tests/gpu/test_bwd_gpu.py \
+      tests/gpu/test_captured_grads_gpu.py -k "relative or captured or alibi"
+    pack_results ;;
+  B)
+    timeout 300 python scripts/bwd_tiles_ab.py --flex --variants relpos_learnable relpos_frozen \
+      --set rel_stage=1,fwd.rel_stage=1 rel_stage=0,fwd.rel_stage=0 rel_stage=1,fwd.rel_stage=0 2>&1 \
+      | tee "$R/bwd_tiles_ab_stage.log" | grep -E "TFLOP|grad|flex ran|rror"
+    tables training.log 128 200
+    pack_results ;;
+  C)
+    tables training64.log 64 170
+    timeout 200 python benchmarks/bench_forward.py --out "$R" --variants div_score --no-compile-figures 2>&1 | tee "$R/forward.log" \
+      | grep -E "^\||rror"
+    pack_results ;;
+esac
