@@ -4,7 +4,8 @@
 #    default): the small cases (among them a learnable table at hd 64 and 128, a division and a mod with factor and
 #    bias from the table) plain, under memcheck and racecheck; then the staged-against-walk tests of the forward
 #    (tests/gpu/test_relative_gpu.py) and the backward (relative_walk), the captured-gradient and ALiBi tests.
-# B: bwd_tiles_ab.py with flex in the same rounds: the learnable and frozen tables at head dim 128, staged in both
+# B: the forward's staged-against-walk test of a mod with factor and bias from the table (round A: not bit for bit),
+#    each setting's error against float64 printed; bwd_tiles_ab.py with flex in the same rounds: the learnable and frozen tables at head dim 128, staged in both
 #    kernels, in neither, in the backward only; then bench_training.py on the tables at head dim 128 beside flex.
 # C: bench_training.py on the tables at head dim 64; bench_forward.py on the division score mod and the table's
 #    forward beside flex.
@@ -24,6 +25,8 @@ case "$1" in
       tests/gpu/test_captured_grads_gpu.py -k "relative or captured or alibi"
     pack_results ;;
   B)
+    run_tests both 150 -n 2 -s tests/gpu/test_relative_gpu.py -k both
+    grep -E "^staged|^max" "$R/tests_both.log"
     timeout 300 python scripts/bwd_tiles_ab.py --flex --variants relpos_learnable relpos_frozen \
       --set rel_stage=1,fwd.rel_stage=1 rel_stage=0,fwd.rel_stage=0 rel_stage=1,fwd.rel_stage=0 2>&1 \
       | tee "$R/bwd_tiles_ab_stage.log" | grep -E "TFLOP|grad|flex ran|rror"

@@ -63,5 +63,11 @@ def test_staged_relative_terms_match_each_threads_walk(hd, mod, window, monkeypa
         torch.cuda.synchronize()
     assert len(paths) == 2, "both settings loaded one library"
     (out, lse), (out0, lse0) = results[True], results[False]
+    for staged, (o, l) in results.items():
+        err, eager = assert_matches_float64(f"rel_{mod} hd{hd} window {window} staged {staged}", o, l, q, k, v,
+                                            attn.variant, hd ** -0.5, q_offset)
+        print(f"staged {staged}: err {err:.3e} eager {eager:.3e}")
+    diff = (out.float() - out0.float()).abs()
+    print(f"max |staged - walk| {diff.max().item():.3e} at {[int(x) for x in (diff == diff.max()).nonzero()[0]]}, "
+          f"{int((diff > 0).sum())} elements differ; lse {(lse - lse0).abs().max().item():.3e}")
     assert torch.equal(out, out0) and torch.equal(lse, lse0)
-    assert_matches_float64(f"rel_{mod} hd{hd} window {window}", out, lse, q, k, v, attn.variant, hd ** -0.5, q_offset)
