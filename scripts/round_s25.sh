@@ -7,8 +7,9 @@
 # B: the forward's staged-against-walk test of a mod with factor and bias from the table (round A: not bit for bit),
 #    each setting's error against float64 printed; bwd_tiles_ab.py with flex in the same rounds: the learnable and frozen tables at head dim 128, staged in both
 #    kernels, in neither, in the backward only; then bench_training.py on the tables at head dim 128 beside flex.
-# C: bench_training.py on the tables at head dim 64; bench_forward.py on the division score mod and the table's
-#    forward beside flex.
+# C: scripts/rel_stage_diff.py (where the staged and walked forwards differ for the mod with factor and bias from the
+#    table, B's failure: pytest-xdist kept its prints); bench_training.py on the tables at head dim 64; bench_forward.py
+#    on the division score mod beside flex.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -33,6 +34,7 @@ case "$1" in
     tables training.log 128 200
     pack_results ;;
   C)
+    timeout 100 python scripts/rel_stage_diff.py --head-dim 64 2>&1 | tee "$R/rel_stage_diff.log"
     tables training64.log 64 170
     timeout 200 python benchmarks/bench_forward.py --out "$R" --variants div_score --no-compile-figures 2>&1 | tee "$R/forward.log" \
       | grep -E "^\||rror"
