@@ -10,6 +10,9 @@
 # C: scripts/rel_stage_diff.py (where the staged and walked forwards differ for the mod with factor and bias from the
 #    table, B's failure: pytest-xdist kept its prints); bench_training.py on the tables at head dim 64; bench_forward.py
 #    on the division score mod beside flex.
+# D: the landed tree: the forward's staged-against-walk tests (a bf16 rounding apart, both against float64), FP8 with a
+#    relative table (staged at BK 192), negative table indices, the debug build's bounds checks on a relative table,
+#    and the public API's relative variants (bias_table, rel_div).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -38,5 +41,10 @@ case "$1" in
     tables training64.log 64 170
     timeout 200 python benchmarks/bench_forward.py --out "$R" --variants div_score --no-compile-figures 2>&1 | tee "$R/forward.log" \
       | grep -E "^\||rror"
+    pack_results ;;
+  D)
+    run_tests final 400 -n 4 tests/gpu/test_relative_gpu.py tests/gpu/test_negative_index.py \
+      tests/gpu/test_fp8_gpu.py tests/gpu/test_mod_checks_gpu.py tests/gpu/test_gpu_api.py \
+      -k "relative or relpos or negative or bias_table or rel_div or linear_bias"
     pack_results ;;
 esac

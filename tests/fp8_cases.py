@@ -69,6 +69,11 @@ def exact(attn, q8, k8, v8, ds, q_offset, scale=None, return_lse=False):
 def variants(device="cpu"):
     """The suite's variants: attngen.compile keyword arguments by name."""
     docs = (torch.arange(2048) // 150).to(device)
+    table = (torch.randn(4, 4095, generator=torch.Generator().manual_seed(11)) * 0.5).to(device)
+
+    def relpos(s, b, h, q, kv):  # the sm90 kernel stages b per diagonal of a warp (Sm90Tiles.rel_stage)
+        return s + table[h, q - kv + 2047]
+
     return {
         "full": dict(),
         "causal": dict(causal=True),
@@ -76,4 +81,5 @@ def variants(device="cpu"):
         "softcap_causal": dict(softcap=20.0, causal=True),
         "alibi_causal": dict(score_mod=attngen.alibi(4), causal=True),
         "document": dict(mask_mod=attngen.document(docs)),
+        "relpos_window": dict(score_mod=relpos, window=96),
     }

@@ -31,7 +31,8 @@ def _within_twice_the_eager_error(attn, out, q8, k8, v8, ds, q_offset, scale=Non
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("name", ["full", "causal", "sliding_window", "softcap_causal", "alibi_causal", "document"])
+@pytest.mark.parametrize("name", ["full", "causal", "sliding_window", "softcap_causal", "alibi_causal", "document",
+                                  "relpos_window"])
 def test_fp8_forward_within_twice_the_eager_fp8_error(name, shape):
     B, Hq, Hkv, Lq, Lk, off = shape
     gen = torch.Generator().manual_seed(Lq * 7 + Lk)

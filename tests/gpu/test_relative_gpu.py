@@ -39,11 +39,14 @@ def _poison(nbytes=256 << 20):
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("mod,window", [("table", 700), ("division", None), ("both", 700)])
 def test_staged_relative_terms_match_each_threads_walk(hd, mod, window, monkeypatch):
-    """The forward with the warp's terms staged (rel_stage) against each thread's own evaluations: out and lse bit for
-    bit (the same score_rel at the same d, the same products), and within 2x a bf16 eager implementation's error of
-    float64. GQA, odd lengths (a partial last q tile and kv tile), q_offset; under a window the kv tiles a q tile
-    visits start mid-sequence (the persistent grid, more work tiles than SMs), and rows at the ends see clamped
-    table indices; without a mask the wide K/V tiles at head dim 128 (BK = 176)."""
+    """The forward with the warp's terms staged (rel_stage) against each thread's own evaluations: both within 2x a
+    bf16 eager implementation's error of float64, and within a bf16 rounding of each other (the same score_rel at
+    the same d; the two kernels are different programs to ptxas, whose contractions of the softmax's multiplies and
+    adds may differ: round C of session 25 found the mod with factor and bias from the table differing in the last
+    bits of 40% of its rows, both 5-6e-3 from float64, the table and the division bit for bit). GQA, odd lengths (a
+    partial last q tile and kv tile), q_offset; under a window the kv tiles a q tile visits start mid-sequence (the
+    persistent grid, more work tiles than SMs), and rows at the ends see clamped table indices; without a mask the
+    wide K/V tiles at head dim 128 (BK = 176)."""
     import attngen.jit.spec as spec
     from attngen.jit.tiles import sm90_ladder
 
@@ -64,10 +67,8 @@ def test_staged_relative_terms_match_each_threads_walk(hd, mod, window, monkeypa
     assert len(paths) == 2, "both settings loaded one library"
     (out, lse), (out0, lse0) = results[True], results[False]
     for staged, (o, l) in results.items():
-        err, eager = assert_matches_float64(f"rel_{mod} hd{hd} window {window} staged {staged}", o, l, q, k, v,
-                                            attn.variant, hd ** -0.5, q_offset)
-        print(f"staged {staged}: err {err:.3e} eager {eager:.3e}")
-    diff = (out.float() - out0.float()).abs()
-    print(f"max |staged - walk| {diff.max().item():.3e} at {[int(x) for x in (diff == diff.max()).nonzero()[0]]}, "
-          f"{int((diff > 0).sum())} elements differ; lse {(lse - lse0).abs().max().item():.3e}")
-    assert torch.equal(out, out0) and torch.equal(lse, lse0)
+        assert_matches_float64(f"rel_{mod} hd{hd} window {window} staged {staged}", o, l, q, k, v, attn.variant,
+                               hd ** -0.5, q_offset)
+    assert (out.float() - out0.float()).abs().max().item() <= 2 ** -7 * out0.float().abs().max().item()
+    assert torch.equal(torch.isfinite(lse), torch.isfinite(lse0))
+    assert (lse - lse0)[torch.isfinite(lse0)].abs().max().item() <= 1e-5 * lse0[torch.isfinite(lse0)].abs().max().item()
