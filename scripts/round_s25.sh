@@ -13,6 +13,8 @@
 # D: the landed tree: the forward's staged-against-walk tests (a bf16 rounding apart, both against float64), FP8 with a
 #    relative table (staged at BK 192), negative table indices, the debug build's bounds checks on a relative table,
 #    and the public API's relative variants (bias_table, rel_div).
+# E: round D's one failure mended (the test's float64 reference ran on the CPU with the CUDA table): the mod checks'
+#    GPU tests, the debug builds' bounds checks among them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -41,6 +43,9 @@ case "$1" in
     tables training64.log 64 170
     timeout 200 python benchmarks/bench_forward.py --out "$R" --variants div_score --no-compile-figures 2>&1 | tee "$R/forward.log" \
       | grep -E "^\||rror"
+    pack_results ;;
+  E)
+    run_tests modchecks 330 -n 4 tests/gpu/test_mod_checks_gpu.py
     pack_results ;;
   D)
     run_tests final 400 -n 4 tests/gpu/test_relative_gpu.py tests/gpu/test_negative_index.py \

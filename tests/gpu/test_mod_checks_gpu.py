@@ -64,9 +64,10 @@ def test_debug_build_relative_table_with_linear_bias_stays_in_range(monkeypatch)
     def rel(s, b, h, q, kv):
         return s * table[q - kv + L - 1] + 0.01 * (kv - q)
 
-    q, k, v = _qkv(seed=18)
-    out = attngen.compile(score_mod=rel, causal=True)(q.cuda(), k.cuda(), v.cuda())
+    q, k, v = (x.cuda() for x in _qkv(seed=18))
+    out = attngen.compile(score_mod=rel, causal=True)(q, k, v)
     torch.cuda.synchronize()
+    # on the GPU too: the mod indexes the CUDA table
     ref = reference64.attention(q.double(), k.double(), v.double(), score_mod=rel,
                                 mask_mod=lambda b, h, qi, kv: qi >= kv)[0]
-    torch.testing.assert_close(out.double().cpu(), ref, atol=2e-2, rtol=0)
+    torch.testing.assert_close(out.double(), ref, atol=2e-2, rtol=0)
