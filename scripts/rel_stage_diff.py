@@ -19,6 +19,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--window", type=int, default=700)
+    p.add_argument("--probs", action="store_true",
+                   help="also read each setting's attention weights (v one-hot over 64 keys at a time) and say on which "
+                        "(q, kv) and diagonals they differ")
     args = p.parse_args(argv)
     import torch
 
@@ -37,12 +40,34 @@ def main(argv=None):
     gen = torch.Generator(device="cpu").manual_seed(hd)
     q = torch.randn(B, Hq, Lq, hd, generator=gen).to(dev, torch.bfloat16)
     k, v = (torch.randn(B, Hkv, Lk, hd, generator=gen).to(dev, torch.bfloat16) for _ in range(2))
-    outs = {}
+    outs, attns = {}, {}
     for staged in (True, False):
         spec.sm90_ladder = lambda *a, s=staged, **kw: tuple(replace(t, rel_stage=s) for t in sm90_ladder(*a, **kw))
-        attn = attngen.compile(score_mod=attngen.ScoreMod(both, "rel_both"), window=args.window)
+        attn = attns[staged] = attngen.compile(score_mod=attngen.ScoreMod(both, "rel_both"), window=args.window)
         outs[staged] = [attn(q, k, v, return_lse=True, q_offset=off) for _ in range(2)]
     torch.cuda.synchronize()
+    if args.probs and hd >= 64:
+        probs = {}
+        for staged, a in attns.items():
+            cols = []
+            for c in range(0, Lk, 64):
+                w = min(64, Lk - c)
+                one = torch.zeros(B, Hkv, Lk, hd, device=dev, dtype=torch.bfloat16)
+                one[:, :, c:c + w, :w] = torch.eye(w, device=dev, dtype=torch.bfloat16)
+                cols.append(a(q, k, one, q_offset=off)[..., :w].float())
+            probs[staged] = torch.cat(cols, -1)  # (B, Hq, Lq, Lk): the weights, each rounded to bf16
+        d = (probs[True] - probs[False]).abs()
+        nz = d.nonzero()
+        print(f"weights: {len(nz)} of {d.numel()} differ, max {d.max().item():.3e} "
+              f"(largest weight {probs[False].max().item():.3e})")
+        if len(nz):
+            qi, kv = nz[:, 2] + off, nz[:, 3]
+            print("by diagonal d = q - kv (most common):", Counter((qi - kv).tolist()).most_common(12))
+            print("by kv % 128:", sorted(Counter((kv % 128).tolist()).items())[:20], "...")
+            print("by q % 16:", sorted(Counter((nz[:, 2] % 16).tolist()).items()))
+            for b, h, i, j in nz[:8].tolist():
+                print(f"  b{b} h{h} q {i + off} kv {j}: {probs[True][b, h, i, j].item():.6e} staged, "
+                      f"{probs[False][b, h, i, j].item():.6e} walk")
     for staged, runs in outs.items():
         print(f"staged {staged}: two runs equal {torch.equal(runs[0][0], runs[1][0])}")
     ref = reference.attention(q.double(), k.double(), v.double(), attn.variant, q_offset=off)

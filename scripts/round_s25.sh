@@ -15,6 +15,8 @@
 #    and the public API's relative variants (bias_table, rel_div).
 # E: round D's one failure mended (the test's float64 reference ran on the CPU with the CUDA table): the mod checks'
 #    GPU tests, the debug builds' bounds checks among them.
+# F: rel_stage_diff.py --probs: the attention weights of the staged and walked forwards of the "both" mod compared
+#    element by element (by diagonal, by column in the kv tile, by row in the warp slice).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -43,6 +45,9 @@ case "$1" in
     tables training64.log 64 170
     timeout 200 python benchmarks/bench_forward.py --out "$R" --variants div_score --no-compile-figures 2>&1 | tee "$R/forward.log" \
       | grep -E "^\||rror"
+    pack_results ;;
+  F)
+    timeout 200 python scripts/rel_stage_diff.py --head-dim 64 --probs 2>&1 | grep -v "^attngen" | tee "$R/rel_stage_diff.log"
     pack_results ;;
   E)
     run_tests modchecks 330 -n 4 tests/gpu/test_mod_checks_gpu.py

@@ -145,7 +145,7 @@ def write_includes(tmp: Path, rendered) -> list:
 
 UNDEF = ("#undef ATTNGEN_HAS_SCORE_MOD\n#undef ATTNGEN_HAS_MASK\n#undef ATTNGEN_NEEDS_CLASSIFIER\n"
          "#undef ATTNGEN_SCORE_HEAD_SCALE\n#undef ATTNGEN_SCORE_REL\n#undef ATTNGEN_SCORE_REL_LOADS\n"
-         "#undef ATTNGEN_SCORE_REL_SCALES\n#undef ATTNGEN_SCORE_REL_LINEAR\n"
+         "#undef ATTNGEN_SCORE_REL_SCALES\n#undef ATTNGEN_SCORE_REL_LINEAR\n#undef ATTNGEN_SCORE_REL_A_CONST\n"
          "#undef ATTNGEN_NUM_GRAD_SITES\n#undef ATTNGEN_KV_PARTS\n#undef ATTNGEN_Q_PARTS\n")
 # These harnesses include several variant.inc files, each inside its own namespace. Each .inc includes
 # variant_math.cuh (#pragma once); included first at global scope, its helpers are visible to all of them.

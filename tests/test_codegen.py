@@ -94,7 +94,7 @@ def test_macros(rendered):
         return {m.group(1): int(m.group(2)) for m in re.finditer(r"#define ATTNGEN_(\w+) (\d)", text)}
 
     plain = {"SCORE_HEAD_SCALE": 0, "SCORE_REL": 0, "SCORE_REL_LOADS": 0, "SCORE_REL_SCALES": 0, "SCORE_REL_LINEAR": 0,
-             "KV_PARTS": 0, "Q_PARTS": 0, "NUM_SUMMARIES": 0, "TILES_READ_HEAD": 0, "GRAD_DIAG_SITES": 0}
+             "SCORE_REL_A_CONST": 0, "KV_PARTS": 0, "Q_PARTS": 0, "NUM_SUMMARIES": 0, "TILES_READ_HEAD": 0, "GRAD_DIAG_SITES": 0}
     assert macros(rendered["causal"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 0, **plain,
                                           "NUM_GRAD_SITES": 0}
     assert macros(rendered["softcap"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 0, "NEEDS_CLASSIFIER": 0, **plain,
@@ -134,18 +134,22 @@ def test_relative_score_mods_get_score_rel():
     # SCORE_REL_SCALES: b(d) is 0, so the softmax factor may carry the scale (alibi and relbias add, the
     # division scales)
     # SCORE_REL_LINEAR: b(d) = slope * d (alibi), stepped along a row with one FFMA per d
-    assert macros(r["alibi"]) == {"SCORE_REL": 1, "SCORE_REL_LOADS": 0, "SCORE_REL_SCALES": 0, "SCORE_REL_LINEAR": 1}
-    assert macros(r["relbias"]) == {"SCORE_REL": 1, "SCORE_REL_LOADS": 1, "SCORE_REL_SCALES": 0, "SCORE_REL_LINEAR": 0}
+    # SCORE_REL_A_CONST: a free of d (alibi, a table bias): the kernels stage b alone per diagonal
+    assert macros(r["alibi"]) == {"SCORE_REL": 1, "SCORE_REL_LOADS": 0, "SCORE_REL_SCALES": 0, "SCORE_REL_LINEAR": 1,
+                                  "SCORE_REL_A_CONST": 1}
+    assert macros(r["relbias"]) == {"SCORE_REL": 1, "SCORE_REL_LOADS": 1, "SCORE_REL_SCALES": 0, "SCORE_REL_LINEAR": 0,
+                                    "SCORE_REL_A_CONST": 1}
     assert macros(r["d_div_square"]) == {"SCORE_REL": 1, "SCORE_REL_LOADS": 0, "SCORE_REL_SCALES": 1,
-                                         "SCORE_REL_LINEAR": 0}
+                                         "SCORE_REL_LINEAR": 0, "SCORE_REL_A_CONST": 0}
     for k in ("bias", "softcap", "compound"):
-        assert macros(r[k]) == {"SCORE_REL": 0, "SCORE_REL_LOADS": 0, "SCORE_REL_SCALES": 0, "SCORE_REL_LINEAR": 0}, k
+        assert macros(r[k]) == {"SCORE_REL": 0, "SCORE_REL_LOADS": 0, "SCORE_REL_SCALES": 0, "SCORE_REL_LINEAR": 0,
+                                "SCORE_REL_A_CONST": 0}, k
         assert "score_rel" not in r[k]
     assert body(r["alibi"], "score_rel_slope").strip() == "return hc.h1;", body(r["alibi"], "score_rel_slope")
     # a d-indexed load in a(d) with a linear b(d): the kernel clamps d for the loads and steps b from b(d0)
     t = _traced(ScoreMod(lambda s, b, h, q, k: s * _REL_TABLE[q - k + 63] + 0.5 * (k - q), "table_slope"))
     assert macros(render_variant_inc(*t)) == {"SCORE_REL": 1, "SCORE_REL_LOADS": 1, "SCORE_REL_SCALES": 0,
-                                              "SCORE_REL_LINEAR": 1}
+                                              "SCORE_REL_LINEAR": 1, "SCORE_REL_A_CONST": 0}
     alibi = body(r["alibi"], "score_rel")
     assert "fd * hc.h" in alibi and "(float)" not in alibi, alibi
     div = body(r["d_div_square"], "score_rel")
