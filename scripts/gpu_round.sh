@@ -54,7 +54,7 @@ for step in "${steps[@]}"; do
       else
         files="tests/gpu/test_kernel_gpu.py tests/gpu/test_kernel_sm90.py tests/gpu/test_mask_zoo_gpu.py
                tests/gpu/test_decode_gpu.py tests/gpu/test_llama_decode_gpu.py tests/gpu/test_varlen_gpu.py
-               tests/gpu/test_fp8_gpu.py"
+               tests/gpu/test_fp8_gpu.py tests/gpu/test_relative_gpu.py"
       fi
       # -v names each test as it starts, so a call cut short by TESTS_TIMEOUT still says where it was
       ATTNGEN_TEST_FAILURES="$RES/gpu_test_failures_$step.txt" timeout "${TESTS_TIMEOUT:-900}" \

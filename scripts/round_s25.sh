@@ -17,6 +17,8 @@
 #    GPU tests, the debug builds' bounds checks among them.
 # F: rel_stage_diff.py --probs: the attention weights of the staged and walked forwards of the "both" mod compared
 #    element by element (by diagonal, by column in the kv tile, by row in the warp slice).
+# G: the forward's staged-against-walk test as it lands (bit for bit where both build on the same rung; F showed the
+#    "both" mod's walk builds on another: its first rung spills).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests
@@ -48,6 +50,9 @@ case "$1" in
     pack_results ;;
   F)
     timeout 200 python scripts/rel_stage_diff.py --head-dim 64 --probs 2>&1 | grep -v "^attngen" | tee "$R/rel_stage_diff.log"
+    pack_results ;;
+  G)
+    run_tests relfinal 200 -n 4 tests/gpu/test_relative_gpu.py
     pack_results ;;
   E)
     run_tests modchecks 330 -n 4 tests/gpu/test_mod_checks_gpu.py
