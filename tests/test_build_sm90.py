@@ -458,8 +458,8 @@ def test_relative_terms_staged_per_warp_without_spills(nvcc_path, tmp_path):
     for staged in (True, False):
         d = tmp_path / f"ptx{int(staged)}"
         d.mkdir()
-        for name, text in render.render_sources(inc, torch.bfloat16, 128, "sm_90a", tiles=replace(first, rel_stage=staged),
-                                                kernel="sm90").items():
+        tiles = replace(first, rel_stage=staged)
+        for name, text in render.render_sources(inc, torch.bfloat16, 128, "sm_90a", tiles=tiles, kernel="sm90").items():
             (d / name).write_text(text)
         ptx = subprocess.run([nvcc_path, "-ptx", "-arch=sm_90a", "-std=c++17", "-O3", "-o", "-",
                               str(d / render.KERNEL_SOURCE)], capture_output=True, text=True)

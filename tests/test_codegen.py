@@ -94,7 +94,8 @@ def test_macros(rendered):
         return {m.group(1): int(m.group(2)) for m in re.finditer(r"#define ATTNGEN_(\w+) (\d)", text)}
 
     plain = {"SCORE_HEAD_SCALE": 0, "SCORE_REL": 0, "SCORE_REL_LOADS": 0, "SCORE_REL_SCALES": 0, "SCORE_REL_LINEAR": 0,
-             "SCORE_REL_A_CONST": 0, "KV_PARTS": 0, "Q_PARTS": 0, "NUM_SUMMARIES": 0, "TILES_READ_HEAD": 0, "GRAD_DIAG_SITES": 0}
+             "SCORE_REL_A_CONST": 0, "KV_PARTS": 0, "Q_PARTS": 0, "NUM_SUMMARIES": 0, "TILES_READ_HEAD": 0,
+             "GRAD_DIAG_SITES": 0}
     assert macros(rendered["causal"]) == {"HAS_SCORE_MOD": 0, "HAS_MASK": 1, "NEEDS_CLASSIFIER": 0, **plain,
                                           "NUM_GRAD_SITES": 0}
     assert macros(rendered["softcap"]) == {"HAS_SCORE_MOD": 1, "HAS_MASK": 0, "NEEDS_CLASSIFIER": 0, **plain,

@@ -432,7 +432,8 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
       fence_regs(dp);
 #if ATTNGEN_SCORE_REL && ATTNGEN_HAS_SCORE_MOD && !ATTNGEN_SCORE_REL_LINEAR
       // a relative score mod's terms for this q-block into the warp's slots
-      if constexpr (REL_STAGED) stage_rel_terms_t<BQ / 8>(rel_slots, scale, C, t, hc, t.QOFF + q0 - (kv_row0 + 16 * wq) - 15, lane);
+      if constexpr (REL_STAGED)
+        stage_rel_terms_t<BQ / 8>(rel_slots, scale, C, t, hc, t.QOFF + q0 - (kv_row0 + 16 * wq) - 15, lane);
 #endif
 
       // P^T into st, dS^T into dp: mask_mod only where the tile is not known FULL, bounds on tiles past either end

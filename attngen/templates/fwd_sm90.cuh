@@ -370,7 +370,8 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
   bool primed = false;  // the tile's first Q K^T is done, its P packed (cross_step did it)
   int j = 0;
   while (wt >= 0) {
-    const TileCtx w{C, t, i, hc, rc, qi, tig, tile_scale, rel_slots, rel_base, q_warp, lane};  // this tile's (what it refers to, `take` replaces)
+    // this tile's (what it refers to, `take` replaces)
+    const TileCtx w{C, t, i, hc, rc, qi, tig, tile_scale, rel_slots, rel_base, q_warp, lane};
     if (!primed) {
       fresh();
       mbar_wait(sm.bar_q(qb), qpar);

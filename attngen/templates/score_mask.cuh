@@ -72,7 +72,8 @@ ATTNGEN_DEV_INLINE void score_tile_rel(Frag& s, float scale, const CapturedArgs&
   const float b_slope = score_rel_slope(C, hc);
 #endif
   // STAGED with a free of d: a scale from one evaluation (its load of b, unused, compiled away)
-  const float a_const = STAGED && ATTNGEN_SCORE_REL_A_CONST ? rel_at(0).a * (ATTNGEN_SCORE_REL_SCALES ? 1.f : scale) : 0.f;
+  const float a_const =
+      STAGED && ATTNGEN_SCORE_REL_A_CONST ? rel_at(0).a * (ATTNGEN_SCORE_REL_SCALES ? 1.f : scale) : 0.f;
   auto terms = [&](int k) {  // the terms at d0 - k
     if constexpr (STAGED) {  // d0 - k is slot 8 NT + 1 - k above rel_base (rel_slot_base)
       const uint32_t at = rel_base + (uint32_t)(REL_SLOT_BYTES * (8 * NT + 1 - k));
