@@ -131,37 +131,23 @@ ATTNGEN_DEV_INLINE void probs_t_rel(float (&s)[1][NT][4], float (&g)[1][NT][4], 
 }
 
 // The staged form of probs_t_rel's terms (REL_STAGED): a warp's 16 kv rows and a q-block's BQ = 8 NT columns span
-// 8 NT + 15 diagonals, so the warp evaluates score_rel once per diagonal (3 per lane at BQ = 64) into its `slots` in
-// shared memory (REL_SLOT_BYTES_T each, from the lowest d up), where each thread would evaluate 2 (NT + 1). d_lo:
-// the lowest, QOFF + q0 - (the warp's first kv row) - 15. Loads see d clamped as in probs_t_rel. The first
-// __syncwarp keeps these stores behind the lanes' reads of the last q-block's terms, the second ahead of this one's.
+// 8 NT + 15 diagonals, so the warp evaluates score_rel once per diagonal (3 per lane at BQ = 64; score_mask.cuh's
+// stage_rel_slots) into its `slots` in shared memory (REL_SLOT_BYTES_T each, from the lowest d up), where each
+// thread would evaluate 2 (NT + 1). d_lo: the lowest, QOFF + q0 - (the warp's first kv row) - 15.
 template <int NT>
 ATTNGEN_DEV_INLINE void stage_rel_terms_t(uint32_t slots, float scale, const CapturedArgs& C, const TileArgs& t,
                                           const HeadCtx& hc, int d_lo, int lane) {
-  constexpr int SLOTS = 8 * NT + 15;
-  __syncwarp();
-#pragma unroll
-  for (int k0 = 0; k0 < SLOTS; k0 += 32) {
-    const int k = k0 + lane;
-    if (k < SLOTS) {
-      int d = d_lo + k;
-      const float fd = (float)d;
-#if ATTNGEN_SCORE_REL_LOADS
-      d = min(max(d, t.QOFF - (t.KVLEN - 1)), t.QOFF + t.QLEN - 1);
-#endif
-      const RelTerms r = score_rel(C, hc, d, fd);
-      const uint32_t at = slots + (uint32_t)(REL_SLOT_BYTES_T * k);
-      if constexpr (ATTNGEN_SCORE_REL_A_CONST) {
-        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(r.b * LOG2E));
-      } else if constexpr (ATTNGEN_SCORE_REL_SCALES) {
-        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(r.a));
-      } else {
-        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "f"(r.a), "f"(r.a * scale * LOG2E),
-                     "f"(r.b * LOG2E), "f"(0.f));
-      }
+  stage_rel_slots<8 * NT + 15>(C, t, hc, d_lo, lane, [&](int k, const RelTerms& r) {
+    const uint32_t at = slots + (uint32_t)(REL_SLOT_BYTES_T * k);
+    if constexpr (ATTNGEN_SCORE_REL_A_CONST) {
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(r.b * LOG2E));
+    } else if constexpr (ATTNGEN_SCORE_REL_SCALES) {
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(r.a));
+    } else {
+      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "f"(r.a), "f"(r.a * scale * LOG2E),
+                   "f"(r.b * LOG2E), "f"(0.f));
     }
-  }
-  __syncwarp();
+  });
 }
 #endif
 

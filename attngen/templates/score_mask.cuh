@@ -125,18 +125,14 @@ ATTNGEN_DEV_INLINE void score_tile_rel(Frag& s, float scale, const CapturedArgs&
   }
 }
 
-// The staged form of score_tile_rel's terms (REL_STAGED): a warp's 16 rows and a kv tile's BK = 8 NT columns span
-// 8 NT + 15 diagonals, so the warp evaluates score_rel once per diagonal (about 5 per lane at BK = 128) into its
-// `slots` in shared memory (REL_SLOT_BYTES each, from the lowest d up), where each thread would evaluate 2 (NT + 1)
-// of them (a table load with its index arithmetic, or a reciprocal on the exponentials' unit). q_warp: the q_idx
-// of the warp's first row, past QLEN or not (such rows' d are clamped for the loads as in score_tile_rel, and their
-// scores never stored). The first __syncwarp keeps these stores behind the lanes' reads of the last tile's terms,
-// the second ahead of this tile's.
-template <int NT>
-ATTNGEN_DEV_INLINE void stage_rel_terms(uint32_t slots, float scale, const CapturedArgs& C, const TileArgs& t,
-                                        const HeadCtx& hc, int q_warp, int kv0, int lane) {
-  constexpr int SLOTS = 8 * NT + 15;
-  const int d_lo = q_warp - kv0 - (8 * NT - 1);
+// The warp-wide loop of both kernels' staged terms (this stage_rel_terms, bwd_probs.cuh's stage_rel_terms_t): lane l
+// evaluates score_rel at d = d_lo + k for k = l, l + 32, ... below SLOTS (d clamped for the loads to the range
+// in-range (q_idx, kv_idx) pairs have, as the walks clamp it; float(d) unclamped) and hands the terms to put(k, terms).
+// The first __syncwarp keeps the stores behind the lanes' reads of the last tile's terms, the second ahead of this
+// tile's.
+template <int SLOTS, class Put>
+ATTNGEN_DEV_INLINE void stage_rel_slots(const CapturedArgs& C, const TileArgs& t, const HeadCtx& hc, int d_lo, int lane,
+                                        Put put) {
   __syncwarp();
 #pragma unroll
   for (int k0 = 0; k0 < SLOTS; k0 += 32) {
@@ -147,19 +143,31 @@ ATTNGEN_DEV_INLINE void stage_rel_terms(uint32_t slots, float scale, const Captu
 #if ATTNGEN_SCORE_REL_LOADS
       d = min(max(d, t.QOFF - (t.KVLEN - 1)), t.QOFF + t.QLEN - 1);
 #endif
-      RelTerms r = score_rel(C, hc, d, fd);
-      if (!ATTNGEN_SCORE_REL_SCALES) r.a *= scale;
-      const uint32_t at = slots + (uint32_t)(REL_SLOT_BYTES * k);
-      if constexpr (ATTNGEN_SCORE_REL_A_CONST) {
-        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(r.b));
-      } else if constexpr (ATTNGEN_SCORE_REL_SCALES) {
-        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(r.a));
-      } else {
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(r.a), "f"(r.b));
-      }
+      put(k, score_rel(C, hc, d, fd));
     }
   }
   __syncwarp();
+}
+
+// The staged form of score_tile_rel's terms (REL_STAGED): a warp's 16 rows and a kv tile's BK = 8 NT columns span
+// 8 NT + 15 diagonals, so the warp evaluates score_rel once per diagonal (about 5 per lane at BK = 128) into its
+// `slots` in shared memory (REL_SLOT_BYTES each, from the lowest d up), where each thread would evaluate 2 (NT + 1)
+// of them (a table load with its index arithmetic, or a reciprocal on the exponentials' unit). q_warp: the q_idx
+// of the warp's first row, past QLEN or not (such rows' d are clamped for the loads, and their scores never stored).
+template <int NT>
+ATTNGEN_DEV_INLINE void stage_rel_terms(uint32_t slots, float scale, const CapturedArgs& C, const TileArgs& t,
+                                        const HeadCtx& hc, int q_warp, int kv0, int lane) {
+  stage_rel_slots<8 * NT + 15>(C, t, hc, q_warp - kv0 - (8 * NT - 1), lane, [&](int k, RelTerms r) {
+    if (!ATTNGEN_SCORE_REL_SCALES) r.a *= scale;
+    const uint32_t at = slots + (uint32_t)(REL_SLOT_BYTES * k);
+    if constexpr (ATTNGEN_SCORE_REL_A_CONST) {
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(r.b));
+    } else if constexpr (ATTNGEN_SCORE_REL_SCALES) {
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(at), "f"(r.a));
+    } else {
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(r.a), "f"(r.b));
+    }
+  });
 }
 #endif
 
