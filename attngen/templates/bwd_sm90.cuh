@@ -431,7 +431,8 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
       fence_regs(st);
       fence_regs(dp);
 #if ATTNGEN_SCORE_REL && ATTNGEN_HAS_SCORE_MOD && !ATTNGEN_SCORE_REL_LINEAR
-      // a relative score mod's terms for this q-block into the warp's slots
+      // a relative score mod's terms for this q-block into the warp's slots, after the products' wait: issued under
+      // them (with S^T, dP^T, dK and dV live) the table's consumers spilled 680 bytes
       if constexpr (REL_STAGED)
         stage_rel_terms_t<BQ / 8>(rel_slots, scale, C, t, hc, t.QOFF + q0 - (kv_row0 + 16 * wq) - 15, lane);
 #endif
