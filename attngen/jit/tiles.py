@@ -241,7 +241,8 @@ class Sm90Tiles:
         def size(q_bufs, rel):
             return 1024 + q_bufs * q + 2 * self.stages * kv + rel + 8 * (2 * q_bufs + 4 * self.stages + 2) + 8
 
-        rel = 8 * -(-(self.block_k + 15) * staged_rel // 16) * 16 if self.rel_stage else 0
+        warp_rel = ((self.block_k + 15) * staged_rel + 15) // 16 * 16  # one consumer warp's slots (REL_WARP_BYTES)
+        rel = 8 * warp_rel if self.rel_stage else 0
         rel = rel if size(1, rel) <= SM90_SMEM_LIMIT else 0
         return size(2, rel) if self.persistent and size(2, rel) <= SM90_SMEM_LIMIT else size(1, rel)
 

@@ -24,7 +24,7 @@ namespace attngen {
 // one multiply away), else (a, a scale log2(e), b log2(e), unused).
 constexpr int REL_SLOT_BYTES_T = ATTNGEN_SCORE_REL_A_CONST || ATTNGEN_SCORE_REL_SCALES ? 4 : 16;
 
-#if ATTNGEN_SCORE_REL && ATTNGEN_HAS_SCORE_MOD && !ATTNGEN_SCORE_REL_LINEAR
+#if ATTNGEN_REL_STAGEABLE
 // probs_t with GRADS for a relative score mod, score_mod(s) = a(d) s + b(d) with d = q_idx - kv_idx (variant.inc's
 // score_rel), as the forward's score_tile_rel walks it: element (nt, rh, e) has d = d0 + 8 (nt - rh) + e, so row
 // g + 8 at chunk nt has the d of row g at chunk nt - 1 and a thread's 4 NT elements need 2 (NT + 1) evaluations
@@ -45,11 +45,7 @@ ATTNGEN_DEV_INLINE void probs_t_rel(float (&s)[1][NT][4], float (&g)[1][NT][4], 
     float a2, b2;  // the score in the log2 domain: fmaf(qk, a2, b2)
   };
   auto evaluated = [&](int k) {
-    int d = d0 + k;
-#if ATTNGEN_SCORE_REL_LOADS
-    d = min(max(d, t.QOFF - (t.KVLEN - 1)), t.QOFF + t.QLEN - 1);
-#endif
-    const RelTerms r = score_rel(C, hc, d, fd0 + (float)k);
+    const RelTerms r = score_rel(C, hc, rel_load_d(d0 + k, t), fd0 + (float)k);
     return Terms{r.a, r.a * scale * LOG2E, r.b * LOG2E};
   };
   // STAGED with a free of d: a and its scaled form from one evaluation (its load of b, unused, compiled away)
@@ -177,7 +173,7 @@ ATTNGEN_DEV_INLINE void probs_t(float (&s)[MT][NT][4], float (&g)[MT][NT][4], fl
                                 const float* lse2, int tig, const float* delta = nullptr,
                                 GradSites* sites = nullptr, uint32_t rel_base = 0) {
   static_assert(!GRADS || MT == 1, "GradSites' bins address one 16-row slice per warp");
-#if ATTNGEN_SCORE_REL && ATTNGEN_HAS_SCORE_MOD && !ATTNGEN_SCORE_REL_LINEAR
+#if ATTNGEN_REL_STAGEABLE
   if constexpr (GRADS && REL) {
     probs_t_rel<MASK, BOUNDS, REL_STAGED>(s, g, scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
     return;

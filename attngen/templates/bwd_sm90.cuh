@@ -430,7 +430,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
       wgmma_wait<0>();
       fence_regs(st);
       fence_regs(dp);
-#if ATTNGEN_SCORE_REL && ATTNGEN_HAS_SCORE_MOD && !ATTNGEN_SCORE_REL_LINEAR
+#if ATTNGEN_REL_STAGEABLE
       // a relative score mod's terms for this q-block into the warp's slots, after the products' wait: issued under
       // them (with S^T, dP^T, dK and dV live) the table's consumers spilled 680 bytes
       if constexpr (REL_STAGED)

@@ -22,6 +22,9 @@
 #ifndef ATTNGEN_SCORE_REL_A_CONST
 #define ATTNGEN_SCORE_REL_A_CONST 0  // ... and a not known free of d
 #endif
+// A relative score mod whose b is not linear in d: the kernels may stage its terms per warp (stage_rel_slots), and
+// the sm90 backward walks it per diagonal (bwd_probs.cuh's probs_t_rel).
+#define ATTNGEN_REL_STAGEABLE (ATTNGEN_SCORE_REL && ATTNGEN_HAS_SCORE_MOD && !ATTNGEN_SCORE_REL_LINEAR)
 
 namespace attngen {
 
@@ -40,6 +43,16 @@ ATTNGEN_DEV_INLINE float& frag_at(float (&s)[MT][NT][4], int mt, int nt, int k) 
 }
 
 #if ATTNGEN_SCORE_REL
+// The d at which score_rel reads captured tensors: clamped, where it reads any (ATTNGEN_SCORE_REL_LOADS), to the range
+// in-range (q_idx, kv_idx) pairs have, so that past-the-end rows and columns (whose results are discarded) stay in
+// bounds.
+ATTNGEN_DEV_INLINE int rel_load_d(int d, const TileArgs& t) {
+#if ATTNGEN_SCORE_REL_LOADS
+  d = min(max(d, t.QOFF - (t.KVLEN - 1)), t.QOFF + t.QLEN - 1);
+#endif
+  return d;
+}
+
 // Relative score mods, score_mod(s) = a(d) s + b(d) with d = q_idx - kv_idx (variant.inc's score_rel), on
 // the sm90 fragment (one m16 slice): x = (a scale) qk + b, the score itself, one FFMA per element
 // (softmax factor log2(e): raw_score_factor). Row g + 8 at chunk nt has the d of row g at chunk nt - 1,
@@ -61,11 +74,7 @@ ATTNGEN_DEV_INLINE void score_tile_rel(Frag& s, float scale, const CapturedArgs&
   const int d0 = qi[0][0] + 8 - (kv0 + 2 * tig);  // d of row g + 8 at chunk 0, e = 0
   const float fd0 = (float)d0;
   auto rel_at = [&](int k) {  // score_rel at d0 - k
-    int d = d0 - k;
-#if ATTNGEN_SCORE_REL_LOADS
-    d = min(max(d, t.QOFF - (KVLEN - 1)), t.QOFF + t.QLEN - 1);
-#endif
-    return score_rel(C, hc, d, fd0 - (float)k);
+    return score_rel(C, hc, rel_load_d(d0 - k, t), fd0 - (float)k);
   };
 #if ATTNGEN_SCORE_REL_LINEAR
   const RelTerms r0 = rel_at(0);  // b(d0), the base of the others (a(d0)'s loads, if any, at the clamped d)
@@ -126,8 +135,8 @@ ATTNGEN_DEV_INLINE void score_tile_rel(Frag& s, float scale, const CapturedArgs&
 }
 
 // The warp-wide loop of both kernels' staged terms (this stage_rel_terms, bwd_probs.cuh's stage_rel_terms_t): lane l
-// evaluates score_rel at d = d_lo + k for k = l, l + 32, ... below SLOTS (d clamped for the loads to the range
-// in-range (q_idx, kv_idx) pairs have, as the walks clamp it; float(d) unclamped) and hands the terms to put(k, terms).
+// evaluates score_rel at d = d_lo + k for k = l, l + 32, ... below SLOTS (rel_load_d's d, as the walks read it) and
+// hands the terms to put(k, terms).
 // The first __syncwarp keeps the stores behind the lanes' reads of the last tile's terms, the second ahead of this
 // tile's.
 template <int SLOTS, class Put>
@@ -137,14 +146,7 @@ ATTNGEN_DEV_INLINE void stage_rel_slots(const CapturedArgs& C, const TileArgs& t
 #pragma unroll
   for (int k0 = 0; k0 < SLOTS; k0 += 32) {
     const int k = k0 + lane;
-    if (k < SLOTS) {
-      int d = d_lo + k;
-      const float fd = (float)d;
-#if ATTNGEN_SCORE_REL_LOADS
-      d = min(max(d, t.QOFF - (t.KVLEN - 1)), t.QOFF + t.QLEN - 1);
-#endif
-      put(k, score_rel(C, hc, d, fd));
-    }
+    if (k < SLOTS) put(k, score_rel(C, hc, rel_load_d(d_lo + k, t), (float)(d_lo + k)));
   }
   __syncwarp();
 }

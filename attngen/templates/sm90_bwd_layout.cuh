@@ -77,8 +77,7 @@ constexpr int smem_bytes_for(int rel_bytes) {
          (OFF_REL + rel_bytes + 16 * NUM_CONSUMERS + 64 + NUM_MBARS * 8 + 127) / 128 * 128 +
          NUM_CONSUMERS * DQ_STAGE_BYTES;
 }
-constexpr int REL_BYTES_WANTED = REL_WALK && REL_STAGE && ATTNGEN_SCORE_REL && ATTNGEN_HAS_SCORE_MOD &&
-                                 !ATTNGEN_SCORE_REL_LINEAR ? 4 * NUM_CONSUMERS * REL_WARP_BYTES : 0;
+constexpr int REL_BYTES_WANTED = REL_WALK && REL_STAGE && ATTNGEN_REL_STAGEABLE ? 4 * NUM_CONSUMERS * REL_WARP_BYTES : 0;
 constexpr int REL_BYTES = smem_bytes_for(REL_BYTES_WANTED) <= SMEM_LIMIT ? REL_BYTES_WANTED : 0;
 constexpr bool REL_STAGED = REL_BYTES > 0;
 constexpr int OFF_TURN = OFF_REL + REL_BYTES;  // each consumer's turn and dQ slot (16 B)

@@ -57,8 +57,7 @@ constexpr int KSTEPS_PV = BK * (int)sizeof(Elem) / KSTEP_BYTES;  // k steps of P
 constexpr int SMEM_LIMIT = 232448;               // 227 KB opt-in maximum per block on sm90
 constexpr int REL_SLOTS = BK + 15;
 constexpr int REL_WARP_BYTES = (REL_SLOTS * REL_SLOT_BYTES + 15) / 16 * 16;
-constexpr int REL_BYTES_WANTED = REL_STAGE && ATTNGEN_SCORE_REL && ATTNGEN_HAS_SCORE_MOD && !ATTNGEN_SCORE_REL_LINEAR
-                                     ? 4 * NUM_CONSUMERS * REL_WARP_BYTES : 0;
+constexpr int REL_BYTES_WANTED = REL_STAGE && ATTNGEN_REL_STAGEABLE ? 4 * NUM_CONSUMERS * REL_WARP_BYTES : 0;
 constexpr int smem_bytes_for(int qbufs, int rel_bytes) {
   return 1024 /* alignment slack */ + qbufs * Q_BYTES + 2 * STAGES * KV_BYTES + rel_bytes +
          (2 * qbufs + 4 * STAGES + 2) * 8 + 8;
