@@ -34,10 +34,19 @@ def kernel_means(fn, steps: int) -> dict:
             fn()
         torch.cuda.synchronize()
     total = defaultdict(float)
+    first, last = float("inf"), float("-inf")
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             total[e.name] += e.time_range.elapsed_us()
-    return {name: us / steps for name, us in total.items()}
+            first, last = min(first, e.time_range.start), max(last, e.time_range.end)
+    means = {name: us / steps for name, us in total.items()}
+    means[SPAN] = (last - first) / steps if total else 0.0
+    return means
+
+
+# kernel_means' entry for the GPU's span per step: first kernel's start to last kernel's end over the steps issued back
+# to back, so that span - the kernels' sum is the time the GPU waited between kernels
+SPAN = "(GPU span)"
 
 
 def short(name: str) -> str:
@@ -123,6 +132,7 @@ def main(argv=None):
             except Exception as e:  # noqa: BLE001  (one implementation failing leaves the others' rows)
                 print(f"| {name} | {impl} | {bf.err_line('error', e)} | | | | |", flush=True)
                 continue
+            span = means.pop(SPAN)
             by_kernel = defaultdict(float)
             for kname, us in means.items():
                 by_kernel[short(kname)] += us
@@ -132,6 +142,7 @@ def main(argv=None):
                     per_tile = f"{1e3 * us / (kept * B * H):.1f}"
                 print(f"| {name} | {impl} | {kname} | {us:.1f} | {kept} | {partial} | {per_tile} |", flush=True)
             print(f"| {name} | {impl} | (step total) | {sum(means.values()):.1f} | | | |", flush=True)
+            print(f"| {name} | {impl} | {SPAN} | {span:.1f} | | | |", flush=True)
         torch.cuda.empty_cache()
 
 

@@ -100,6 +100,14 @@ def test_sm90_backward_family_and_tiles():
     walk = dataclasses.replace(tiles.SM90_BWD_TILES[64], rel_stage=False)
     assert "constexpr bool REL_STAGE = 0;" in render.render_sources(
         "", torch.float16, 64, "sm_90a", tiles=walk, kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
+    # the step's launches as programmatic dependents (pdl.cuh): the switch reaches the launches
+    for pdl in (False, True):
+        t = dataclasses.replace(tiles.SM90_BWD_TILES[64], pdl=pdl)
+        assert f"constexpr bool PDL = {int(pdl)};" in render.render_sources(
+            "", torch.float16, 64, "sm_90a", tiles=t, kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
+    headers = render.headers()
+    assert "launch_bwd_pre(a, BQ, stream, PDL)" in headers["bwd_sm90.cuh"]
+    assert headers["bwd_sm90.cuh"].count("launch_kernel(PDL, ") == 2  # the main kernel and the postprocess
 
 
 def test_prebuild_plans_the_backward_each_arch_runs():

@@ -5,6 +5,7 @@ walks) is loaded and called here without a GPU."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import subprocess
 
 import pytest
@@ -57,6 +58,10 @@ def test_forward_sources_hold_the_decode_unit_and_its_tiles_enter_the_key():
         assert '#include "fwd_decode.cuh"' in cu and f"constexpr int STAGES = {cfg.stages};" in cu
         assert f"constexpr int BK = {cfg.block_k};" in cu and "#define ATTNGEN_SECOND_UNIT 1" in cu
         assert "ATTNGEN_SECOND_UNIT" not in src[render.KERNEL_SOURCE] and "{{" not in cu and "{%" not in cu
+        assert f"constexpr bool PDL = {'true' if cfg.pdl else 'false'};" in cu
+        with_pdl = render.decode_source(torch.bfloat16, 128, arch, tiles=dataclasses.replace(cfg, pdl=True))
+        assert "constexpr bool PDL = true;" in with_pdl and "constexpr bool DECODE_PDL = PDL && kArch >= 90;" in \
+            render.headers()["fwd_decode.cuh"]  # an sm_80 build launches plainly (no griddepcontrol there)
     spec = attngen.compile(causal=True).spec(torch.bfloat16, 128, "sm_80", kernel="sm80")
     assert spec.fields()["decode_tiles"] == repr(tiles.decode_tile_config(128, "sm_80"))
     assert "decode_tiles" not in attngen.compile(causal=True).spec(torch.bfloat16, 128, "sm_80",

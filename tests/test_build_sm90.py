@@ -102,6 +102,9 @@ def test_render(hd, dtype):
     assert "constexpr bool REL_STAGE = true;" in cu  # relative score mods' terms staged per warp by default
     walk = render_sm90(fixture_inc("causal"), dtype, hd, replace(cfg, rel_stage=False))
     assert "constexpr bool REL_STAGE = false;" in walk[render.KERNEL_SOURCE]
+    for pdl in (False, True):  # launched as a programmatic dependent (pdl.cuh)
+        cu_pdl = render_sm90(fixture_inc("causal"), dtype, hd, replace(cfg, pdl=pdl))[render.KERNEL_SOURCE]
+        assert f"constexpr bool PDL = {'true' if pdl else 'false'};" in cu_pdl
 
 
 def test_render_needs_every_parameter():

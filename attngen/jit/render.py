@@ -106,7 +106,7 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
         params.update(family="sm90", block_q=t.block_q, block_k=t.block_k, stages=t.stages,
                       producer_regs=t.producer_regs, consumer_regs=t.consumer_regs, walk_shift=t.walk_shift,
                       persistent=int(t.persistent), dq_init=t.dq_init, rel_walk=int(t.rel_walk),
-                      rel_stage=int(t.rel_stage),
+                      rel_stage=int(t.rel_stage), pdl=int(t.pdl),
                       arch_number=90)
         text = _render(BWD_KERNEL_TEMPLATE, template_dir, **params)
         return {BWD_KERNEL_SOURCE: text, VARIANT_INCLUDE: variant_inc, **headers(template_dir)}
@@ -118,7 +118,7 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
         params.update(block_q=t.block_q, block_k=t.block_k, stages=t.stages, overlap=t.overlap, pingpong=t.pingpong,
                       pin_softmax=t.pin_softmax, persistent=t.persistent, persistent_max_kv=t.persistent_max_kv,
                       cross_tile=t.cross_tile, rescale_threshold=float(t.rescale_threshold), rel_stage=t.rel_stage,
-                      arch_number=90)
+                      pdl=t.pdl, arch_number=90)
     else:
         t = tiles or tile_config(head_dim, arch)
         params.update(block_q=t.block_q, block_k=t.block_k, num_warps=t.num_warps, min_blocks=t.min_blocks,
@@ -138,7 +138,7 @@ def decode_source(dtype, head_dim: int, arch: str, tiles=None, template_dir: Pat
     return _render(KERNEL_TEMPLATE, template_dir, kernel="decode", elem_type=elem_type, out_type=elem_type,
                    dtype_code=dtype_code, dtype_name=dtype_name, head_dim=head_dim, variant_include=VARIANT_INCLUDE,
                    block_q=t.block_q, block_k=t.block_k, num_warps=t.num_warps, stages=t.stages, min_blocks=t.min_blocks,
-                   arch_number=arch_number(arch))
+                   pdl=t.pdl, arch_number=arch_number(arch))
 
 
 # The Python that turns a traced variant into a binary besides the templates: its derivation, printing and build

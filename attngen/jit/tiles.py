@@ -70,6 +70,9 @@ class DecodeTileConfig:
     num_warps: int = 4
     min_blocks: int = 1
     block_q: int = 16
+    # the kernel and its combine launched as programmatic dependents (pdl.cuh): each scheduled while the kernel
+    # ahead of it drains, the combine's launch under the kernel's tail (on sm_90; below it they launch plainly)
+    pdl: bool = False
 
     def smem_bytes(self, head_dim: int) -> int:
         """The packed Q rows (padded by 16 bytes), then the K/V ring (unpadded, swizzled rows)."""
@@ -77,9 +80,10 @@ class DecodeTileConfig:
 
 
 DECODE_TILES = {
-    64: (DecodeTileConfig(block_k=64, stages=4),),
-    128: (DecodeTileConfig(block_k=64, stages=3), DecodeTileConfig(block_k=64, stages=2)),
-    256: (DecodeTileConfig(block_k=32, stages=3, num_warps=2), DecodeTileConfig(block_k=32, stages=2, num_warps=2)),
+    64: (DecodeTileConfig(block_k=64, stages=4, pdl=True),),
+    128: (DecodeTileConfig(block_k=64, stages=3, pdl=True), DecodeTileConfig(block_k=64, stages=2, pdl=True)),
+    256: (DecodeTileConfig(block_k=32, stages=3, num_warps=2, pdl=True),
+          DecodeTileConfig(block_k=32, stages=2, num_warps=2, pdl=True)),
 }
 
 
@@ -155,6 +159,9 @@ class Sm90BwdTiles:
     # q-block (BQ + 15 slots of 4 to 16 bytes in shared memory) and every thread reads its diagonals' slots, where that
     # fits beside the gradient bins (False, or where it does not fit: each thread evaluates its own 2 (BQ / 8 + 1))
     rel_stage: bool = True
+    # the preprocess, the main kernel and the postprocess launched as programmatic dependents (pdl.cuh): each
+    # scheduled while the kernel ahead of it drains, its launch and prologue under that kernel's tail
+    pdl: bool = False
 
     def __post_init__(self):
         if self.dq_init not in (0, 1):
@@ -227,6 +234,9 @@ class Sm90Tiles:
     # reads its diagonal's slot, where that fits beside the tiles (False, or where it does not fit: each thread
     # evaluates its own 2 (BK / 8 + 1) diagonals; score_mask.cuh)
     rel_stage: bool = True
+    # launched as a programmatic dependent of the kernel ahead of it on the stream (pdl.cuh): scheduled while that
+    # kernel drains, its launch and prologue under that kernel's tail
+    pdl: bool = False
     block_q: int = 128
     elem_bytes: int = 2  # 1: FP8 (e4m3) inputs
 

@@ -8,6 +8,7 @@
 
 #include "attngen_common.cuh"
 #include "attngen_bwd_abi.cuh"
+#include "pdl.cuh"
 
 namespace {
 
@@ -55,6 +56,8 @@ __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __gr
   const int i = (int)(tile - bh * nqb);
   const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);
   const int piece = threadIdx.x % PRE_LANES;
+  pdl_launch_dependents<PDL>();
+  pdl_wait<PDL>();  // launched as a dependent: the kernel ahead (the forward, a previous call) may still run
   if (tile == 0 && threadIdx.x == 0 && a.tile_counter != nullptr) *a.tile_counter = 0;
   const bool zero_acc = a.dq_written == nullptr;
   if (!zero_acc && threadIdx.x == 0) reinterpret_cast<int2*>(a.dq_written)[tile] = make_int2(0, 0);
@@ -90,11 +93,13 @@ __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __gr
   }
 }
 
-// The preprocess over every q-block of bq rows, a block each.
-inline void launch_bwd_pre(const AttngenBwdArgs& a, int bq, cudaStream_t stream) {
+// The preprocess over every q-block of bq rows, a block each; with pdl, launched as a programmatic dependent of the
+// kernel ahead of it on the stream (pdl.cuh).
+inline cudaError_t launch_bwd_pre(const AttngenBwdArgs& a, int bq, cudaStream_t stream, bool pdl = false) {
   const long long tiles = (long long)a.B * a.Hq * ((a.Lq + bq - 1) / bq);
-  if (tiles > 0) attngen_bwd_pre_kernel<<<(unsigned)tiles, PRE_THREADS, 0, stream>>>(a, bq);
-  else if (a.tile_counter != nullptr) cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);
+  if (tiles > 0) return launch_kernel(pdl, attngen_bwd_pre_kernel, dim3((unsigned)tiles), dim3(PRE_THREADS), 0, stream, a, bq);
+  if (a.tile_counter != nullptr) return cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);
+  return cudaSuccess;
 }
 
 }  // namespace

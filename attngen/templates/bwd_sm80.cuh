@@ -403,7 +403,8 @@ int launch_bwd(const AttngenBwdArgs& call, cudaStream_t stream) {
   int dev = 0, sms = 0;
   cudaError_t err = prepare_device(attngen_bwd_kernel, SMEM_BYTES, dev, sms);
   if (err != cudaSuccess) return (int)err;
-  launch_bwd_pre(a, BQ, stream);
+  err = launch_bwd_pre(a, BQ, stream);
+  if (err != cudaSuccess) return (int)err;
   const int nkb = (a.Lk + BK - 1) / BK;
   if (nkb > 0 && a.B > 0 && a.Hkv > 0) {
     const dim3 grid((unsigned)nkb, (unsigned)a.Hkv, (unsigned)a.B);

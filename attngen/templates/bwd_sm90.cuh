@@ -533,6 +533,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     mbar_init(sm.tile_full(), 1);                   // the tile loader, once per work tile
     mbar_fence_init();
   }
+  pdl_launch_dependents<PDL>();
+  pdl_wait<PDL>();  // the preprocess's delta, lse and flags (PDL: launched while it drains)
   __syncthreads();
 
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
@@ -572,6 +574,8 @@ __global__ void __launch_bounds__(POST_THREADS)
   const long long bh = tile / nqb;
   const int i = (int)(tile - bh * nqb);
   const float4* src = reinterpret_cast<const float4*>(a.dq_accum) + tile * (BQ * D / 4);
+  pdl_launch_dependents<PDL>();
+  pdl_wait<PDL>();  // every addition into dQ_acc (PDL: launched while the main kernel drains)
   // a chunk no writer took (first stores: its flag still 0) holds whatever the memory held: it is zero
   const int2 written = a.dq_written == nullptr ? make_int2(1, 1) : reinterpret_cast<const int2*>(a.dq_written)[tile];
   float4 x[LOADS];
@@ -623,15 +627,17 @@ int launch_bwd(const AttngenBwdArgs& call, cudaStream_t stream) {
       tma_encode_bhld_memo(memo_k, &tm_k, a.k, kDtypeCode, D, a.B, a.Hkv, a.Lk, a.k_stride, BK) != CUDA_SUCCESS ||
       tma_encode_bhld_memo(memo_v, &tm_v, a.v, kDtypeCode, D, a.B, a.Hkv, a.Lk, a.v_stride, BK) != CUDA_SUCCESS)
     return ATTNGEN_ERROR_SM90_TMA_LAYOUT;
-  launch_bwd_pre(a, BQ, stream);
+  cudaError_t rc = launch_bwd_pre(a, BQ, stream, PDL);
   const int ntiles = num_work_tiles(a);
-  if (ntiles > 0) {
+  if (rc == cudaSuccess && ntiles > 0) {
     const int grid = persistent_walks(a) ? min(ntiles, sms) : ntiles;
-    attngen_bwd_kernel<<<grid, NTHREADS, SMEM_BYTES, stream>>>(a, tm_q, tm_do, tm_k, tm_v);
+    rc = launch_kernel(PDL, attngen_bwd_kernel, dim3(grid), dim3(NTHREADS), SMEM_BYTES, stream, a, tm_q, tm_do, tm_k,
+                       tm_v);
   }
   const long long qblocks = (long long)a.B * a.Hq * ((a.Lq + BQ - 1) / BQ);
-  if (qblocks > 0) attngen_bwd_post_tiled_kernel<<<(unsigned)qblocks, POST_THREADS, 0, stream>>>(a);
-  return (int)cudaGetLastError();
+  if (rc == cudaSuccess && qblocks > 0)
+    rc = launch_kernel(PDL, attngen_bwd_post_tiled_kernel, dim3((unsigned)qblocks), dim3(POST_THREADS), 0, stream, a);
+  return (int)(rc != cudaSuccess ? rc : cudaGetLastError());
 }
 
 }  // namespace

@@ -45,6 +45,7 @@ __global__ void __launch_bounds__(VT_THREADS) attngen_fp8_v_transpose_kernel(
     long long s1, long long s2) {
   __shared__ __align__(16) uint32_t tile[VT_TILE_WORDS];
   const int h = blockIdx.y, b = blockIdx.z, row0 = blockIdx.x * VT_ROWS;
+  pdl_launch_dependents<PDL>();  // the attention kernel that reads V^T may be scheduled now; it waits for this grid (pdl.cuh)
   const unsigned char* src = v + (long long)b * s0 + (long long)h * s1;
   constexpr int CHUNKS = D / 16;  // 16-byte pieces of a row
   for (int c = threadIdx.x; c < VT_ROWS * CHUNKS; c += VT_THREADS) {

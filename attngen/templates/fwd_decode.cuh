@@ -21,6 +21,7 @@
 #include "softmax.cuh"
 #include "epilogue.cuh"
 #include "host_abi_common.cuh"
+#include "pdl.cuh"
 
 #ifndef ATTNGEN_NUM_SUMMARIES
 #define ATTNGEN_NUM_SUMMARIES 0  // hand-written variant.inc files (tests/data) that predate the decode kernel
@@ -32,6 +33,8 @@
 namespace {
 
 using namespace attngen;
+// griddepcontrol exists from sm_90 on: a library built for an older arch launches plainly wherever it runs.
+constexpr bool DECODE_PDL = PDL && kArch >= 90;
 
 constexpr int NTHREADS = NWARPS * 32;
 constexpr int WK = BK / NWARPS;   // cache positions per warp per tile
@@ -273,6 +276,8 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_decode_kernel(co
   const uint32_t sK = sQ + Q_TILE * 2;             // [STAGES][BK][D], swizzled
   const uint32_t sV = sK + STAGES * KV_TILE * 2;   // [STAGES][BK][D], swizzled
 
+  pdl_launch_dependents<DECODE_PDL>();
+  pdl_wait<DECODE_PDL>();  // PDL: launched while the kernel ahead (an append's positions, a previous call) drains
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -512,6 +517,7 @@ __global__ void __launch_bounds__(COMBINE_WARPS * 32) attngen_decode_combine(con
   __shared__ float m_w[COMBINE_WARPS], sum_w[COMBINE_WARPS];
   const long long rows = (long long)a.B * a.Hq * a.Lq;
   const long long lrow = blockIdx.x;
+  pdl_wait<DECODE_PDL>();  // every split's partial O and LSE (PDL: launched while the decode kernel drains)
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const float* lse_p = a.lse_partial + lrow;                          // split s at lse_p[s * rows]
@@ -633,9 +639,9 @@ extern "C" ATTNGEN_EXPORT int attngen_decode(const AttngenDecodeArgs* a, void* s
   if (err != cudaSuccess) return (int)err;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const dim3 grid((unsigned)a->num_splits, (unsigned)y, (unsigned)a->B);
-  attngen_decode_kernel<<<grid, NTHREADS, SMEM_BYTES, stream>>>(*a);
-  err = cudaGetLastError();
+  err = launch_kernel(DECODE_PDL, attngen_decode_kernel, grid, dim3(NTHREADS), SMEM_BYTES, stream, *a);
+  if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess || a->num_splits == 1) return (int)err;
-  attngen_decode_combine<<<(unsigned)rows, COMBINE_WARPS * 32, 0, stream>>>(*a);
-  return (int)cudaGetLastError();
+  err = launch_kernel(DECODE_PDL, attngen_decode_combine, dim3((unsigned)rows), dim3(COMBINE_WARPS * 32), 0, stream, *a);
+  return (int)(err != cudaSuccess ? err : cudaGetLastError());
 }

@@ -24,6 +24,7 @@
 #include "sm90_wgmma.cuh"
 #include "sm90_tile_counter.cuh"
 #include "sm90_scheduler.cuh"
+#include "pdl.cuh"
 #include "sm90_layout.cuh"
 #include "block_range.cuh"
 #include "score_mask.cuh"
@@ -478,6 +479,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     mbar_init(sm.mailbox().empty, 128 * NUM_CONSUMERS);  // every consumer thread has read it
     mbar_fence_init();
   }
+  pdl_launch_dependents<PDL>();
+  pdl_wait<PDL>();  // PDL: launched while the kernel ahead (a V^T copy, a previous call) drains
   __syncthreads();
 
   // Warp-uniform warpgroup index (the shuffle tells the compiler it is uniform).
@@ -521,8 +524,9 @@ int launch(const AttngenFwdArgs& a, cudaStream_t stream) {
   const long long ctas = persistent ? (tiles < sms ? tiles : (long long)sms) : tiles;
   // A grid of one CTA per tile has nothing left to take: it needs no counter.
   unsigned int* counter = persistent && ctas < tiles ? counter_for_launch(dev, stream) : nullptr;
-  attngen_fwd_kernel<<<(unsigned)ctas, NTHREADS, SMEM_BYTES, stream>>>(a, tm_q, tm_k, tm_v, counter, a.Hq / a.Hkv);
-  return (int)cudaGetLastError();
+  const cudaError_t launched = launch_kernel(PDL, attngen_fwd_kernel, dim3((unsigned)ctas), dim3(NTHREADS),
+                                             SMEM_BYTES, stream, a, tm_q, tm_k, tm_v, counter, a.Hq / a.Hkv);
+  return (int)(launched != cudaSuccess ? launched : cudaGetLastError());
 }
 
 }  // namespace
