@@ -23,7 +23,7 @@ from attngen.jit import tiles  # noqa: E402
 
 C = tiles.DecodeTileConfig
 CONFIGS = [C(block_k=64, stages=3), C(block_k=128, stages=2, num_warps=8), C(block_k=64, stages=4),
-           C(block_k=64, stages=3, pdl=True)]
+           C(block_k=64, stages=3, pdl=False)]
 SPLITS = {8: (0,), 64: (0,), 1: (0, 32)}  # 0: the heuristic
 
 

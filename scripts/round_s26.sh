@@ -10,7 +10,8 @@
 #    preprocess against first stores (session 23: 2.0% apart) and the kernels of a step launched as programmatic
 #    dependents (Sm90Tiles.pdl, Sm90BwdTiles.pdl; pdl.cuh), each alone and together, with flex in the same rounds;
 #    decode's kernel and combine as programmatic dependents (DecodeTileConfig.pdl), the shipped tiles without and
-#    with, twice in turn (decode_tile_sweep.py configs 0 and 3).
+#    with, twice in turn (decode_tile_sweep.py configs 0 and 3; since the review after round D, config 0 is the shipped
+#    tiles with PDL and 3 the same without, so the same command now times them in the other order).
 # C: decode's kernel and combine launched as programmatic dependents by default (DecodeTileConfig.pdl; round B: B = 1
 #    137.7 -> 137.1 us, B = 8 / 64 level): the decode, KV-cache and Llama-loop (CUDA graph) tests on it; then round B's
 #    training A/B again with the settings in turn A B A' B' (A' = A and B' = B under another name), without flex,

@@ -24,6 +24,12 @@ from bench_training import step_fn  # noqa: E402
 
 def kernel_means(fn, steps: int) -> dict:
     """{kernel name: mean µs per step} over `steps` profiled steps (after a warm-up one)."""
+    return profile_steps(fn, steps)[0]
+
+
+def profile_steps(fn, steps: int) -> tuple:
+    """(kernel_means' dict, the GPU's span per step): the span runs from the first kernel's start to the last one's
+    end over the steps issued back to back, so that span - the kernels' sum is the time the GPU waited between them."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -39,14 +45,7 @@ def kernel_means(fn, steps: int) -> dict:
         if e.device_type == torch.autograd.DeviceType.CUDA:
             total[e.name] += e.time_range.elapsed_us()
             first, last = min(first, e.time_range.start), max(last, e.time_range.end)
-    means = {name: us / steps for name, us in total.items()}
-    means[SPAN] = (last - first) / steps if total else 0.0
-    return means
-
-
-# kernel_means' entry for the GPU's span per step: first kernel's start to last kernel's end over the steps issued back
-# to back, so that span - the kernels' sum is the time the GPU waited between kernels
-SPAN = "(GPU span)"
+    return {name: us / steps for name, us in total.items()}, ((last - first) / steps if total else 0.0)
 
 
 def short(name: str) -> str:
@@ -128,11 +127,10 @@ def main(argv=None):
             impls["flex"] = flex.make(score_mod, mask_mod, S, device)
         for impl, f in impls.items():
             try:
-                means = kernel_means(step_fn(f, q, k, v, dout), args.steps)
+                means, span = profile_steps(step_fn(f, q, k, v, dout), args.steps)
             except Exception as e:  # noqa: BLE001  (one implementation failing leaves the others' rows)
                 print(f"| {name} | {impl} | {bf.err_line('error', e)} | | | | |", flush=True)
                 continue
-            span = means.pop(SPAN)
             by_kernel = defaultdict(float)
             for kname, us in means.items():
                 by_kernel[short(kname)] += us
@@ -142,7 +140,7 @@ def main(argv=None):
                     per_tile = f"{1e3 * us / (kept * B * H):.1f}"
                 print(f"| {name} | {impl} | {kname} | {us:.1f} | {kept} | {partial} | {per_tile} |", flush=True)
             print(f"| {name} | {impl} | (step total) | {sum(means.values()):.1f} | | | |", flush=True)
-            print(f"| {name} | {impl} | {SPAN} | {span:.1f} | | | |", flush=True)
+            print(f"| {name} | {impl} | (GPU span) | {span:.1f} | | | |", flush=True)
         torch.cuda.empty_cache()
 
 

@@ -71,8 +71,9 @@ class DecodeTileConfig:
     min_blocks: int = 1
     block_q: int = 16
     # the kernel and its combine launched as programmatic dependents (pdl.cuh): each scheduled while the kernel
-    # ahead of it drains, the combine's launch under the kernel's tail (on sm_90; below it they launch plainly)
-    pdl: bool = False
+    # ahead of it drains, the combine's launch under the kernel's tail (on sm_90; below it they launch plainly).
+    # On: B = 1 decode 137.7 -> 137.1 us per graph replay, B = 8 / 64 level (docs/performance.md, "Decode")
+    pdl: bool = True
 
     def smem_bytes(self, head_dim: int) -> int:
         """The packed Q rows (padded by 16 bytes), then the K/V ring (unpadded, swizzled rows)."""
@@ -80,10 +81,9 @@ class DecodeTileConfig:
 
 
 DECODE_TILES = {
-    64: (DecodeTileConfig(block_k=64, stages=4, pdl=True),),
-    128: (DecodeTileConfig(block_k=64, stages=3, pdl=True), DecodeTileConfig(block_k=64, stages=2, pdl=True)),
-    256: (DecodeTileConfig(block_k=32, stages=3, num_warps=2, pdl=True),
-          DecodeTileConfig(block_k=32, stages=2, num_warps=2, pdl=True)),
+    64: (DecodeTileConfig(block_k=64, stages=4),),
+    128: (DecodeTileConfig(block_k=64, stages=3), DecodeTileConfig(block_k=64, stages=2)),
+    256: (DecodeTileConfig(block_k=32, stages=3, num_warps=2), DecodeTileConfig(block_k=32, stages=2, num_warps=2)),
 }
 
 

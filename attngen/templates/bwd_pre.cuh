@@ -97,7 +97,8 @@ __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __gr
 // kernel ahead of it on the stream (pdl.cuh).
 inline cudaError_t launch_bwd_pre(const AttngenBwdArgs& a, int bq, cudaStream_t stream, bool pdl = false) {
   const long long tiles = (long long)a.B * a.Hq * ((a.Lq + bq - 1) / bq);
-  if (tiles > 0) return launch_kernel(pdl, attngen_bwd_pre_kernel, dim3((unsigned)tiles), dim3(PRE_THREADS), 0, stream, a, bq);
+  if (tiles > 0)
+    return launch_kernel(pdl, attngen_bwd_pre_kernel, dim3((unsigned)tiles), dim3(PRE_THREADS), 0, stream, a, bq);
   if (a.tile_counter != nullptr) return cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);
   return cudaSuccess;
 }

@@ -637,7 +637,7 @@ int launch_bwd(const AttngenBwdArgs& call, cudaStream_t stream) {
   const long long qblocks = (long long)a.B * a.Hq * ((a.Lq + BQ - 1) / BQ);
   if (rc == cudaSuccess && qblocks > 0)
     rc = launch_kernel(PDL, attngen_bwd_post_tiled_kernel, dim3((unsigned)qblocks), dim3(POST_THREADS), 0, stream, a);
-  return (int)(rc != cudaSuccess ? rc : cudaGetLastError());
+  return (int)rc;
 }
 
 }  // namespace

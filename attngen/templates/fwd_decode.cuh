@@ -640,8 +640,7 @@ extern "C" ATTNGEN_EXPORT int attngen_decode(const AttngenDecodeArgs* a, void* s
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const dim3 grid((unsigned)a->num_splits, (unsigned)y, (unsigned)a->B);
   err = launch_kernel(DECODE_PDL, attngen_decode_kernel, grid, dim3(NTHREADS), SMEM_BYTES, stream, *a);
-  if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess || a->num_splits == 1) return (int)err;
-  err = launch_kernel(DECODE_PDL, attngen_decode_combine, dim3((unsigned)rows), dim3(COMBINE_WARPS * 32), 0, stream, *a);
-  return (int)(err != cudaSuccess ? err : cudaGetLastError());
+  return (int)launch_kernel(DECODE_PDL, attngen_decode_combine, dim3((unsigned)rows), dim3(COMBINE_WARPS * 32), 0,
+                            stream, *a);
 }

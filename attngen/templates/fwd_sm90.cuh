@@ -524,9 +524,8 @@ int launch(const AttngenFwdArgs& a, cudaStream_t stream) {
   const long long ctas = persistent ? (tiles < sms ? tiles : (long long)sms) : tiles;
   // A grid of one CTA per tile has nothing left to take: it needs no counter.
   unsigned int* counter = persistent && ctas < tiles ? counter_for_launch(dev, stream) : nullptr;
-  const cudaError_t launched = launch_kernel(PDL, attngen_fwd_kernel, dim3((unsigned)ctas), dim3(NTHREADS),
-                                             SMEM_BYTES, stream, a, tm_q, tm_k, tm_v, counter, a.Hq / a.Hkv);
-  return (int)(launched != cudaSuccess ? launched : cudaGetLastError());
+  return (int)launch_kernel(PDL, attngen_fwd_kernel, dim3((unsigned)ctas), dim3(NTHREADS), SMEM_BYTES, stream, a, tm_q,
+                            tm_k, tm_v, counter, a.Hq / a.Hkv);
 }
 
 }  // namespace

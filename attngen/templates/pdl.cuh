@@ -26,7 +26,9 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute when pdl.
+// kernel<<<grid, block, smem, stream>>>(args...) followed by cudaGetLastError(), with the programmatic-serialization
+// attribute when pdl: the launch's error, else any the runtime held, and the runtime's last error cleared either way
+// (left set, it would surface at the next launch check, torch's among them, as that launch's).
 template <typename... Params, typename... Args>
 cudaError_t launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                           cudaStream_t stream, Args&&... args) {
@@ -40,7 +42,9 @@ cudaError_t launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 b
   config.stream = stream;
   config.attrs = attr;
   config.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, static_cast<Args&&>(args)...);
+  const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, static_cast<Args&&>(args)...);
+  const cudaError_t last = cudaGetLastError();
+  return launched != cudaSuccess ? launched : last;
 }
 
 }  // namespace attngen
