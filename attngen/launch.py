@@ -572,14 +572,14 @@ def check_debug_record(record: torch.Tensor, captured) -> None:
 # --------------------------------------------------------------------------------------------------
 # backward (templates/bwd_sm80.cuh; the ABI of templates/attngen_bwd_abi.cuh and host_abi_bwd.cuh)
 
-BWD_ABI_VERSION = 7  # ATTNGEN_BWD_ABI_VERSION
+BWD_ABI_VERSION = 8  # ATTNGEN_BWD_ABI_VERSION
 # AttngenBwdArgs: 12 pointers, 8x3 int64 strides, 6 int32, float, int32, then CapturedArgs (_PACK_TAIL), then
-# the captured tensors' gradient buffers, the deterministic mode's semaphores, the work-tile counter and the dQ
-# accumulator's first-store flags (_PACK_BWD_OPTIONS).
+# the captured tensors' gradient buffers, the deterministic mode's semaphores, the work-tile counter, the dQ
+# accumulator's first-store flags and the work tiles' order (_PACK_BWD_OPTIONS).
 _PACK_BWD_HEAD = struct.Struct("<12Q24q6ifi")
-_PACK_BWD_OPTIONS = struct.Struct(f"<{MAX_CAPTURED}QQQQ")
+_PACK_BWD_OPTIONS = struct.Struct(f"<{MAX_CAPTURED}QQQQQ")
 _BWD_ARGS_SIZE = _PACK_BWD_HEAD.size + _PACK_TAIL.size + _PACK_BWD_OPTIONS.size
-assert _PACK_BWD_HEAD.size == 320 and _BWD_ARGS_SIZE == 920
+assert _PACK_BWD_HEAD.size == 320 and _BWD_ARGS_SIZE == 928
 
 
 class BwdKernelLibrary(_Library):
@@ -663,13 +663,17 @@ def backward(
         return (dq, dk.zero_(), dv.zero_()) + ((dcaptured,) if captured_grads is not None else ())
     lq_pad = -(-Lq // lib.block_q) * lib.block_q
     # lse_log2, delta, 4 words whose first holds the work-tile counter (the rest keeps what follows 16-byte
-    # aligned), then 2 int32 flags per q-block (dq_written), in one allocation the preprocess fills
+    # aligned), 2 int32 flags per q-block (dq_written), then an int32 per work tile (tile_order), in one allocation
+    # the preprocess fills
     rows = B * Hq * lq_pad
-    stats = torch.empty((2 * rows + 4 + 2 * (rows // lib.block_q),), dtype=torch.float32, device=q.device)
+    work_tiles = B * Hkv * -(-Lk // lib.block_k)
+    stats = torch.empty((2 * rows + 4 + 2 * (rows // lib.block_q) + work_tiles,), dtype=torch.float32,
+                        device=q.device)
     dq_acc = torch.empty((B, Hq, lq_pad, D), dtype=torch.float32, device=q.device)  # layout: the kernel's
     lse_log2, delta = stats[:rows], stats[rows:2 * rows]
     tile_counter = stats.data_ptr() + 8 * rows
     dq_written = tile_counter + 16
+    tile_order = dq_written + 8 * (rows // lib.block_q)
     qs, ks, vs, os_, ds = q.stride(), k.stride(), v.stride(), out.stride(), dout.stride()
     head = _PACK_BWD_HEAD.pack(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(),
@@ -683,7 +687,7 @@ def backward(
     sem = torch.zeros((B, Hq, lq_pad // lib.block_q), dtype=torch.int32, device=q.device) if deterministic else None
     options = _PACK_BWD_OPTIONS.pack(*[0 if g is None else g.data_ptr() for g in dcaptured],
                                      *[0] * (MAX_CAPTURED - len(dcaptured)), 0 if sem is None else sem.data_ptr(),
-                                     tile_counter, dq_written)
+                                     tile_counter, dq_written, 0 if deterministic else tile_order)
     rc = call_on(dev, lib._bwd, head + tail + options)
     if rc != 0:
         raise launch_failed(lib, "attention backward kernel", rc,

@@ -4,6 +4,7 @@
 # and sanitize_backward: the backward's small cases (scripts/sanitize_case.py) run plainly or under a sanitizer;
 # ncu_profile: Nsight Compute's full set on one warm launch of scripts/profile_case.py, its details and hot SASS lines.
 # ncu_nvtx: the same for every kernel a script launches inside an NVTX range named "profiled".
+# ncu_tail: the SMs' active cycles of the forward's and backward's main kernels against the elapsed (the grid's tail).
 # pack_results: everything under $OUT in one archive (a call brings back a handful of files).
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache ATTNGEN_TEST_BUILD_JOBS=14
 R="$OUT"
@@ -49,6 +50,15 @@ ncu_nvtx() {  # name timeout script args...: Nsight Compute's full set on every 
   python scripts/ncu_loads.py "$R/ncu-$name-sass.csv.gz" > "$R/ncu-$name-loads.txt" 2>&1
   grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Memory Throughput|L2 Hit|Registers Per|Achieved Occ|No Eligible|Issue Slots Busy" \
     "$R/ncu-$name-details.txt" | head -40
+}
+ncu_tail() {  # name timeout profile_case.py-args...: the forward's and the backward's main kernel (the second call of
+  # each), their SMs' active cycles (avg, min, max) against the elapsed cycles: how much of the grid idles at its end
+  local name=$1 t=$2; shift 2
+  python scripts/profile_case.py "$@" --build
+  timeout "$t" ncu --clock-control none -k "regex:attngen_(fwd|bwd)_kernel" --launch-skip 2 --launch-count 2 \
+    --metrics sm__cycles_active.avg,sm__cycles_active.min,sm__cycles_active.max,sm__cycles_elapsed.max,gpu__time_duration.sum \
+    --csv --page raw python scripts/profile_case.py "$@" > "$R/tail-$name.csv" 2> "$R/tail-$name.log"
+  python scripts/ncu_tail.py "$R/tail-$name.csv" "$name" | tee -a "$R/tail.md"
 }
 pack_results() {  # every file under $R into $R/results.tgz (a call brings back only a few files)
   (cd "$R" && tar czf /tmp/results.tgz --exclude=results.tgz . && find . -type f -delete && mv /tmp/results.tgz .)

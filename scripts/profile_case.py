@@ -3,8 +3,9 @@ warm-up launch, so `ncu --launch-skip 1 --launch-count 1 -k regex:attngen_fwd` p
 `--backward` also runs the backward (its kernels: `-k regex:attngen_bwd_kernel`); `--fp8` calls the FP8 forward on the
 inputs quantised as bench_fp8.py does (its attention kernel: `-k regex:attngen_fwd_kernel`, not the V^T kernel).
 `--build` only fills the kernel cache (run it outside ncu). VARIANT: bench_forward.py's, or bench_training.py's learnable
-ones (relpos_learnable: with --backward the table's gradient too)
-Usage: profile_case.py VARIANT [--build] [--backward | --fp8]"""
+ones (relpos_learnable: with --backward the table's gradient too). `--bwd-set` builds the sm90 backward at other fields of
+jit.tiles.Sm90BwdTiles than the shipped ladder's (bwd_tiles_ab.py's syntax, e.g. `sections=1`).
+Usage: profile_case.py VARIANT [--build] [--backward | --fp8] [--bwd-set FIELD=VALUE,...]"""
 import argparse
 import sys
 from pathlib import Path
@@ -25,7 +26,16 @@ p.add_argument("--S", type=int, default=8192)
 p.add_argument("--D", type=int, default=128)
 p.add_argument("--backward", action="store_true")
 p.add_argument("--fp8", action="store_true")
+p.add_argument("--bwd-set", default="")
 args = p.parse_args()
+if args.bwd_set:
+    from dataclasses import replace
+
+    import attngen.jit.spec as spec
+    from attngen.jit.tiles import SM90_BWD_TILES
+
+    fields = {name: int(value) for name, value in (f.split("=") for f in args.bwd_set.split(","))}
+    spec.sm90_bwd_ladder = lambda hd: (replace(SM90_BWD_TILES[hd], **fields),)
 B, H = 2, 16
 if args.variant in LEARNABLE:
     score_mod, mask_mod, leaves = make_learnable(args.variant, args.S, H, "cuda")

@@ -105,8 +105,16 @@ def test_sm90_backward_family_and_tiles():
         t = dataclasses.replace(tiles.SM90_BWD_TILES[64], pdl=pdl)
         assert f"constexpr bool PDL = {int(pdl)};" in render.render_sources(
             "", torch.float16, 64, "sm_90a", tiles=t, kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
+    # the work tiles' order: sections of heads, each sorted by its walks' lengths at run time (tile_sections.cuh)
+    for sections, order in ((False, False), (True, False), (True, True)):
+        t = dataclasses.replace(tiles.SM90_BWD_TILES[64], sections=sections, order=order)
+        text = render.render_sources("", torch.float16, 64, "sm_90a", tiles=t,
+                                     kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
+        assert f"constexpr bool SECTIONS = {int(sections)};" in text and f"constexpr bool ORDER = {int(order)};" in text
     headers = render.headers()
-    assert "launch_bwd_pre(a, BQ, stream, PDL)" in headers["bwd_sm90.cuh"]
+    assert "launch_bwd_pre<OrderSection>(a, BQ, stream, PDL, ordered_walks(a) ? order_sections(a) : 0)" \
+        in headers["bwd_sm90.cuh"]
+    assert "a.tile_order[w]" in headers["bwd_sm90.cuh"]
     assert headers["bwd_sm90.cuh"].count("launch_kernel(PDL, ") == 2  # the main kernel and the postprocess
 
 

@@ -148,6 +148,13 @@ class Sm90BwdTiles:
     # one CTA per SM taking kv blocks from a counter in launch order, the next block's K and V loading under this
     # one's dK / dV stores (False: a CTA per kv block; deterministic mode always launches that way)
     persistent: bool = True
+    # work tiles in sections of (batch, kv head) pairs of about one wave, kv block slowest within a section, as the
+    # forward orders its q blocks (False: kv block fastest, one pair after another, so the grid ends on the last
+    # head's walks, the longest of them under causal-like masks among its last tiles)
+    sections: bool = True
+    # each section's work tiles sorted by the length of their walks, longest first, by the preprocess at run time
+    # (bwd_sm90.cuh tile order), so that the grid ends on short walks under any mask (deterministic mode: off)
+    order: bool = True
     # how the fp32 dQ accumulator starts out (bwd_sm90.cuh; deterministic mode always takes 0): 0 zeroed by the
     # preprocess; 1 not zeroed, the first addition into each chunk a store (the preprocess zeroes a flag per chunk)
     dq_init: int = 1

@@ -5,7 +5,7 @@
 
 #include "attngen_common.cuh"
 
-#define ATTNGEN_BWD_ABI_VERSION 7
+#define ATTNGEN_BWD_ABI_VERSION 8
 
 // Layout (x86-64 / aarch64, natural alignment, no padding):
 //   offset   0  q, k, v, o, dout, lse         6 pointers
@@ -19,7 +19,8 @@
 //   offset 896  dq_semaphore                  pointer              deterministic mode's turn counters
 //   offset 904  tile_counter                  pointer              the persistent sm90 kernel's work-tile counter
 //   offset 912  dq_written                    pointer              which chunks of dq_accum hold a first write
-//   size   920
+//   offset 920  tile_order                    pointer              the order the sm90 kernel takes its work tiles in
+//   size   928
 // Workspaces: dq_accum B * Hq * Lq_pad * D floats, laid out as the kernel family chooses (row-major, or tiled
 // by q-block: sm90_bwd_layout.cuh); delta and lse_log2 (B, Hq, Lq_pad) contiguous with
 // Lq_pad = ceil(Lq / block_q) * block_q (AttngenKernelInfo.block_q), so that every q-block's slice is whole
@@ -33,6 +34,9 @@
 // is used): the preprocess zeroes these instead of dq_accum, the sm90 kernel's first addition into a chunk is a
 // store (bwd_sm90.cuh write_dq) and its postprocess reads a chunk nobody wrote as zeros. Families and modes that
 // do not use it (sm80, deterministic mode, an sm90 kernel built without first stores) launch as if it were null.
+// tile_order: null, or int32 (B * Hkv * ceil(Lk / block_k)) that the preprocess fills with the sm90 kernel's work
+// tiles, longest walks first within each section (bwd_sm90.cuh order_section), and that kernel takes them in; the
+// sm80 kernel, deterministic mode and an sm90 kernel built without it take them in their plain order instead.
 struct AttngenBwdArgs {
   const void* q;         // (B, Hq, Lq, D), last dim contiguous
   const void* k;         // (B, Hkv, Lk, D)
@@ -62,10 +66,11 @@ struct AttngenBwdArgs {
   int* dq_semaphore;
   int* tile_counter;
   int* dq_written;
+  int* tile_order;
 };
 
 #if defined(__cplusplus) && !defined(__CUDACC_RTC__)
-static_assert(sizeof(AttngenBwdArgs) == 920, "AttngenBwdArgs layout is part of the C ABI");
+static_assert(sizeof(AttngenBwdArgs) == 928, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, dq_accum) == 72, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, B) == 288, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, scale) == 312, "AttngenBwdArgs layout is part of the C ABI");
@@ -74,4 +79,5 @@ static_assert(__builtin_offsetof(AttngenBwdArgs, dcaptured) == 832, "AttngenBwdA
 static_assert(__builtin_offsetof(AttngenBwdArgs, dq_semaphore) == 896, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, tile_counter) == 904, "AttngenBwdArgs layout is part of the C ABI");
 static_assert(__builtin_offsetof(AttngenBwdArgs, dq_written) == 912, "AttngenBwdArgs layout is part of the C ABI");
+static_assert(__builtin_offsetof(AttngenBwdArgs, tile_order) == 920, "AttngenBwdArgs layout is part of the C ABI");
 #endif

@@ -1,8 +1,9 @@
 // bwd_pre.cuh: the launch ahead of either backward main kernel (bwd_sm80.cuh, bwd_sm90.cuh), on its stream, a
 //  block per q-block: delta = rowsum(dO * O) (fp32), lse in the log2 domain (+inf for rows with nothing kept and
 //  for the padding of the last q-block, so P = 0 there), the fp32 dQ accumulator zeroed, or, where the main kernel
-//  stores its first addition to each chunk (AttngenBwdArgs.dq_written), the chunks' flags instead. Each kernel
-//  family has its own postprocess, for the layout it keeps dQ_acc in. Configuration (Elem, D) from the including
+//  stores its first addition to each chunk (AttngenBwdArgs.dq_written), the chunks' flags instead; a family may
+//  add blocks of its own ahead of the q-blocks' (the sm90 kernel's work-tile order). Each kernel family has its own
+//  postprocess, for the layout it keeps dQ_acc in. Configuration (Elem, D) from the including
 //  attngen_bwd.cu.
 #pragma once
 
@@ -44,20 +45,31 @@ constexpr int PRE_LANES = PRE_PIECES <= 8 ? 8 : PRE_PIECES <= 16 ? 16 : 32;
 constexpr int PRE_ROWS = PRE_THREADS / PRE_LANES;  // rows per step of a block
 static_assert(D % 8 == 0 && PRE_PIECES <= 32, "the preprocess reads a row in at most 32 pieces of 8 elements");
 
-// Block `tile` = (b * Hq + h) * nqb + i: the bq rows of q-block i of head (b, h), rows past Lq padding:
-// delta, lse_log2 (+inf for rows with nothing kept and padding), the rows of dQ_acc zeroed (whichever layout the
-// main kernel keeps in a q-block's bq * D floats) or the q-block's two dq_written flags; block 0 also zeroes the
-// work-tile counter.
+// What a family's preprocess does besides the q-blocks: Extra::block(a, n) in each of its first `extra` blocks (the
+// sm90 kernel's work-tile order, bwd_sm90.cuh; first, so that they run beside the q-blocks, not after them).
+struct NoExtraBlocks {
+  __device__ static void block(const AttngenBwdArgs&, int) {}
+};
+
+// Block `extra + tile`, tile = (b * Hq + h) * nqb + i: the bq rows of q-block i of head (b, h), rows past Lq
+// padding: delta, lse_log2 (+inf for rows with nothing kept and padding), the rows of dQ_acc zeroed (whichever
+// layout the main kernel keeps in a q-block's bq * D floats) or the q-block's two dq_written flags; tile 0 also
+// zeroes the work-tile counter.
+template <class Extra>
 __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __grid_constant__ AttngenBwdArgs a,
-                                                                      int bq) {
+                                                                      int bq, int extra) {
+  pdl_launch_dependents<PDL>();
+  pdl_wait<PDL>();  // launched as a dependent: the kernel ahead (the forward, a previous call) may still run
+  if ((int)blockIdx.x < extra) {
+    Extra::block(a, (int)blockIdx.x);
+    return;
+  }
   const int nqb = (a.Lq + bq - 1) / bq;
-  const long long tile = blockIdx.x;
+  const long long tile = (long long)blockIdx.x - extra;
   const long long bh = tile / nqb;
   const int i = (int)(tile - bh * nqb);
   const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);
   const int piece = threadIdx.x % PRE_LANES;
-  pdl_launch_dependents<PDL>();
-  pdl_wait<PDL>();  // launched as a dependent: the kernel ahead (the forward, a previous call) may still run
   if (tile == 0 && threadIdx.x == 0 && a.tile_counter != nullptr) *a.tile_counter = 0;
   const bool zero_acc = a.dq_written == nullptr;
   if (!zero_acc && threadIdx.x == 0) reinterpret_cast<int2*>(a.dq_written)[tile] = make_int2(0, 0);
@@ -93,12 +105,15 @@ __global__ void __launch_bounds__(PRE_THREADS) attngen_bwd_pre_kernel(const __gr
   }
 }
 
-// The preprocess over every q-block of bq rows, a block each; with pdl, launched as a programmatic dependent of the
-// kernel ahead of it on the stream (pdl.cuh).
-inline cudaError_t launch_bwd_pre(const AttngenBwdArgs& a, int bq, cudaStream_t stream, bool pdl = false) {
+// The preprocess over every q-block of bq rows, a block each, after `extra` blocks of Extra's; with pdl, launched as
+// a programmatic dependent of the kernel ahead of it on the stream (pdl.cuh).
+template <class Extra = NoExtraBlocks>
+inline cudaError_t launch_bwd_pre(const AttngenBwdArgs& a, int bq, cudaStream_t stream, bool pdl = false,
+                                  int extra = 0) {
   const long long tiles = (long long)a.B * a.Hq * ((a.Lq + bq - 1) / bq);
   if (tiles > 0)
-    return launch_kernel(pdl, attngen_bwd_pre_kernel, dim3((unsigned)tiles), dim3(PRE_THREADS), 0, stream, a, bq);
+    return launch_kernel(pdl, attngen_bwd_pre_kernel<Extra>, dim3((unsigned)(tiles + extra)), dim3(PRE_THREADS), 0,
+                         stream, a, bq, extra);
   if (a.tile_counter != nullptr) return cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);
   return cudaSuccess;
 }

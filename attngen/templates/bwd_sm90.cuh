@@ -28,6 +28,7 @@
 #include "sm90_tma.cuh"
 #include "sm90_wgmma.cuh"
 #include "sm90_bwd_layout.cuh"
+#include "tile_sections.cuh"
 #include "block_range_bwd.cuh"
 #include "bwd_probs.cuh"
 #include "bwd_pre.cuh"
@@ -44,8 +45,11 @@ struct BwdCta {
   TileArgs t;  // t.h: the walk's first query head
 };
 
-// Work tiles in launch order: kv block fastest, then kv head, then batch (the CTAs running at once share a head's
-// Q and dO in L2; under causal-like masks the low kv blocks, which walk the most q blocks, come first in a head).
+// Work tiles in launch order: (batch, kv head) pairs in sections of about one wave of tiles (tile_sections.cuh), the
+// kv block slowest within a section with SECTIONS, else fastest (one pair a section). The CTAs running at once share
+// a few heads' Q and dO in L2; under causal-like masks the low kv blocks walk the most q blocks, and in sections they
+// start first across the section's pairs, so that the grid's last tiles are short ones (one pair a section ends on the
+// last head's long walks).
 __host__ __device__ __forceinline__ int num_work_tiles(const AttngenBwdArgs& a) {
   return (a.Lk + BK - 1) / BK * a.Hkv * a.B;
 }
@@ -92,9 +96,17 @@ __device__ __forceinline__ BwdCta take_tile(const AttngenBwdArgs& a, const int* 
 __device__ __forceinline__ BwdCta bwd_cta(const AttngenBwdArgs& a, int w) {
   const int nkb = (a.Lk + BK - 1) / BK;
   BwdCta c;
-  c.j = w % nkb;
-  c.kvh = (w / nkb) % a.Hkv;
-  c.b = w / (nkb * a.Hkv);
+  if (SECTIONS) {
+    const int pairs = a.Hkv * a.B;
+    const SectionTile st = section_tile(w, nkb, pairs, section_pairs(nkb, pairs));
+    c.j = st.block;
+    c.kvh = st.pair % a.Hkv;
+    c.b = st.pair / a.Hkv;
+  } else {
+    c.j = w % nkb;
+    c.kvh = (w / nkb) % a.Hkv;
+    c.b = w / (nkb * a.Hkv);
+  }
   const int group = a.Hq / a.Hkv;  // GQA / MQA: consecutive query heads share a kv head
   c.h_end = (c.kvh + 1) * group;
   set_call_fields(a, c);
@@ -115,6 +127,52 @@ __device__ __forceinline__ QStep following_q_tile(const AttngenBwdArgs& a, const
   ++s.i;
   return next_q_tile<BQ, BK>(a.captured, c.t, c.j, s, c.h_end, walk_shift(a));
 }
+
+// ------------------------------------------------------------------------------------------ tile order
+// With ORDER, outside deterministic mode (whose turns need each kv block's lower ones launched first), the
+// preprocess's first blocks sort each section's work tiles (tile_sections.cuh: whole (batch, kv head) pairs, a
+// contiguous run of w in either order) by the length of their walks, longest first, ties in launch order, into
+// a.tile_order, and the tile loader takes tiles by it: the grid then ends on short walks whatever the mask, runtime
+// summaries (documents) included. A section longer than kOrderMax tiles (one head's kv blocks past S = 128k) keeps
+// its launch order.
+constexpr int kOrderMax = 1024;
+
+__host__ __device__ __forceinline__ bool ordered_walks(const AttngenBwdArgs& a) {
+  return ORDER && a.tile_order != nullptr && a.dq_semaphore == nullptr;
+}
+
+__host__ __device__ __forceinline__ int order_sections(const AttngenBwdArgs& a) {
+  const int nkb = (a.Lk + BK - 1) / BK, pairs = a.Hkv * a.B;
+  const int sp = section_pairs(nkb, pairs);
+  return (pairs + sp - 1) / sp;
+}
+
+struct OrderSection {  // the preprocess's extra blocks (bwd_pre.cuh), one per section
+  __device__ static void block(const AttngenBwdArgs& a, int sec) {
+    __shared__ int walk[kOrderMax];
+    const int nkb = (a.Lk + BK - 1) / BK, pairs = a.Hkv * a.B;
+    const int sp = section_pairs(nkb, pairs);
+    const int first = sec * sp * nkb;
+    const int n = min(sp, pairs - sec * sp) * nkb;
+    if (n > kOrderMax) {
+      for (int t = threadIdx.x; t < n; t += blockDim.x) a.tile_order[first + t] = first + t;
+      return;
+    }
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+      const BwdCta c = bwd_cta(a, first + t);
+      int steps = 0;
+      for (QStep s = first_q_tile(a, c); s.h < c.h_end; s = following_q_tile(a, c, s)) ++steps;
+      walk[t] = steps;
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < n; t += blockDim.x) {
+      const int mine = walk[t];
+      int rank = 0;
+      for (int u = 0; u < n; ++u) rank += walk[u] > mine || (walk[u] == mine && u < t);
+      a.tile_order[first + rank] = first + t;
+    }
+  }
+};
 
 // ------------------------------------------------------------------------------------------- producer
 // The Q, dO and statistics of one work tile's walk into the ring. Warp 0 runs the walk, every lane alike, so that
@@ -181,7 +239,7 @@ __device__ __forceinline__ void load_kv_tiles(const AttngenBwdArgs& a, const CUt
       mbar_wait(sm.kv_empty(), (turn - 1u) & 1u);
       w = persistent_walks(a) ? atomicAdd(a.tile_counter, 1) + (int)gridDim.x : ntiles;
     }
-    BwdCta c = bwd_cta(a, w);
+    BwdCta c = bwd_cta(a, w < ntiles && ordered_walks(a) ? a.tile_order[w] : w);
     if (w >= ntiles) c.j = -1;
     put_tile(sm.tile(turn), c);
     mbar_arrive(sm.tile_full());
@@ -627,7 +685,7 @@ int launch_bwd(const AttngenBwdArgs& call, cudaStream_t stream) {
       tma_encode_bhld_memo(memo_k, &tm_k, a.k, kDtypeCode, D, a.B, a.Hkv, a.Lk, a.k_stride, BK) != CUDA_SUCCESS ||
       tma_encode_bhld_memo(memo_v, &tm_v, a.v, kDtypeCode, D, a.B, a.Hkv, a.Lk, a.v_stride, BK) != CUDA_SUCCESS)
     return ATTNGEN_ERROR_SM90_TMA_LAYOUT;
-  cudaError_t rc = launch_bwd_pre(a, BQ, stream, PDL);
+  cudaError_t rc = launch_bwd_pre<OrderSection>(a, BQ, stream, PDL, ordered_walks(a) ? order_sections(a) : 0);
   const int ntiles = num_work_tiles(a);
   if (rc == cudaSuccess && ntiles > 0) {
     const int grid = persistent_walks(a) ? min(ntiles, sms) : ntiles;

@@ -2,8 +2,8 @@
 // BQ rows, query head, batch), numbered w = 0 .. num_tiles - 1 so that the q-block index falls slowest
 // within a section: under causal-like masks (later q-blocks see more kv tiles) the longest tiles come
 // first; with `ascending` (the first q-blocks are the longest: global query tokens) it rises instead, over
-// all heads at once. Otherwise (batch, head) pairs are cut into sections of about kSectionTiles tiles so
-// that the CTAs running at once share the K/V of few heads in L2 (docs/performance.md).
+// all heads at once. Otherwise (batch, head) pairs are cut into sections of about kSectionTiles tiles
+// (tile_sections.cuh) so that the CTAs running at once share the K/V of few heads in L2 (docs/performance.md).
 // Who runs which tile:
 //   - one CTA per tile: the hardware dispatches CTAs in blockIdx order, each to the SM that frees up.
 //   - persistent, with a tile counter (sm90_tile_counter.cuh): CTA x starts with tile x, then its
@@ -19,10 +19,9 @@
 #include "attngen_common.cuh"
 #include "sm90_mbarrier.cuh"
 #include "sm90_tile_counter.cuh"
+#include "tile_sections.cuh"
 
 namespace attngen {
-
-constexpr int kSectionTiles = 128;  // about one wave of CTAs
 
 template <int BQ>
 ATTNGEN_DEV_INLINE int num_tiles(const AttngenFwdArgs& a) {
@@ -43,12 +42,9 @@ ATTNGEN_DEV_INLINE TileArgs tile_args(const AttngenFwdArgs& a, int w, int& i, bo
   const int nqb = (a.Lq + BQ - 1) / BQ;
   const int heads = a.Hq * a.B;
   // ascending: one section, so that the first q-blocks of every head (the longest tiles) start in the first wave
-  const int sec_heads = ascending ? heads : max(1, min(heads, kSectionTiles / nqb));
-  const int sec = w / (sec_heads * nqb);
-  const int in_sec = w - sec * sec_heads * nqb;
-  const int hs = min(sec_heads, heads - sec * sec_heads);  // the last section may be narrower
-  i = ascending ? in_sec / hs : nqb - 1 - in_sec / hs;
-  const int hb = sec * sec_heads + in_sec % hs;
+  const SectionTile st = section_tile(w, nqb, heads, ascending ? heads : section_pairs(nqb, heads));
+  i = ascending ? st.block : nqb - 1 - st.block;
+  const int hb = st.pair;
   TileArgs t;
   t.QLEN = a.Lq;
   t.KVLEN = a.Lk;
