@@ -15,6 +15,10 @@
 #    order too. Both on by default now: causal's settings in turn A B A' B' (A', B' the same builds under another
 #    name), Nsight Compute's times of the preprocess and the main kernel with and without the order, then the
 #    backward, deterministic and autograd suites on the new defaults.
+# D: round C: causal's A B A' B' read 3.695 / 3.649 / 3.683 / 3.849 ms (the fourth of each round slow, as session
+#    26 saw), and Nsight Compute 2481.7 / 2476.3 us for the main kernel without / with the order, 38.8 / 37.5 us for
+#    the preprocess: the order costs causal nothing. The training table on the tree as it lands (bench_training.py:
+#    every anchor beside flex and cuDNN SDPA).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests, ncu_profile, ncu_tail
@@ -41,5 +45,8 @@ case "$1" in
       python scripts/ncu_tail.py "$R/tail-causal-order$o.csv" "causal order=$o" | tee -a "$R/tail.md"
     done
     run_tests bwd 300 -n 4 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_autograd_gpu.py
+    pack_results ;;
+  D)
+    timeout 400 python benchmarks/bench_training.py --out "$R" 2>&1 | tee "$R/training.log" | grep -E "^\||rror"
     pack_results ;;
 esac
