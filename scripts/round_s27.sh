@@ -19,6 +19,9 @@
 #    26 saw), and Nsight Compute 2481.7 / 2476.3 us for the main kernel without / with the order, 38.8 / 37.5 us for
 #    the preprocess: the order costs causal nothing. The training table on the tree as it lands (bench_training.py:
 #    every anchor beside flex and cuDNN SDPA).
+# E: the landed backward (sorted sections by default) under compute-sanitizer (memcheck, racecheck: the small
+#    backward cases at each head dim), and the backward's remaining suites: captured tensors' gradients, runtime
+#    parameters, integrations.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests, ncu_profile, ncu_tail
@@ -48,5 +51,12 @@ case "$1" in
     pack_results ;;
   D)
     timeout 400 python benchmarks/bench_training.py --out "$R" 2>&1 | tee "$R/training.log" | grep -E "^\||rror"
+    pack_results ;;
+  E)
+    smoke_backward 90 || { pack_results; exit 0; }
+    sanitize_backward memcheck 90
+    sanitize_backward racecheck 100
+    run_tests grads 170 -n 4 tests/gpu/test_captured_grads_gpu.py tests/gpu/test_params_gpu.py \
+      tests/gpu/test_integrations_gpu.py
     pack_results ;;
 esac
