@@ -105,8 +105,8 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
         t = tiles or SM90_BWD_TILES[head_dim]
         params.update(family="sm90", block_q=t.block_q, block_k=t.block_k, stages=t.stages,
                       producer_regs=t.producer_regs, consumer_regs=t.consumer_regs, walk_shift=t.walk_shift,
-                      persistent=int(t.persistent), sections=int(t.sections), order=int(t.order), dq_init=t.dq_init, rel_walk=int(t.rel_walk),
-                      rel_stage=int(t.rel_stage), pdl=int(t.pdl),
+                      persistent=int(t.persistent), sections=int(t.sections), order=int(t.order),
+                      dq_init=t.dq_init, rel_walk=int(t.rel_walk), rel_stage=int(t.rel_stage), pdl=int(t.pdl),
                       arch_number=90)
         text = _render(BWD_KERNEL_TEMPLATE, template_dir, **params)
         return {BWD_KERNEL_SOURCE: text, VARIANT_INCLUDE: variant_inc, **headers(template_dir)}

@@ -35,7 +35,7 @@
 // store (bwd_sm90.cuh write_dq) and its postprocess reads a chunk nobody wrote as zeros. Families and modes that
 // do not use it (sm80, deterministic mode, an sm90 kernel built without first stores) launch as if it were null.
 // tile_order: null, or int32 (B * Hkv * ceil(Lk / block_k)) that the preprocess fills with the sm90 kernel's work
-// tiles, longest walks first within each section (bwd_sm90.cuh order_section), and that kernel takes them in; the
+// tiles, longest walks first within each section (bwd_sm90.cuh OrderSection), and that kernel takes them in; the
 // sm80 kernel, deterministic mode and an sm90 kernel built without it take them in their plain order instead.
 struct AttngenBwdArgs {
   const void* q;         // (B, Hq, Lq, D), last dim contiguous

@@ -111,11 +111,14 @@ template <class Extra = NoExtraBlocks>
 inline cudaError_t launch_bwd_pre(const AttngenBwdArgs& a, int bq, cudaStream_t stream, bool pdl = false,
                                   int extra = 0) {
   const long long tiles = (long long)a.B * a.Hq * ((a.Lq + bq - 1) / bq);
-  if (tiles > 0)
-    return launch_kernel(pdl, attngen_bwd_pre_kernel<Extra>, dim3((unsigned)(tiles + extra)), dim3(PRE_THREADS), 0,
-                         stream, a, bq, extra);
-  if (a.tile_counter != nullptr) return cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);
-  return cudaSuccess;
+  cudaError_t rc = cudaSuccess;
+  if (tiles + extra > 0)
+    rc = launch_kernel(pdl, attngen_bwd_pre_kernel<Extra>, dim3((unsigned)(tiles + extra)), dim3(PRE_THREADS), 0,
+                       stream, a, bq, extra);
+  // without q-blocks no block zeroes the counter (the main kernel still runs its kv blocks' empty walks)
+  if (rc == cudaSuccess && tiles == 0 && a.tile_counter != nullptr)
+    rc = cudaMemsetAsync(a.tile_counter, 0, sizeof(int), stream);
+  return rc;
 }
 
 }  // namespace

@@ -141,8 +141,10 @@ __host__ __device__ __forceinline__ bool ordered_walks(const AttngenBwdArgs& a) 
   return ORDER && a.tile_order != nullptr && a.dq_semaphore == nullptr;
 }
 
+// Sections to sort, one preprocess block each (none without kv blocks: section_pairs divides by their count).
 __host__ __device__ __forceinline__ int order_sections(const AttngenBwdArgs& a) {
   const int nkb = (a.Lk + BK - 1) / BK, pairs = a.Hkv * a.B;
+  if (nkb == 0 || pairs == 0) return 0;
   const int sp = section_pairs(nkb, pairs);
   return (pairs + sp - 1) / sp;
 }
