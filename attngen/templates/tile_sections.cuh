@@ -13,8 +13,7 @@ constexpr int kSectionTiles = 128;  // about one wave of CTAs
 
 // Pairs per section: about kSectionTiles tiles, at least one pair (the host's launch counts sections too).
 __host__ __device__ __forceinline__ int section_pairs(int blocks, int pairs) {
-  const int p = kSectionTiles / blocks < pairs ? kSectionTiles / blocks : pairs;
-  return p > 1 ? p : 1;
+  return max(1, min(pairs, kSectionTiles / blocks));
 }
 
 // Work tile w of `blocks` blocks for each of `pairs` pairs, in sections of `sec_pairs` whole pairs (the last may be
