@@ -93,20 +93,22 @@ __device__ __forceinline__ BwdCta take_tile(const AttngenBwdArgs& a, const int* 
   return c;
 }
 
+// How the work tiles are cut into sections: kv blocks per pair, (batch, kv head) pairs, pairs per section (nkb > 0).
+struct BwdSections {
+  int nkb, pairs, sp;
+};
+__host__ __device__ __forceinline__ BwdSections bwd_sections(const AttngenBwdArgs& a) {
+  const int nkb = (a.Lk + BK - 1) / BK, pairs = a.Hkv * a.B;
+  return {nkb, pairs, SECTIONS ? section_pairs(nkb, pairs) : 1};
+}
+
 __device__ __forceinline__ BwdCta bwd_cta(const AttngenBwdArgs& a, int w) {
-  const int nkb = (a.Lk + BK - 1) / BK;
+  const BwdSections g = bwd_sections(a);
+  const SectionTile st = section_tile(w, g.nkb, g.pairs, g.sp);
   BwdCta c;
-  if (SECTIONS) {
-    const int pairs = a.Hkv * a.B;
-    const SectionTile st = section_tile(w, nkb, pairs, section_pairs(nkb, pairs));
-    c.j = st.block;
-    c.kvh = st.pair % a.Hkv;
-    c.b = st.pair / a.Hkv;
-  } else {
-    c.j = w % nkb;
-    c.kvh = (w / nkb) % a.Hkv;
-    c.b = w / (nkb * a.Hkv);
-  }
+  c.j = st.block;
+  c.kvh = st.pair % a.Hkv;
+  c.b = st.pair / a.Hkv;
   const int group = a.Hq / a.Hkv;  // GQA / MQA: consecutive query heads share a kv head
   c.h_end = (c.kvh + 1) * group;
   set_call_fields(a, c);
@@ -130,8 +132,8 @@ __device__ __forceinline__ QStep following_q_tile(const AttngenBwdArgs& a, const
 
 // ------------------------------------------------------------------------------------------ tile order
 // With ORDER, outside deterministic mode (whose turns need each kv block's lower ones launched first), the
-// preprocess's first blocks sort each section's work tiles (tile_sections.cuh: whole (batch, kv head) pairs, a
-// contiguous run of w in either order) by the length of their walks, longest first, ties in launch order, into
+// preprocess's first blocks sort each section's work tiles (bwd_sections: whole (batch, kv head) pairs, a
+// contiguous run of w; one pair without SECTIONS) by the length of their walks, longest first, ties in launch order, into
 // a.tile_order, and the tile loader takes tiles by it: the grid then ends on short walks whatever the mask, runtime
 // summaries (documents) included. A section longer than kOrderMax tiles (one head's kv blocks past S = 128k) keeps
 // its launch order.
@@ -143,19 +145,17 @@ __host__ __device__ __forceinline__ bool ordered_walks(const AttngenBwdArgs& a) 
 
 // Sections to sort, one preprocess block each (none without kv blocks: section_pairs divides by their count).
 __host__ __device__ __forceinline__ int order_sections(const AttngenBwdArgs& a) {
-  const int nkb = (a.Lk + BK - 1) / BK, pairs = a.Hkv * a.B;
-  if (nkb == 0 || pairs == 0) return 0;
-  const int sp = section_pairs(nkb, pairs);
-  return (pairs + sp - 1) / sp;
+  if (a.Lk <= 0 || a.Hkv * a.B == 0) return 0;
+  const BwdSections g = bwd_sections(a);
+  return (g.pairs + g.sp - 1) / g.sp;
 }
 
 struct OrderSection {  // the preprocess's extra blocks (bwd_pre.cuh), one per section
   __device__ static void block(const AttngenBwdArgs& a, int sec) {
     __shared__ int walk[kOrderMax];
-    const int nkb = (a.Lk + BK - 1) / BK, pairs = a.Hkv * a.B;
-    const int sp = section_pairs(nkb, pairs);
-    const int first = sec * sp * nkb;
-    const int n = min(sp, pairs - sec * sp) * nkb;
+    const BwdSections g = bwd_sections(a);
+    const int first = sec * g.sp * g.nkb;
+    const int n = min(g.sp, g.pairs - sec * g.sp) * g.nkb;
     if (n > kOrderMax) {
       for (int t = threadIdx.x; t < n; t += blockDim.x) a.tile_order[first + t] = first + t;
       return;
