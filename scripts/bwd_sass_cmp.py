@@ -1,10 +1,13 @@
 """Is the sm90 backward's SASS unchanged against a git revision? Builds each variant's sm90_bwd library at head
 dims 64 and 128 from this tree and from REV (a `git worktree` of it, imported in a subprocess), each side into a
 cache of its own, dumps both with cuobjdump and compares the instruction text (addresses and encodings kept; the
-file header and the anonymous namespace's per-source hash in the function names dropped). scripts/sass_diff.py does this for the forward kernels from their sources; this one goes
+file header and the anonymous namespace's per-source hash in the function names dropped), kernel by kernel: the
+order the kernels lie in the library is where their sources define them, not a difference. scripts/sass_diff.py does this for the forward kernels from their sources; this one goes
 through each tree's whole build (its ladder, codegen and renderer). No GPU needed.
 
-    python scripts/bwd_sass_cmp.py REV [--variants causal document softcap_causal] [--cuobjdump PATH]
+    python scripts/bwd_sass_cmp.py REV [--variants causal document softcap_causal] [--cuobjdump PATH] [--keep DIR]
+
+--keep writes both sides' SASS of every case that differs into DIR (<variant>-hd<D>.{rev,here}.sass).
 
 cuobjdump needs nvdisasm on PATH (or NVDISASM_PATH) to dump SASS; without it the build's dump fails here.
 """
@@ -59,11 +62,24 @@ def dump(tree: Path, cuobjdump: str, cases, cache: str) -> dict:
     return parts
 
 
+def by_kernel(sass: str) -> dict:
+    """{kernel name: its SASS} of one library's dump."""
+    kernels, name = {}, None
+    for line in sass.splitlines():
+        if line.strip().startswith("Function"):
+            name = line.split(":", 1)[1].strip()
+            kernels[name] = []
+        elif name is not None:
+            kernels[name].append(line)
+    return {n: "\n".join(body) for n, body in kernels.items()}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("rev")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
+    p.add_argument("--keep", default=None, metavar="DIR", help="write the SASS of cases that differ here")
     args = p.parse_args(argv)
     cases = [(n, hd) for n in args.variants for hd in (64, 128)]
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,10 +92,14 @@ def main(argv=None):
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False)
     same = True
     for case in cases:
-        equal = before[case] == after[case]
+        equal = by_kernel(before[case]) == by_kernel(after[case])
         same &= equal
         print(f"{case[0]} hd{case[1]}: {'same SASS' if equal else 'SASS differs'} "
               f"({len(after[case].splitlines())} lines here, {len(before[case].splitlines())} at {args.rev})")
+        if not equal and args.keep:
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+            for side, text in (("rev", before[case]), ("here", after[case])):
+                (Path(args.keep) / f"{case[0]}-hd{case[1]}.{side}.sass").write_text(text)
     return 0 if same else 1
 
 

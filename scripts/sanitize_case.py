@@ -2,8 +2,9 @@
 public API, checked against the float64 reference; with `--backward` also the gradients of q, k, v and of a
 learnable table (the backward kernels: sm90 at head dims 64 / 128 on H100/H200, the portable one at 256); with
 `--decode` the KV-cache kernel instead (attn.with_kvcache: paged and contiguous caches, appends, splits and their
-combine). `--build` only fills the kernel cache (run it outside the sanitizer so nvcc is not traced).
-Usage: sanitize_case.py [--build] [--backend sm90] [--backward | --decode]"""
+combine). `--build` only fills the kernel cache (run it outside the sanitizer so nvcc is not traced); `--cases`
+keeps the listed cases of the forward / backward list (0-based), for a shorter run.
+Usage: sanitize_case.py [--build] [--backend sm90] [--backward | --decode] [--cases 0 1]"""
 import argparse
 import sys
 
@@ -16,6 +17,7 @@ p.add_argument("--build", action="store_true")
 p.add_argument("--backend", default="auto")
 p.add_argument("--backward", action="store_true")
 p.add_argument("--decode", action="store_true")
+p.add_argument("--cases", type=int, nargs="+", default=None, metavar="N")
 args = p.parse_args()
 
 
@@ -105,6 +107,8 @@ cases = [
     (64, attngen.compile(score_mod=attngen.ScoreMod(rel_both, "rel_both"), causal=True, backend=args.backend), 130, 200,
      70, 2, [table]),
 ]
+if args.cases is not None:
+    cases = [cases[n] for n in args.cases]
 if args.build:
     for d, attn, *_ in cases:
         attn.spec(torch.bfloat16, d).build_cached()
