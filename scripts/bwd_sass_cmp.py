@@ -1,4 +1,5 @@
-"""Is the sm90 backward's SASS unchanged against a git revision? Builds each variant's sm90_bwd library at head
+"""Is the sm90 backward's SASS unchanged against a git revision? Builds each variant's sm90_bwd library (or, with
+--kernel, another family's: `sm90` builds the forward library, whose second unit is the KV-cache kernel) at head
 dims 64 and 128 from this tree and from REV (a `git worktree` of it, imported in a subprocess), each side into a
 cache of its own, dumps both with cuobjdump and compares the instruction text (addresses and encodings kept; the
 file header and the anonymous namespace's per-source hash in the function names dropped), kernel by kernel: the
@@ -6,6 +7,7 @@ order the kernels lie in the library is where their sources define them, not a d
 through each tree's whole build (its ladder, codegen and renderer). No GPU needed.
 
     python scripts/bwd_sass_cmp.py REV [--variants causal document softcap_causal] [--cuobjdump PATH] [--keep DIR]
+        [--kernel sm90_bwd]
 
 --keep writes both sides' SASS of every case that differs into DIR (<variant>-hd<D>.{rev,here}.sass).
 
@@ -36,20 +38,21 @@ sys.path.insert(0, sys.argv[1])
 import attngen
 assert attngen.__file__.startswith(sys.argv[1]), attngen.__file__
 variants = eval(sys.argv[3])
-for name, hd in ((n, int(h)) for n, h in (x.split(":") for x in sys.argv[4:])):
-    lib = variants[name].spec(torch.bfloat16, hd, "sm_90a", "sm90_bwd").build_cached()
+kernel = sys.argv[4]
+for name, hd in ((n, int(h)) for n, h in (x.split(":") for x in sys.argv[5:])):
+    lib = variants[name].spec(torch.bfloat16, hd, "sm_90a", kernel).build_cached()
     out = subprocess.run([sys.argv[2], "--dump-sass", str(lib)], capture_output=True, text=True, check=True).stdout
     print(f"== {name} {hd}")
     print("\\n".join(l for l in out.splitlines() if l.strip().startswith(("/*", "Function"))))
 """
 
 
-def dump(tree: Path, cuobjdump: str, cases, cache: str) -> dict:
+def dump(tree: Path, cuobjdump: str, cases, cache: str, kernel: str) -> dict:
     """{(variant, head dim): SASS text} of tree's builds."""
     env = dict(os.environ, ATTNGEN_CACHE_DIR=cache, PYTHONPATH=str(tree))
     table = "{" + ", ".join(f"{n!r}: {VARIANTS[n]}" for n in dict.fromkeys(n for n, _ in cases)) + "}"
     args = [f"{n}:{hd}" for n, hd in cases]
-    run = subprocess.run([sys.executable, "-c", DUMP, str(tree), cuobjdump, table, *args], env=env,
+    run = subprocess.run([sys.executable, "-c", DUMP, str(tree), cuobjdump, table, kernel, *args], env=env,
                          cwd=tempfile.gettempdir(), capture_output=True, text=True)
     if run.returncode != 0:
         raise SystemExit(f"building or dumping at {tree} failed:\n{run.stderr[-3000:]}")
@@ -80,14 +83,15 @@ def main(argv=None):
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
     p.add_argument("--keep", default=None, metavar="DIR", help="write the SASS of cases that differ here")
+    p.add_argument("--kernel", default="sm90_bwd", help="the family whose libraries are built (sm90_bwd, sm90, sm80)")
     args = p.parse_args(argv)
     cases = [(n, hd) for n in args.variants for hd in (64, 128)]
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp) / "rev"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(old), args.rev], check=True)
         try:
-            before = dump(old, args.cuobjdump, cases, str(Path(tmp) / "cache-rev"))
-            after = dump(ROOT, args.cuobjdump, cases, str(Path(tmp) / "cache-here"))
+            before = dump(old, args.cuobjdump, cases, str(Path(tmp) / "cache-rev"), args.kernel)
+            after = dump(ROOT, args.cuobjdump, cases, str(Path(tmp) / "cache-here"), args.kernel)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False)
     same = True

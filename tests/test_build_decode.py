@@ -61,7 +61,7 @@ def test_forward_sources_hold_the_decode_unit_and_its_tiles_enter_the_key():
         assert f"constexpr bool PDL = {'true' if cfg.pdl else 'false'};" in cu
         with_pdl = render.decode_source(torch.bfloat16, 128, arch, tiles=dataclasses.replace(cfg, pdl=True))
         assert "constexpr bool PDL = true;" in with_pdl and "constexpr bool DECODE_PDL = PDL && kArch >= 90;" in \
-            render.headers()["fwd_decode.cuh"]  # an sm_80 build launches plainly (no griddepcontrol there)
+            render.headers()["decode_layout.cuh"]  # an sm_80 build launches plainly (no griddepcontrol there)
     spec = attngen.compile(causal=True).spec(torch.bfloat16, 128, "sm_80", kernel="sm80")
     assert spec.fields()["decode_tiles"] == repr(tiles.decode_tile_config(128, "sm_80"))
     assert "decode_tiles" not in attngen.compile(causal=True).spec(torch.bfloat16, 128, "sm_80",

@@ -8,7 +8,8 @@
 // otherwise (a page table with any page size). S = Q K^T and O += P V on mma.sync m16n8k16, the
 // variant's score_mod / mask_mod and block skipping as in the forward kernels, with per-sequence lengths. A CTA
 // walks its split's share of the derived kv range; with several splits each writes its normalised O and LSE in
-// fp32 and a combine kernel merges them by LSE.
+// fp32 and a combine kernel merges them by LSE. decode_layout.cuh holds the static facts, decode_walk.cuh the cache
+// reads and the walk, decode_combine.cuh the combine.
 // Configuration (Elem, D, BQ, BK, NWARPS, STAGES, MIN_BLOCKS, kDtypeCode, kArch) and variant.inc come from the
 // including attngen_fwd.cu (templates/attngen_fwd.cu.j2).
 #pragma once
@@ -22,10 +23,9 @@
 #include "epilogue.cuh"
 #include "host_abi_common.cuh"
 #include "pdl.cuh"
+#include "decode_layout.cuh"
+#include "decode_walk.cuh"
 
-#ifndef ATTNGEN_NUM_SUMMARIES
-#define ATTNGEN_NUM_SUMMARIES 0  // hand-written variant.inc files (tests/data) that predate the decode kernel
-#endif
 #ifndef ATTNGEN_TILES_READ_HEAD
 #define ATTNGEN_TILES_READ_HEAD 1  // unknown: one head per CTA
 #endif
@@ -33,203 +33,6 @@
 namespace {
 
 using namespace attngen;
-// griddepcontrol exists from sm_90 on: a library built for an older arch launches plainly wherever it runs.
-constexpr bool DECODE_PDL = PDL && kArch >= 90;
-
-constexpr int NTHREADS = NWARPS * 32;
-constexpr int WK = BK / NWARPS;   // cache positions per warp per tile
-constexpr int NT_S = WK / 8;      // n8 tiles of a warp's S
-constexpr int NT_O = D / 8;       // n8 tiles of O
-constexpr int KC_QK = D / 16;     // k16 steps of Q K^T
-constexpr int KC_PV = WK / 16;    // k16 steps of P V
-constexpr int MAX_HEADS = 16;     // heads_per_cta: a power of two up to the 16 rows
-constexpr bool Q_IN_REGS = D <= 128;  // at head dim 256 the fragments would push O into spills
-
-using Rows = PaddedRows<Elem, D, NTHREADS>;
-constexpr int LDS = Rows::LDS;
-constexpr int ROW_BYTES = Rows::ROW_BYTES;
-constexpr int CHUNKS_PER_ROW = Rows::CHUNKS_PER_ROW;
-constexpr int ROWS_PER_PASS = Rows::ROWS_PER_PASS;
-constexpr int Q_TILE = BQ * LDS;  // elements
-// K/V ring rows are unpadded, their 16-byte chunks XOR-swizzled by the row's low 3 bits (chunk c of row r at
-// c ^ (r & 7)): a warp's cp.async then writes whole 128-byte lines of shared memory, which keeps its global reads
-// at the ideal sector count (padded rows split them: 24 sectors per 512 bytes), and ldmatrix's 8 rows of a chunk
-// fall in 8 bank groups.
-constexpr int KV_ROW_BYTES = D * 2;
-constexpr int KV_TILE = BK * D;  // elements
-constexpr int SMEM_BYTES = (Q_TILE + 2 * STAGES * KV_TILE) * 2;
-// The warps' softmax states, merged at the end in the (then idle) K/V ring: O rows in fp32, then m and l.
-constexpr int MERGE_BYTES = NWARPS * BQ * (D + 2) * 4;
-
-static_assert(BQ == 16, "one m16 tile of packed query rows");
-static_assert(WK % 16 == 0 && BK % ROWS_PER_PASS == 0, "BK: whole k16 steps per warp and whole loader passes");
-static_assert(STAGES >= 2, "a ring of at least two K/V tiles");
-static_assert(CHUNKS_PER_ROW % 8 == 0, "the K/V swizzle permutes chunks within 128-byte lines");
-static_assert(MERGE_BYTES <= 2 * STAGES * KV_TILE * 2, "the merge buffers fit in the K/V ring");
-static_assert((BQ * CHUNKS_PER_ROW) % NTHREADS == 0 && (BQ * D) % NTHREADS == 0, "whole passes over Q and O");
-static_assert(attngen_head_dim_supported(D), "head dim: one of ATTNGEN_HEAD_DIMS");
-
-// One CTA's sequence: its lengths and where its cache rows live.
-struct Sequence {
-  int qoff, kvlen;           // q_idx = qoff + row; keys 0 .. kvlen - 1
-  long long k_base, v_base;  // element offsets of (cache row or page 0, kv head, position 0)
-  const int* pages;          // this sequence's page-table row, NULL for a contiguous cache
-};
-
-ATTNGEN_DEV_INLINE Sequence sequence_of(const AttngenDecodeArgs& a, int b, int kvh) {
-  Sequence s;
-  const int cached = a.seqlens != nullptr ? __ldg(a.seqlens + b) : a.seqlen_default;
-  s.qoff = max(cached, 0);
-  s.kvlen = min(s.qoff + a.kv_extra, a.capacity);
-  int row = 0;
-  if (a.page_table == nullptr) {
-    row = a.cache_batch_idx != nullptr ? __ldg(a.cache_batch_idx + b) : b;
-    row = min(max(row, 0), a.cache_rows - 1);
-  }
-  s.k_base = (long long)row * a.k_stride[0] + (long long)kvh * a.k_stride[1];
-  s.v_base = (long long)row * a.v_stride[0] + (long long)kvh * a.v_stride[1];
-  s.pages = a.page_table != nullptr ? a.page_table + (long long)b * a.page_table_stride : nullptr;
-  return s;
-}
-
-// The K/V loader: each warp copies the WK rows it reads itself, so a tile needs a barrier of the warp only (copying
-// the tile with the whole CTA measured the same). A thread copies one 16-byte column chunk of LOAD_PASSES rows, ROW_STEP
-// rows apart from its first row.
-constexpr int ROW_STEP = 32 / CHUNKS_PER_ROW;  // rows per warp instruction
-constexpr int LOAD_PASSES = WK / ROW_STEP;
-static_assert(32 % CHUNKS_PER_ROW == 0 && WK % ROW_STEP == 0,
-              "whole rows per warp instruction, whole passes over a warp's rows");
-
-// Byte offset of chunk `chunk` of row r in a ring slot (the swizzle above).
-ATTNGEN_DEV_INLINE uint32_t kv_slot_offset(int r, int chunk) {
-  return (uint32_t)(r * KV_ROW_BYTES + ((chunk ^ (r & 7)) << 4));
-}
-
-// A lane's ldmatrix offsets in a ring slot: its row's start, and for chunk pairs 2k (k = 0..3 within a 128-byte
-// line) the swizzled offset of its chunk 2k + c (c: which chunk of the pair the lane addresses), so the column
-// step 2k of an unrolled loop is the line (k / 4) * 128 plus xo[k % 4].
-struct SwizzledLane {
-  uint32_t row;
-  uint32_t xo[4];
-  ATTNGEN_DEV_INLINE SwizzledLane(int r, int c) {
-    row = (uint32_t)(r * KV_ROW_BYTES);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) xo[k] = (uint32_t)(((2 * k) ^ c ^ (r & 7)) << 4);
-  }
-  ATTNGEN_DEV_INLINE uint32_t at(int pair) const { return row + (uint32_t)((pair / 4) * 128) + xo[pair % 4]; }
-};
-
-// One thread's share of every tile, fixed for the CTA.
-struct KvLoader {
-  int r0;                       // its first row of a tile
-  int chunk;                    // its 16-byte chunk of a row (elements 8 chunk ..)
-  long long k_off, v_off;       // the same chunk in the cache, from the tile's first row (elements)
-  long long k_step, v_step;     // ROW_STEP rows of the cache (elements)
-  bool runs;                    // every tile is one run of rows: a contiguous cache, or pages holding whole tiles
-};
-
-ATTNGEN_DEV_INLINE KvLoader kv_loader(const AttngenDecodeArgs& a, int tid) {
-  KvLoader L;
-  const int chunk = tid % CHUNKS_PER_ROW;
-  L.r0 = (tid >> 5) * WK + (tid & 31) / CHUNKS_PER_ROW;
-  L.chunk = chunk;
-  L.k_off = (long long)L.r0 * a.k_stride[2] + chunk * 8;
-  L.v_off = (long long)L.r0 * a.v_stride[2] + chunk * 8;
-  L.k_step = (long long)ROW_STEP * a.k_stride[2];
-  L.v_step = (long long)ROW_STEP * a.v_stride[2];
-  L.runs = a.page_table == nullptr || a.page_size % BK == 0;
-  return L;
-}
-
-// Copy cache positions [p0, p0 + BK) of K and V into one ring slot (rows past kvlen zero-filled). A tile that is
-// one run of cache rows takes one address per tile (one page lookup when paged) and, when whole, no row checks;
-// otherwise each row is located on its own (its page looked up once for K and V).
-ATTNGEN_DEV_INLINE void load_kv_tile(uint32_t sK, uint32_t sV, const Elem* kc, const Elem* vc, const Sequence& s,
-                                     const AttngenDecodeArgs& a, const KvLoader& L, int p0) {
-  if (L.runs) {
-    long long kt = s.k_base, vt = s.v_base;  // the tile's first row
-    if (s.pages != nullptr) {
-      const long long page = min(max(__ldg(s.pages + p0 / a.page_size), 0), a.num_pages - 1);
-      const long long slot = p0 % a.page_size;
-      kt += page * a.k_stride[0] + slot * a.k_stride[2];
-      vt += page * a.v_stride[0] + slot * a.v_stride[2];
-    } else {
-      kt += (long long)p0 * a.k_stride[2];
-      vt += (long long)p0 * a.v_stride[2];
-    }
-    const Elem* kp = kc + kt + L.k_off;
-    const Elem* vp = vc + vt + L.v_off;
-    if (p0 + BK <= s.kvlen) {
-#pragma unroll
-      for (int n = 0; n < LOAD_PASSES; ++n) {
-        const uint32_t dst = kv_slot_offset(L.r0 + n * ROW_STEP, L.chunk);
-        cp_async_16(sK + dst, kp + n * L.k_step, true);
-        cp_async_16(sV + dst, vp + n * L.v_step, true);
-      }
-    } else {
-#pragma unroll
-      for (int n = 0; n < LOAD_PASSES; ++n) {
-        const bool valid = p0 + L.r0 + n * ROW_STEP < s.kvlen;
-        const uint32_t dst = kv_slot_offset(L.r0 + n * ROW_STEP, L.chunk);
-        cp_async_16(sK + dst, kp + n * L.k_step, valid);
-        cp_async_16(sV + dst, vp + n * L.v_step, valid);
-      }
-    }
-    return;
-  }
-#pragma unroll
-  for (int n = 0; n < LOAD_PASSES; ++n) {
-    const int p = p0 + L.r0 + n * ROW_STEP;
-    const bool valid = p < s.kvlen;
-    long long ko = s.k_base, vo = s.v_base;
-    if (valid) {
-      const long long page = min(max(__ldg(s.pages + p / a.page_size), 0), a.num_pages - 1);
-      const long long slot = p % a.page_size;
-      ko += page * a.k_stride[0] + slot * a.k_stride[2];
-      vo += page * a.v_stride[0] + slot * a.v_stride[2];
-    }
-    const uint32_t dst = kv_slot_offset(L.r0 + n * ROW_STEP, L.chunk);
-    cp_async_16(sK + dst, kc + ko + L.chunk * 8, valid);
-    cp_async_16(sV + dst, vc + vo + L.chunk * 8, valid);
-  }
-}
-
-// The kv tiles a CTA walks: the derived range (block_range.cuh) of the 16-row q-block holding its positions, or
-// every tile when the variant's predicates read block summaries (computed per call for one q offset, which the
-// sequences here do not share).
-ATTNGEN_DEV_INLINE KvRange decode_range(const CapturedArgs& C, const TileArgs& t, int i) {
-#if ATTNGEN_NUM_SUMMARIES
-  KvRange r = {};
-  r.j_begin = 0;
-  r.j_end = (t.KVLEN + BK - 1) / BK;
-  r.f_lo = r.f_hi = 0;  // nothing known FULL: the mask is evaluated on every tile
-  return r;
-#else
-  return kv_range<BQ, BK>(C, t, i);
-#endif
-}
-
-ATTNGEN_DEV_INLINE int decode_next(const CapturedArgs& C, const TileArgs& t, int i, int j, int j_end,
-                                   const KvRange& r) {
-#if ATTNGEN_NUM_SUMMARIES
-  return j;
-#else
-  return next_kv_tile<BQ, BK>(C, t, i, j, j_end, r.f_lo, r.f_hi, r);
-#endif
-}
-
-// Whether tile j needs mask_mod: off the FULL range, unless the classifier proves it FULL (never with summaries).
-ATTNGEN_DEV_INLINE bool tile_masked(const CapturedArgs& C, const TileArgs& t, int i, int j, const KvRange& r) {
-#if ATTNGEN_HAS_MASK
-  bool masked = !(j >= r.f_lo && j < r.f_hi);
-#if ATTNGEN_NEEDS_CLASSIFIER && !ATTNGEN_NUM_SUMMARIES
-  if (masked) masked = !tile_all<BQ, BK>(C, t, i, j);
-#endif
-  return masked;
-#else
-  return false;
-#endif
-}
 
 // A warp's S fragment (unscaled Q K^T of its packed rows g and g + 8 at cache positions kv0 + 8 nt + 2 tig + e) ->
 // log2-domain scores, each row with its own head (score_tile's element rule, score_mask.cuh, with per-row heads).
@@ -502,96 +305,9 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_decode_kernel(co
   }
 }
 
-// The splits of each output row merged by LSE: one CTA per (b, h, row). Warp w takes splits w, w + COMBINE_WARPS,
-// ..., COMBINE_PREFETCH of them per round with all their loads issued together (lanes over the head dim), merged
-// online (running max, as the attention kernel's softmax); the warps' states meet in shared memory. Up to
-// COMBINE_WARPS * COMBINE_PREFETCH splits cost one round trip to memory. A row that no split kept anything of gets
-// O = 0 and LSE = -inf, as the one-split kernel writes.
-constexpr int COMBINE_WARPS = 8;
-constexpr int COMBINE_COLS = D / 32;  // columns per lane
-constexpr int COMBINE_PREFETCH = D <= 128 ? 8 : 4;
-static_assert(COMBINE_COLS % 2 == 0, "float2 reads of the partials");
-
-__global__ void __launch_bounds__(COMBINE_WARPS * 32) attngen_decode_combine(const __grid_constant__ AttngenDecodeArgs a) {
-  __shared__ float acc_w[COMBINE_WARPS][D];
-  __shared__ float m_w[COMBINE_WARPS], sum_w[COMBINE_WARPS];
-  const long long rows = (long long)a.B * a.Hq * a.Lq;
-  const long long lrow = blockIdx.x;
-  pdl_wait<DECODE_PDL>();  // every split's partial O and LSE (PDL: launched while the decode kernel drains)
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const float* lse_p = a.lse_partial + lrow;                          // split s at lse_p[s * rows]
-  const float* o_p = a.o_partial + lrow * D + lane * COMBINE_COLS;     // split s at o_p[s * rows * D]
-  float m = -INFINITY, sum = 0.f;
-  float acc[COMBINE_COLS] = {};
-  for (int s0 = warp; s0 < a.num_splits; s0 += COMBINE_WARPS * COMBINE_PREFETCH) {
-    float ls[COMBINE_PREFETCH];
-    float2 ov[COMBINE_PREFETCH][COMBINE_COLS / 2];
-#pragma unroll
-    for (int k = 0; k < COMBINE_PREFETCH; ++k) {
-      const int s = s0 + k * COMBINE_WARPS;
-      const bool in = s < a.num_splits;
-      ls[k] = in ? lse_p[s * rows] : -INFINITY;
-#pragma unroll
-      for (int e = 0; e < COMBINE_COLS / 2; ++e)
-        ov[k][e] = in ? reinterpret_cast<const float2*>(o_p + s * rows * D)[e] : make_float2(0.f, 0.f);
-    }
-    float m_new = m;
-#pragma unroll
-    for (int k = 0; k < COMBINE_PREFETCH; ++k) m_new = fmaxf(m_new, ls[k]);
-    const float base = m_new == -INFINITY ? 0.f : m_new;  // nothing kept yet: every weight is 0
-    const float f = expf(m - base);
-    sum *= f;
-#pragma unroll
-    for (int c = 0; c < COMBINE_COLS; ++c) acc[c] *= f;
-#pragma unroll
-    for (int k = 0; k < COMBINE_PREFETCH; ++k) {
-      const float w = expf(ls[k] - base);
-      sum += w;
-#pragma unroll
-      for (int e = 0; e < COMBINE_COLS / 2; ++e) {
-        acc[2 * e] = fmaf(w, ov[k][e].x, acc[2 * e]);
-        acc[2 * e + 1] = fmaf(w, ov[k][e].y, acc[2 * e + 1]);
-      }
-    }
-    m = m_new;
-  }
-#pragma unroll
-  for (int c = 0; c < COMBINE_COLS; ++c) acc_w[warp][lane * COMBINE_COLS + c] = acc[c];
-  if (lane == 0) {
-    m_w[warp] = m;
-    sum_w[warp] = sum;
-  }
-  __syncthreads();
-  float mx = -INFINITY;
-#pragma unroll
-  for (int w = 0; w < COMBINE_WARPS; ++w) mx = fmaxf(mx, m_w[w]);
-  const float base = mx == -INFINITY ? 0.f : mx;
-  float fw[COMBINE_WARPS], total = 0.f;
-#pragma unroll
-  for (int w = 0; w < COMBINE_WARPS; ++w) {
-    fw[w] = expf(m_w[w] - base);
-    total = fmaf(sum_w[w], fw[w], total);
-  }
-  const float inv = total > 0.f ? 1.f / total : 0.f;
-  const int h = (int)((lrow / a.Lq) % a.Hq);
-  const int b = (int)(lrow / ((long long)a.Lq * a.Hq));
-  const int row = (int)(lrow % a.Lq);
-  Elem* orow = static_cast<Elem*>(a.o) + (long long)b * a.o_stride[0] + (long long)h * a.o_stride[1] +
-               (long long)row * a.o_stride[2];
-  for (int c = 2 * (int)threadIdx.x; c < D; c += 2 * COMBINE_WARPS * 32) {
-    float x0 = 0.f, x1 = 0.f;
-#pragma unroll
-    for (int w = 0; w < COMBINE_WARPS; ++w) {
-      x0 = fmaf(acc_w[w][c], fw[w], x0);
-      x1 = fmaf(acc_w[w][c + 1], fw[w], x1);
-    }
-    *reinterpret_cast<uint32_t*>(orow + c) = pack2<Elem>(x0 * inv, x1 * inv);
-  }
-  if (a.lse != nullptr && threadIdx.x == 0) a.lse[lrow] = total > 0.f ? base + logf(total) : -INFINITY;
-}
-
 }  // namespace
+
+#include "decode_combine.cuh"
 
 // ------------------------------------------------------------------------------------- host side
 
