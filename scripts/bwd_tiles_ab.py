@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_forward as bf  # noqa: E402
 from bench_training import FLEX_RETRY_OPTIONS, FLOP_FACTOR, LEARNABLE, make_learnable, step_fn  # noqa: E402
+from tile_settings import setting_fields  # noqa: E402
 
 
 def main(argv=None):
@@ -48,16 +49,12 @@ def main(argv=None):
 
     # the ladders a build (and every call's cache key) reads: the backward's one rung at this setting, the forward's
     # shipped ladder with the setting's fwd. fields on every rung
-    def fields(setting, fwd):
-        pairs = (f.split("=") for f in setting.split(","))
-        return {name[4:] if fwd else name: int(value) for name, value in pairs if name.startswith("fwd.") == fwd}
-
     # "ladder": the shipped ladders themselves (jit/tiles.py), whose first spill-free rung a build takes
     shipped, shipped_fwd = spec.sm90_bwd_ladder, spec.sm90_ladder
-    ladders = {s: shipped if s == "ladder" else (lambda hd, f=fields(s, False): (replace(SM90_BWD_TILES[hd], **f),))
+    ladders = {s: shipped if s == "ladder" else (lambda hd, f=setting_fields(s): (replace(SM90_BWD_TILES[hd], **f),))
                for s in args.settings}
-    fwd_ladders = {s: shipped_fwd if s == "ladder" or not fields(s, True) else
-                   (lambda *a, f=fields(s, True), **kw: tuple(replace(t, **f) for t in shipped_fwd(*a, **kw)))
+    fwd_ladders = {s: shipped_fwd if s == "ladder" or not setting_fields(s, fwd=True) else
+                   (lambda *a, f=setting_fields(s, fwd=True), **kw: tuple(replace(t, **f) for t in shipped_fwd(*a, **kw)))
                    for s in args.settings}
 
     def under(setting, fn):

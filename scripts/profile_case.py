@@ -34,7 +34,9 @@ if args.bwd_set:
     import attngen.jit.spec as spec
     from attngen.jit.tiles import SM90_BWD_TILES
 
-    fields = {name: int(value) for name, value in (f.split("=") for f in args.bwd_set.split(","))}
+    from tile_settings import setting_fields
+
+    fields = setting_fields(args.bwd_set)
     spec.sm90_bwd_ladder = lambda hd: (replace(SM90_BWD_TILES[hd], **fields),)
 B, H = 2, 16
 if args.variant in LEARNABLE:

@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from tile_settings import setting_fields  # noqa: E402
+
 OPS = ("LDG", "ATOMS", "SHFL", "MUFU", "LDS", "STS", "LDL", "STL")
 
 
@@ -69,7 +71,7 @@ def main(argv=None):
                 ladder = tuple(spec.tile_choices()) if args.forward else sm90_bwd_ladder(hd)
                 ladder = ladder if args.ladder else ladder[:1]
                 for setting in args.settings:
-                    fields = {k: int(v) for k, v in (f.split("=") for f in setting.split(","))}
+                    fields = setting_fields(setting)
                     with tempfile.TemporaryDirectory() as d:
                         built, spill = build_first_without_spills(Path(d), inc, torch.bfloat16, hd, "sm_90a",
                                                                   tuple(replace(t, **fields) for t in ladder),
