@@ -33,20 +33,22 @@ def main(argv=None):
         from attngen.jit.tiles import sm90_bwd_ladder
 
         hd = args.head_dim
-        ladder = sm90_bwd_ladder(hd)
-        print("| variant | " + " | ".join(f"{t.producer_regs} / {t.consumer_regs}" for t in ladder) + " |")
-        print("|---|" + "---|" * len(ladder))
+        print("| variant | rungs (producer / consumer registers, split_probs): spilled bytes |")
+        print("|---|---|")
         for key in args.variants:
             score_mod, mask_mod = bf.make_variant(key, 8192, 16, "cpu")
             attn = attngen.compile(score_mod=score_mod, mask_mod=mask_mod)
-            inc = attn.spec(torch.bfloat16, hd, "sm_90a", kernel=SM90_BWD_KERNEL).variant_inc()
+            spec = attn.spec(torch.bfloat16, hd, "sm_90a", kernel=SM90_BWD_KERNEL)
+            inc = spec.variant_inc()
+            ladder = sm90_bwd_ladder(hd, has_score_mod=spec.facts.has_score_mod)
             spills = []
             for rung in ladder:
                 with tempfile.TemporaryDirectory() as d:
                     _, spill = build_first_without_spills(Path(d), inc, torch.bfloat16, hd, "sm_90a", (rung,),
                                                           kernel=SM90_BWD_KERNEL)
                 spills.append(spill)
-            print(f"| {key} | " + " | ".join(f"{s} B" for s in spills) + " |", flush=True)
+            print(f"| {key} | " + ", ".join(f"{t.producer_regs} / {t.consumer_regs}{' split' if t.split_probs else ''}: "
+                                            f"{s} B" for t, s in zip(ladder, spills)) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def main(argv=None):
     # shipped ladder with the setting's fwd. fields on every rung
     # "ladder": the shipped ladders themselves (jit/tiles.py), whose first spill-free rung a build takes
     shipped, shipped_fwd = spec.sm90_bwd_ladder, spec.sm90_ladder
-    ladders = {s: shipped if s == "ladder" else (lambda hd, f=setting_fields(s): (replace(SM90_BWD_TILES[hd], **f),))
+    ladders = {s: shipped if s == "ladder" else (lambda hd, f=setting_fields(s), **_: (replace(SM90_BWD_TILES[hd], **f),))
                for s in args.settings}
     fwd_ladders = {s: shipped_fwd if s == "ladder" or not setting_fields(s, fwd=True) else
                    (lambda *a, f=setting_fields(s, fwd=True), **kw: tuple(replace(t, **f) for t in shipped_fwd(*a, **kw)))

@@ -37,7 +37,7 @@ if args.bwd_set:
     from tile_settings import setting_fields
 
     fields = setting_fields(args.bwd_set)
-    spec.sm90_bwd_ladder = lambda hd: (replace(SM90_BWD_TILES[hd], **fields),)
+    spec.sm90_bwd_ladder = lambda hd, **_: (replace(SM90_BWD_TILES[hd], **fields),)
 B, H = 2, 16
 if args.variant in LEARNABLE:
     score_mod, mask_mod, leaves = make_learnable(args.variant, args.S, H, "cuda")

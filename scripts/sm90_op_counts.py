@@ -51,7 +51,6 @@ def main(argv=None):
         import bench_forward as bf
         from bench_training import LEARNABLE, make_learnable
         from attngen.jit.spec import SM90_BWD_KERNEL, build_first_without_spills
-        from attngen.jit.tiles import sm90_bwd_ladder
 
         kernel = "sm90" if args.forward else SM90_BWD_KERNEL
         library, entry = ("libattngen_fwd.so", "attngen_fwd_kernel") if args.forward else \
@@ -68,7 +67,7 @@ def main(argv=None):
             for hd in args.head_dim:
                 spec = attn.spec(torch.bfloat16, hd, "sm_90a", kernel=kernel)
                 inc = spec.variant_inc()
-                ladder = tuple(spec.tile_choices()) if args.forward else sm90_bwd_ladder(hd)
+                ladder = tuple(spec.tile_choices())
                 ladder = ladder if args.ladder else ladder[:1]
                 for setting in args.settings:
                     fields = setting_fields(setting)

@@ -81,6 +81,13 @@ def test_sm90_backward_family_and_tiles():
     assert attngen.compile(causal=True, backend="sm80").backward_kernels(128, 0) == (BWD_KERNEL,)
     src = render.render_sources("", torch.float16, 64, "sm_90a", kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
     assert '#include "bwd_sm90.cuh"' in src and "constexpr int STAGES = 2;" in src and "{{" not in src
+    # the probabilities split under the products: the ladder's first rung without a score_mod, none with one
+    assert "constexpr bool SPLIT_PROBS = 0;" in src
+    assert [t.split_probs for t in tiles.sm90_bwd_ladder(64)] == [True, False, False]
+    assert not any(t.split_probs for t in tiles.sm90_bwd_ladder(64, has_score_mod=True))
+    split = dataclasses.replace(tiles.SM90_BWD_TILES[64], split_probs=True)
+    assert "constexpr bool SPLIT_PROBS = 1;" in render.render_sources(
+        "", torch.float16, 64, "sm_90a", tiles=split, kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
     # the walk's rotation: off unless asked for, and bounded
     assert "constexpr int WALK_SHIFT = 0;" in src
     shifted = dataclasses.replace(tiles.SM90_BWD_TILES[64], walk_shift=2)
@@ -129,13 +136,15 @@ def test_prebuild_plans_the_backward_each_arch_runs():
 
 def _ladder_builds(tmp_path, incs: dict) -> dict:
     """Each (name, head dim) of ``incs`` (name -> variant.inc) built as the spec builds it, on the sm90 backward's
-    ladder (jit/tiles.py sm90_bwd_ladder: the first rung ptxas compiles without spills): name_hd -> (tiles, spill
+    ladder (jit/tiles.py sm90_bwd_ladder: the first rung ptxas compiles without spills; incs: name -> (variant.inc,
+    has_score_mod)): name_hd -> (tiles, spill
     bytes of the main kernel, the build directory's ninja output)."""
     built = {}
-    for n, inc in incs.items():
+    for n, (inc, has_score_mod) in incs.items():
         for hd, dt in ((64, torch.float16), (128, torch.bfloat16)):
             d = tmp_path / f"{n}_{hd}"
-            t, spill = build_first_without_spills(d, inc, dt, hd, "sm_90a", tiles.sm90_bwd_ladder(hd),
+            t, spill = build_first_without_spills(d, inc, dt, hd, "sm_90a",
+                                                  tiles.sm90_bwd_ladder(hd, has_score_mod=has_score_mod),
                                                   kernel=SM90_BWD_KERNEL)
             built[f"{n}_{hd}"] = (t, spill)
     return built
@@ -147,11 +156,13 @@ def test_sm90_backward_builds_on_wgmma_without_spills(tmp_path):
     spills, every product on wgmma (dQ = dS K with both operands transposed), read from the PTX."""
     V = {"causal": attngen.compile(causal=True), "softcap_causal": attngen.compile(softcap=20.0, causal=True),
          "document": _variants()["document"], "full": attngen.compile()}  # full: clean only on the second rung
-    built = _ladder_builds(tmp_path, {n: a.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL).variant_inc()
-                                      for n, a in V.items()})
+    specs = {n: a.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL) for n, a in V.items()}
+    built = _ladder_builds(tmp_path, {n: (s.variant_inc(), s.facts.has_score_mod) for n, s in specs.items()})
     assert len(built) == 2 * len(V)
     for key, (t, spill) in built.items():
         assert spill == 0, f"{key}: every rung spills (the least: {t}, {spill} bytes)"
+        # the probabilities split under the products where no score_mod needs the raw score beside dP^T
+        assert t.split_probs == (not key.startswith("softcap")), key
         assert (tmp_path / key / BWD_LIBRARY_NAME).is_file()
     from attngen.jit.toolchain import find_nvcc
 
@@ -186,7 +197,7 @@ def test_sm90_backward_sums_captured_gradients_without_spills(tmp_path):
     inc = attngen.compile(score_mod=learnable, causal=True).spec(torch.bfloat16, 128, "sm_90a",
                                                                  kernel=SM90_BWD_KERNEL).variant_inc()
     assert "#define ATTNGEN_GRAD_DIAG_SITES 1" in inc
-    for key, (t, spill) in _ladder_builds(tmp_path, {"l": inc}).items():
+    for key, (t, spill) in _ladder_builds(tmp_path, {"l": (inc, True)}).items():
         assert spill == 0, f"{key}: every rung spills (the least: {t}, {spill} bytes)"
     from attngen.jit.toolchain import find_nvcc
 

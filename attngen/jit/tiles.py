@@ -169,6 +169,9 @@ class Sm90BwdTiles:
     # the preprocess, the main kernel and the postprocess launched as programmatic dependents (pdl.cuh): each
     # scheduled while the kernel ahead of it drains, its launch and prologue under that kernel's tail
     pdl: bool = False
+    # without a score_mod: P^T from S^T while dP^T = V dO^T is still in flight, dV's product issued before the wait
+    # for dP^T, dS^T under it (FA3's order; False: one pass over S^T and dP^T once both products are done)
+    split_probs: bool = False
 
     def __post_init__(self):
         if self.dq_init not in (0, 1):
@@ -198,17 +201,20 @@ class Sm90BwdTiles:
 SM90_BWD_TILES = {64: Sm90BwdTiles(stages=2), 128: Sm90BwdTiles(stages=2)}
 
 
-def sm90_bwd_ladder(head_dim: int) -> tuple:
+def sm90_bwd_ladder(head_dim: int, has_score_mod: bool = False) -> tuple:
     """The settings an sm90 backward build tries, best first: the spec builds the first that ptxas compiles
-    without spills, else the one that spills least. Heavy masks spill in both roles (the producer's walk calls the
-    tile classifier, the consumers evaluate mask_mod); the second rung moves registers to the producer (NATTEN-2D
+    without spills, else the one that spills least. Without a score_mod the first rung splits the probabilities
+    (split_probs: P^T and dP^T's product overlapped), which keeps dP^T live through P^T's pass (prefix-LM at head dim
+    128 spills there, and takes the next rung). Heavy masks spill in both roles (the producer's walk calls the
+    tile classifier, the consumers evaluate mask_mod); the last rung moves registers to the producer (NATTEN-2D
     at head dim 128, a CTA per kv block: 2156 -> 1164 spilled bytes; a union of five parts: 80 -> 1008, so it keeps
     the first). The training anchors build clean at the first at head dims 64 and 128 (scripts/bwd_ladder_spills.py)."""
     if head_dim not in SM90_BWD_TILES:
         raise BuildError(f"the sm90 backward has no tiles for head dim {head_dim}: expected one of "
                          f"{sorted(SM90_BWD_TILES)}; use kernel='sm80_bwd'")
     t = SM90_BWD_TILES[head_dim]
-    return (t, replace(t, producer_regs=56, consumer_regs=224))
+    split = () if has_score_mod else (replace(t, split_probs=True),)
+    return split + (t, replace(t, producer_regs=56, consumer_regs=224))
 
 
 # ---------------------------------------------------------------------------------------------- sm90

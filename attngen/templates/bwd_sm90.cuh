@@ -312,6 +312,10 @@ __device__ __forceinline__ void store_kv_grad(void* out, const long long (&st)[3
   }
 }
 
+// SPLIT_PROBS where the probabilities need neither a score_mod's derivative nor its gradient sites, which the one
+// pass takes from the raw score beside dP^T.
+constexpr bool kSplitProbs = SPLIT_PROBS && !ATTNGEN_HAS_SCORE_MOD && kGradSites == 0;
+
 // The consumer warpgroup wg's 64 kv rows through every visited q-block, then its rows of dK and dV.
 __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& sm, int wg) {
   const int cw = wg - 1;
@@ -397,39 +401,66 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
       wgmma_ss_kmajor<Elem, BQ, KSTEPS_D, KV_BLOCK_BYTES, Q_BLOCK_BYTES>(dp, desc_v,
                                                                        make_smem_desc_sw128(sm.dout(stage), 16, 1024));
       wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(st);
-      fence_regs(dp);
-#if ATTNGEN_REL_STAGEABLE
-      // a relative score mod's terms for this q-block into the warp's slots, after the products' wait: issued under
-      // them (with S^T, dP^T, dK and dV live) the table's consumers spilled 680 bytes
-      if constexpr (REL_STAGED)
-        stage_rel_terms_t<BQ / 8>(rel_slots, scale, C, t, hc, t.QOFF + q0 - (kv_row0 + 16 * wq) - 15, lane);
-#endif
-
-      // P^T into st, dS^T into dp: mask_mod only where the tile is not known FULL, bounds on tiles past either end
+      // mask_mod only where the tile is not known FULL, bounds on tiles past either end
       const bool masked = q_tile_masked<BQ, BK>(C, t, s, c.j);
       const bool bounds = q0 + BQ > t.QLEN || (c.j + 1) * BK > t.KVLEN;
-      gs.bins = grad_sites_lane_bins(sm.bins(cw, n & 1), lane, wq);
-      GradSites* const sites = kGradSites > 0 ? &gs : nullptr;
-      if (masked) {
-        if (bounds) probs_t<true, true, true, REL_WALK, REL_STAGED>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
-        else probs_t<true, false, true, REL_WALK, REL_STAGED>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
-      } else {
-        if (bounds) probs_t<false, true, true, REL_WALK, REL_STAGED>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
-        else probs_t<false, false, true, REL_WALK, REL_STAGED>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
-      }
       uint32_t pa[KSTEPS_Q][4], da[KSTEPS_Q][4];
-      pack_a_frags<Elem, BQ>(st, pa);
-      pack_a_frags<Elem, BQ>(dp, da);
       const uint32_t ds = sm.ds(n & 1);
-      store_ds(ds, da, cw * 64 + r0, tig);
+      if constexpr (kSplitProbs) {
+        // P^T into st while dP^T's product runs; dV += P^T dO issued before the wait for dP^T, so that dS^T runs
+        // under it (product groups complete in order: the second wait leaves only dV's in flight)
+        wgmma_wait<1>();
+        fence_regs(st);
+        if (masked) {
+          if (bounds) probs_t<true, true>(as_frags(st), as_frags(st), scale, C, hc, cc, kv0, q0, t, lse2, tig);
+          else probs_t<true, false>(as_frags(st), as_frags(st), scale, C, hc, cc, kv0, q0, t, lse2, tig);
+        } else {
+          if (bounds) probs_t<false, true>(as_frags(st), as_frags(st), scale, C, hc, cc, kv0, q0, t, lse2, tig);
+          else probs_t<false, false>(as_frags(st), as_frags(st), scale, C, hc, cc, kv0, q0, t, lse2, tig);
+        }
+        pack_a_frags<Elem, BQ>(st, pa);
+        wgmma_fence();
+        wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dv, pa, make_smem_desc_sw128(sm.dout(stage), Q_BLOCK_BYTES, 1024));
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs(dp);
+        grad_scores_t(as_frags(st), as_frags(dp), as_frags(dp), delta, tig);  // dS^T into st
+        pack_a_frags<Elem, BQ>(st, da);
+        store_ds(ds, da, cw * 64 + r0, tig);
+        wgmma_fence();
+        wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dk, da, make_smem_desc_sw128(sm.q(stage), Q_BLOCK_BYTES, 1024));
+        wgmma_commit();
+      } else {
+        wgmma_wait<0>();
+        fence_regs(st);
+        fence_regs(dp);
+#if ATTNGEN_REL_STAGEABLE
+        // a relative score mod's terms for this q-block into the warp's slots, after the products' wait: issued under
+        // them (with S^T, dP^T, dK and dV live) the table's consumers spilled 680 bytes
+        if constexpr (REL_STAGED)
+          stage_rel_terms_t<BQ / 8>(rel_slots, scale, C, t, hc, t.QOFF + q0 - (kv_row0 + 16 * wq) - 15, lane);
+#endif
 
-      // dV += P^T dO, dK += dS^T Q
-      wgmma_fence();
-      wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dv, pa, make_smem_desc_sw128(sm.dout(stage), Q_BLOCK_BYTES, 1024));
-      wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dk, da, make_smem_desc_sw128(sm.q(stage), Q_BLOCK_BYTES, 1024));
-      wgmma_commit();
+        // P^T into st, dS^T into dp
+        gs.bins = grad_sites_lane_bins(sm.bins(cw, n & 1), lane, wq);
+        GradSites* const sites = kGradSites > 0 ? &gs : nullptr;
+        if (masked) {
+          if (bounds) probs_t<true, true, true, REL_WALK, REL_STAGED>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
+          else probs_t<true, false, true, REL_WALK, REL_STAGED>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
+        } else {
+          if (bounds) probs_t<false, true, true, REL_WALK, REL_STAGED>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
+          else probs_t<false, false, true, REL_WALK, REL_STAGED>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
+        }
+        pack_a_frags<Elem, BQ>(st, pa);
+        pack_a_frags<Elem, BQ>(dp, da);
+        store_ds(ds, da, cw * 64 + r0, tig);
+
+        // dV += P^T dO, dK += dS^T Q
+        wgmma_fence();
+        wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dv, pa, make_smem_desc_sw128(sm.dout(stage), Q_BLOCK_BYTES, 1024));
+        wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dk, da, make_smem_desc_sw128(sm.q(stage), Q_BLOCK_BYTES, 1024));
+        wgmma_commit();
+      }
 
       // dQ = dS K once the dS^T rows it reads are written (generic stores, read by wgmma: the async proxy)
       fence_proxy_async_smem();

@@ -169,7 +169,8 @@ def _sm90_bwd_library(monkeypatch, hd, attn, **setting):
 
     from attngen.jit.tiles import sm90_bwd_ladder
 
-    monkeypatch.setattr(spec, "sm90_bwd_ladder", lambda d: tuple(replace(t, **setting) for t in sm90_bwd_ladder(d)))
+    monkeypatch.setattr(spec, "sm90_bwd_ladder",
+                        lambda d, **kw: tuple(replace(t, **setting) for t in sm90_bwd_ladder(d, **kw)))
     return attn.backward_library(torch.bfloat16, hd, torch.cuda.current_device(), "sm90_bwd")
 
 
@@ -236,6 +237,45 @@ def test_dq_acc_starts_match_zeroing_in_the_preprocess(hd, monkeypatch):
     assert torch.isfinite(dq).all()
     assert (dq[:, :, :200] == 0).all()
     assert (dq.float() - dq0.float()).abs().max().item() <= 2 ** -7 * dq0.float().abs().max().item()
+
+
+def _document_ids_mask(L):
+    """Sorted document ids over L positions, about one document per 250."""
+    ids = torch.cumsum(torch.rand(L, generator=torch.Generator().manual_seed(5)) < 0.004, 0).to(DEV)
+    return attngen.MaskMod(lambda b, h, q, kv: ids[q] == ids[kv], "doc_ids_split")
+
+
+@pytest.mark.requires_sm90
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("mask", ["causal", "window", "document"])
+def test_split_probabilities_match_one_pass(hd, mask, monkeypatch):
+    """P^T taken while dP^T's product runs and dS^T under dV's (Sm90BwdTiles.split_probs, the first rung of a
+    variant without score_mod) against one pass over both once the products are done: the same arithmetic per
+    element, so dK and dV bit for bit and dQ to its fp32 additions' order. Odd lengths, GQA, q_offset, kv longer
+    than q, partial and FULL tiles, a captured-tensor mask (through autograd: the call's captured tensors and block
+    summaries with it)."""
+    B, Hq, Hkv, Lq, Lk = 2, 4, 2, 1100, 2450
+    q_offset = 0 if mask == "document" else 130
+    make = {"causal": lambda: attngen.compile(causal=True),
+            "window": lambda: attngen.compile(window=700),
+            "document": lambda: attngen.compile(mask_mod=_document_ids_mask(Lk))}[mask]
+    gen = torch.Generator(device="cpu").manual_seed(hd)
+    q, do = (torch.randn(B, Hq, Lq, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(B, Hkv, Lk, hd, generator=gen).to(DEV, torch.bfloat16).requires_grad_() for _ in range(2))
+    q.requires_grad_()
+    grads, paths = {}, set()
+    for split in (True, False):
+        attn = make()
+        paths.add(_sm90_bwd_library(monkeypatch, hd, attn, split_probs=split).path)
+        out = attn(q, k, v, q_offset=q_offset)
+        poison_allocator(256 << 20)
+        grads[split] = torch.autograd.grad(out, (q, k, v), do)
+        torch.cuda.synchronize()
+    assert len(paths) == 2, "both settings loaded one library"
+    (dq, dk, dv), (dq1, dk1, dv1) = grads[True], grads[False]
+    assert torch.isfinite(dq).all() and dk.abs().max().item() > 0
+    assert torch.equal(dk, dk1) and torch.equal(dv, dv1)
+    assert (dq.float() - dq1.float()).abs().max().item() <= 2 ** -7 * dq1.float().abs().max().item()
 
 
 @pytest.mark.requires_sm90
