@@ -85,9 +85,11 @@ def test_sm90_backward_family_and_tiles():
     assert "constexpr bool SPLIT_PROBS = 0;" in src
     assert [t.split_probs for t in tiles.sm90_bwd_ladder(64)] == [True, False, False]
     assert not any(t.split_probs for t in tiles.sm90_bwd_ladder(64, has_score_mod=True))
-    split = dataclasses.replace(tiles.SM90_BWD_TILES[64], split_probs=True)
-    assert "constexpr bool SPLIT_PROBS = 1;" in render.render_sources(
-        "", torch.float16, 64, "sm_90a", tiles=split, kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
+    split = dataclasses.replace(tiles.SM90_BWD_TILES[64], split_probs=True, dk_last=True)
+    text = render.render_sources("", torch.float16, 64, "sm_90a", tiles=split,
+                                 kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
+    assert "constexpr bool SPLIT_PROBS = 1;" in text and "constexpr bool DK_LAST = 1;" in text
+    assert "constexpr bool DK_LAST = 0;" in src
     # the walk's rotation: off unless asked for, and bounded
     assert "constexpr int WALK_SHIFT = 0;" in src
     shifted = dataclasses.replace(tiles.SM90_BWD_TILES[64], walk_shift=2)

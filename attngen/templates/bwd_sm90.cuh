@@ -315,6 +315,8 @@ __device__ __forceinline__ void store_kv_grad(void* out, const long long (&st)[3
 // SPLIT_PROBS where the probabilities need neither a score_mod's derivative nor its gradient sites, which the one
 // pass takes from the raw score beside dP^T.
 constexpr bool kSplitProbs = SPLIT_PROBS && !ATTNGEN_HAS_SCORE_MOD && kGradSites == 0;
+// DK_LAST (with the split): dK's product issued after dQ's, and dQ staged while it runs.
+constexpr bool kDkLast = kSplitProbs && DK_LAST;
 
 // The consumer warpgroup wg's 64 kv rows through every visited q-block, then its rows of dK and dV.
 __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& sm, int wg) {
@@ -427,9 +429,11 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
         grad_scores_t(as_frags(st), as_frags(dp), as_frags(dp), delta, tig);  // dS^T into st
         pack_a_frags<Elem, BQ>(st, da);
         store_ds(ds, da, cw * 64 + r0, tig);
-        wgmma_fence();
-        wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dk, da, make_smem_desc_sw128(sm.q(stage), Q_BLOCK_BYTES, 1024));
-        wgmma_commit();
+        if constexpr (!kDkLast) {
+          wgmma_fence();
+          wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dk, da, make_smem_desc_sw128(sm.q(stage), Q_BLOCK_BYTES, 1024));
+          wgmma_commit();
+        }
       } else {
         wgmma_wait<0>();
         fence_regs(st);
@@ -470,21 +474,33 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
       wgmma_fence();
       wgmma_ss_mnmajor<Elem, DQ_N, DQ_KSTEPS>(dq, make_smem_desc_sw128(ds + dq_ds_off, 1024, 1024), desc_kt);
       wgmma_commit();
+      if constexpr (kDkLast) {  // dK += dS^T Q behind dQ, so that dQ is staged under it
+        wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dk, da, make_smem_desc_sw128(sm.q(stage), Q_BLOCK_BYTES, 1024));
+        wgmma_commit();
+      }
       // the tile's gradient sums out under the products (every thread of the consumer has added its elements)
       if (kGradSites > 0) {
         grad_sites_flush_tile(gs, C, hc, t.QOFF + q0, min(kv0, t.KVLEN - 1), lane);
         if (kGradDiagSites > 0) grad_sites_flush_bins(gs, sm.bins(cw, n & 1), C, hc, t.QOFF + q0, kv_row0, tid);
       }
-      wgmma_wait<0>();
-      fence_regs(dv);
-      fence_regs(dk);
-      fence_regs(dq);
-      fence_regs(pa);
-      fence_regs(da);
-      // Q, dO and the statistics of this slot are read: each thread releases it, so that compute-sanitizer's
-      // racecheck sees every read of the statistics ordered before the bulk copy that refills the slot (it does not
-      // follow a __syncwarp then one lane's arrival: scripts/racecheck_bulk_probe.cu)
-      mbar_arrive(sm.empty(stage));
+      // Q, dO and the statistics of this slot are read once every product is done: each thread releases it, so
+      // that compute-sanitizer's racecheck sees every read of the statistics ordered before the bulk copy that
+      // refills the slot (it does not follow a __syncwarp then one lane's arrival: scripts/racecheck_bulk_probe.cu)
+      auto products_done = [&]() {
+        wgmma_wait<0>();
+        fence_regs(dv);
+        fence_regs(dk);
+        fence_regs(dq);
+        fence_regs(pa);
+        fence_regs(da);
+        mbar_arrive(sm.empty(stage));
+      };
+      if constexpr (kDkLast) {
+        wgmma_wait<1>();  // dV and dQ (dK's product runs on)
+        fence_regs(dq);
+      } else {
+        products_done();
+      }
       mbar_wait(sm.dq_empty(cw), (n & 1u) ^ 1u);  // the writer's last reduction has read the buffer
       stage_dq(sm.dq(cw), dq, tid);
       if (tid == 0) {
@@ -494,6 +510,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
       fence_proxy_async_smem();  // generic stores, read by the bulk reduction (the async proxy)
       __syncwarp();
       if (lane == 0) mbar_arrive(sm.dq_full(cw));
+      if constexpr (kDkLast) products_done();
     }
     // every product of the walk has been waited for: K and V are free for the next tile's loads, which run under
     // these stores

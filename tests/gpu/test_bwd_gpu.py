@@ -250,7 +250,8 @@ def _document_ids_mask(L):
 @pytest.mark.parametrize("mask", ["causal", "window", "document"])
 def test_split_probabilities_match_one_pass(hd, mask, monkeypatch):
     """P^T taken while dP^T's product runs and dS^T under dV's (Sm90BwdTiles.split_probs, the first rung of a
-    variant without score_mod) against one pass over both once the products are done: the same arithmetic per
+    variant without score_mod; with dk_last, dK's product behind dQ's and dQ staged under it) against one pass over
+    both once the products are done: the same arithmetic per
     element, so dK and dV bit for bit and dQ to its fp32 additions' order. Odd lengths, GQA, q_offset, kv longer
     than q, partial and FULL tiles, a captured-tensor mask (through autograd: the call's captured tensors and block
     summaries with it)."""
@@ -263,19 +264,23 @@ def test_split_probabilities_match_one_pass(hd, mask, monkeypatch):
     q, do = (torch.randn(B, Hq, Lq, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(B, Hkv, Lk, hd, generator=gen).to(DEV, torch.bfloat16).requires_grad_() for _ in range(2))
     q.requires_grad_()
+    settings = {"one pass": dict(split_probs=False), "split": dict(split_probs=True),
+                "split, dK last": dict(split_probs=True, dk_last=True)}
     grads, paths = {}, set()
-    for split in (True, False):
+    for name, setting in settings.items():
         attn = make()
-        paths.add(_sm90_bwd_library(monkeypatch, hd, attn, split_probs=split).path)
+        paths.add(_sm90_bwd_library(monkeypatch, hd, attn, **setting).path)
         out = attn(q, k, v, q_offset=q_offset)
         poison_allocator(256 << 20)
-        grads[split] = torch.autograd.grad(out, (q, k, v), do)
+        grads[name] = torch.autograd.grad(out, (q, k, v), do)
         torch.cuda.synchronize()
-    assert len(paths) == 2, "both settings loaded one library"
-    (dq, dk, dv), (dq1, dk1, dv1) = grads[True], grads[False]
-    assert torch.isfinite(dq).all() and dk.abs().max().item() > 0
-    assert torch.equal(dk, dk1) and torch.equal(dv, dv1)
-    assert (dq.float() - dq1.float()).abs().max().item() <= 2 ** -7 * dq1.float().abs().max().item()
+    assert len(paths) == len(settings), "two settings loaded one library"
+    dq1, dk1, dv1 = grads["one pass"]
+    for name in ("split", "split, dK last"):
+        dq, dk, dv = grads[name]
+        assert torch.isfinite(dq).all() and dk.abs().max().item() > 0, name
+        assert torch.equal(dk, dk1) and torch.equal(dv, dv1), name
+        assert (dq.float() - dq1.float()).abs().max().item() <= 2 ** -7 * dq1.float().abs().max().item(), name
 
 
 @pytest.mark.requires_sm90
