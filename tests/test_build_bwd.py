@@ -180,6 +180,8 @@ def test_sm90_backward_builds_on_wgmma_without_spills(tmp_path):
     # per consumer and q-block: S^T, dP^T (8 k16 steps each), dV, dK (4 each), dQ (8, both operands transposed)
     assert ptx.count("wgmma.mma_async") == 32, "a product is missing from wgmma"
     assert ptx.count("p, 1, 1, 1, 1;") == 8, "dQ = dS K does not read both operands MN-major"
+    # causal takes the split rung: P^T under dP^T's product, dS^T under dV's (a wait for all but one group each)
+    assert ptx.count("wgmma.wait_group.sync.aligned 1;") == 2, "the probabilities are not split under the products"
     # dQ leaves through the staged buffer and one bulk reduction per q-block, not per-thread reductions
     assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in ptx
     assert "red.global.add" not in ptx, "dQ fell back to per-thread reductions (its staging no longer fits)"
