@@ -210,7 +210,8 @@ def sm90_bwd_ladder(head_dim: int, has_score_mod: bool = False) -> tuple:
     128 spills there, and takes the next rung). Heavy masks spill in both roles (the producer's walk calls the
     tile classifier, the consumers evaluate mask_mod); the last rung moves registers to the producer (NATTEN-2D
     at head dim 128, a CTA per kv block: 2156 -> 1164 spilled bytes; a union of five parts: 80 -> 1008, so it keeps
-    the first). The training anchors build clean at the first at head dims 64 and 128 (scripts/bwd_ladder_spills.py)."""
+    the first). The training anchors build clean at their first rung at head dims 64 and 128, but for prefix-LM at 128,
+    clean at the second (scripts/bwd_ladder_spills.py)."""
     if head_dim not in SM90_BWD_TILES:
         raise BuildError(f"the sm90 backward has no tiles for head dim {head_dim}: expected one of "
                          f"{sorted(SM90_BWD_TILES)}; use kernel='sm80_bwd'")
