@@ -172,7 +172,8 @@ class Sm90BwdTiles:
     # without a score_mod: P^T from S^T while dP^T = V dO^T is still in flight, dV's product issued before the wait
     # for dP^T, dS^T under it (FA3's order; False: one pass over S^T and dP^T once both products are done)
     split_probs: bool = False
-    # with split_probs: dK += dS^T Q issued after dQ = dS K, so that dQ is staged while dK's product runs (FA3's order)
+    # with split_probs: dK += dS^T Q issued after dQ = dS K, so that dQ is staged while dK's product runs (FA3's order;
+    # off: no effect out of the run's spread on the window, docs/performance.md)
     dk_last: bool = False
 
     def __post_init__(self):

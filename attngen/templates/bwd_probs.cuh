@@ -233,6 +233,19 @@ ATTNGEN_DEV_INLINE void probs_t(float (&s)[MT][NT][4], float (&g)[MT][NT][4], fl
   }
 }
 
+// probs_t with MASK (the tile is not known FULL) and BOUNDS (it reaches past either end) known only at run time: one
+// specialisation per pair, so that FULL tiles inside the bounds evaluate neither.
+template <bool GRADS = false, bool REL = false, bool REL_STAGED = false, class... Args>
+ATTNGEN_DEV_INLINE void probs_t_for(bool masked, bool bounds, Args&&... args) {
+  if (masked) {
+    if (bounds) probs_t<true, true, GRADS, REL, REL_STAGED>(args...);
+    else probs_t<true, false, GRADS, REL, REL_STAGED>(args...);
+  } else {
+    if (bounds) probs_t<false, true, GRADS, REL, REL_STAGED>(args...);
+    else probs_t<false, false, GRADS, REL, REL_STAGED>(args...);
+  }
+}
+
 // P^T -> dS^T in place: dS = P (dP - delta) (times d score_mod / d score with a score_mod), delta per q
 // column (BQ floats at `delta`). Where P = 0 (masked, or a row with nothing kept) dS is exactly 0, whatever
 // the derivative there.

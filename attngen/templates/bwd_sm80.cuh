@@ -261,13 +261,7 @@ __global__ void __launch_bounds__(NTHREADS, MIN_BLOCKS) attngen_bwd_kernel(const
     const bool masked = q_tile_masked<BQ, BK>(C, t, cur, j);
     const bool bounds = (i + 1) * BQ > QLEN || (j + 1) * BK > KVLEN;
     const int q0 = i * BQ;
-    if (masked) {
-      if (bounds) probs_t<true, true>(s, gs, scale, C, hc, cc, kv0, q0, t, lse2, tig);
-      else probs_t<true, false>(s, gs, scale, C, hc, cc, kv0, q0, t, lse2, tig);
-    } else {
-      if (bounds) probs_t<false, true>(s, gs, scale, C, hc, cc, kv0, q0, t, lse2, tig);
-      else probs_t<false, false>(s, gs, scale, C, hc, cc, kv0, q0, t, lse2, tig);
-    }
+    probs_t_for(masked, bounds, s, gs, scale, C, hc, cc, kv0, q0, t, lse2, tig);
 
     // dV += P^T dO
 #pragma unroll

@@ -413,20 +413,15 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
         // under it (product groups complete in order: the second wait leaves only dV's in flight)
         wgmma_wait<1>();
         fence_regs(st);
-        if (masked) {
-          if (bounds) probs_t<true, true>(as_frags(st), as_frags(st), scale, C, hc, cc, kv0, q0, t, lse2, tig);
-          else probs_t<true, false>(as_frags(st), as_frags(st), scale, C, hc, cc, kv0, q0, t, lse2, tig);
-        } else {
-          if (bounds) probs_t<false, true>(as_frags(st), as_frags(st), scale, C, hc, cc, kv0, q0, t, lse2, tig);
-          else probs_t<false, false>(as_frags(st), as_frags(st), scale, C, hc, cc, kv0, q0, t, lse2, tig);
-        }
+        // (without a score_mod probs_t writes no derivatives: its second array is st itself, unread)
+        probs_t_for(masked, bounds, as_frags(st), as_frags(st), scale, C, hc, cc, kv0, q0, t, lse2, tig);
         pack_a_frags<Elem, BQ>(st, pa);
         wgmma_fence();
         wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dv, pa, make_smem_desc_sw128(sm.dout(stage), Q_BLOCK_BYTES, 1024));
         wgmma_commit();
         wgmma_wait<1>();
         fence_regs(dp);
-        grad_scores_t(as_frags(st), as_frags(dp), as_frags(dp), delta, tig);  // dS^T into st
+        grad_scores_t(as_frags(st), as_frags(dp), as_frags(dp), delta, tig);  // dS^T into st (no derivatives read)
         pack_a_frags<Elem, BQ>(st, da);
         store_ds(ds, da, cw * 64 + r0, tig);
         if constexpr (!kDkLast) {
@@ -448,13 +443,8 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
         // P^T into st, dS^T into dp
         gs.bins = grad_sites_lane_bins(sm.bins(cw, n & 1), lane, wq);
         GradSites* const sites = kGradSites > 0 ? &gs : nullptr;
-        if (masked) {
-          if (bounds) probs_t<true, true, true, REL_WALK, REL_STAGED>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
-          else probs_t<true, false, true, REL_WALK, REL_STAGED>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
-        } else {
-          if (bounds) probs_t<false, true, true, REL_WALK, REL_STAGED>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
-          else probs_t<false, false, true, REL_WALK, REL_STAGED>(as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t, lse2, tig, delta, sites, rel_base);
-        }
+        probs_t_for<true, REL_WALK, REL_STAGED>(masked, bounds, as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t,
+                                                lse2, tig, delta, sites, rel_base);
         pack_a_frags<Elem, BQ>(st, pa);
         pack_a_frags<Elem, BQ>(dp, da);
         store_ds(ds, da, cw * 64 + r0, tig);
