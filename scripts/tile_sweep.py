@@ -38,13 +38,14 @@ args = p.parse_args()
 def parse_tiles(spec):
     # 128x2, 128x2-nopp (no pingpong), 128x2-noov (no intra-warpgroup overlap), 128x2-pers (persistent),
     # 128x2-pers4096 (persistent grid up to 4096 kv rows), 128x2-rt8 (conditional rescale, threshold 8),
-    # 128x2-pers-cross (a tile's epilogue under the next tile's first Q K^T)
+    # 128x2-pers-cross (a tile's epilogue under the next tile's first Q K^T), 128x2-pers-ost (O stored with TMA from
+    # the tile's Q buffer)
     bk, rest = spec.split("x", 1)
     st, *flags = rest.split("-")
     pers = [f for f in flags if re.fullmatch(r"pers\d*", f)]
     return Sm90Tiles(int(bk), int(st), overlap="noov" not in flags, pingpong="nopp" not in flags,
                      persistent=bool(pers), persistent_max_kv=int(pers[0][4:] or 0) if pers else 0,
-                     cross_tile="cross" in flags,
+                     cross_tile="cross" in flags, o_staged="ost" in flags,
                      rescale_threshold=next((float(f[2:]) for f in flags if re.fullmatch(r"rt[\d.]+", f)), 0.0))
 
 

@@ -23,7 +23,7 @@ def sm90_key(name, dtype, hd, tiles) -> str:
     return (f"{name}_{str(dtype).replace('torch.', '')}_{hd}_bk{t.block_k}s{t.stages}"
             f"{'' if t.overlap else '_noov'}{'' if t.pingpong else '_nopp'}{'_pin' if t.pin_softmax else ''}"
             f"{'_pers' if t.persistent else ''}{f'_max{t.persistent_max_kv}' if t.persistent_max_kv else ''}"
-            f"{'_cross' if t.cross_tile else ''}"
+            f"{'_cross' if t.cross_tile else ''}{'' if t.o_staged else '_oreg'}"
             f"{f'_rt{t.rescale_threshold:g}' if t.rescale_threshold else ''}{'' if t.rel_stage else '_walk'}")
 
 

@@ -100,6 +100,9 @@ def test_render(hd, dtype):
     cross = render_sm90(fixture_inc("causal"), dtype, hd, replace(cfg, persistent=True, cross_tile=True))
     assert "constexpr bool CROSS_TILE = true;" in cross[render.KERNEL_SOURCE]
     assert "constexpr bool REL_STAGE = true;" in cu  # relative score mods' terms staged per warp by default
+    assert "constexpr bool O_STAGED = true;" in cu  # O stored with TMA from the tile's Q buffer by default
+    regs = render_sm90(fixture_inc("causal"), dtype, hd, replace(cfg, o_staged=False))
+    assert "constexpr bool O_STAGED = false;" in regs[render.KERNEL_SOURCE]
     walk = render_sm90(fixture_inc("causal"), dtype, hd, replace(cfg, rel_stage=False))
     assert "constexpr bool REL_STAGE = false;" in walk[render.KERNEL_SOURCE]
     for pdl in (False, True):  # launched as a programmatic dependent (pdl.cuh)
@@ -470,3 +473,31 @@ def test_relative_terms_staged_per_warp_without_spills(nvcc_path, tmp_path):
         assert ptx.stdout.count(".entry") == 1  # the attention kernel alone
         loads[staged] = (ptx.stdout.count("ld.global.nc"), ptx.stdout.count("st.shared.f32"))
     assert loads[True][1] > 0 == loads[False][1] and 0 < loads[True][0] < loads[False][0], loads
+
+
+@pytest.mark.requires_nvcc
+def test_o_staged_for_a_tma_store_where_it_applies(nvcc_path, tmp_path):
+    """Sm90Tiles.o_staged (the default): the epilogue stages O with stmatrix in the tile's Q buffer and one thread per
+    consumer stores it with a 4-d TMA store, on the persistent grid (two Q buffers: the buffer handed back after the
+    next tile's first Q K^T; one Q buffer, BK 176: at once) and with one CTA per work tile. O from registers (no
+    stmatrix, no TMA store) where it is off, and with cross_tile (the epilogue under the next tile's Q K^T)."""
+    cases = {"persistent": ("causal", replace(SM90_TILES[128], persistent=True), True),
+             "one_q_buffer": ("full", replace(tiles.SM90_WIDE[128], persistent=True), True),
+             "one_cta_per_tile": ("softcap", SM90_TILES[128], True),
+             "off": ("causal", replace(SM90_TILES[128], persistent=True, o_staged=False), False),
+             "cross_tile": ("causal", replace(SM90_TILES[64], persistent=True, cross_tile=True), False)}
+    for name, (fixture, t, staged) in cases.items():
+        d = tmp_path / name
+        d.mkdir()
+        hd = 64 if t.cross_tile else 128
+        for f, text in render_sm90(fixture_inc(fixture), torch.bfloat16, hd, t).items():
+            (d / f).write_text(text)
+        ptx = subprocess.run([nvcc_path, "-ptx", "-arch=sm_90a", "-std=c++17", "-O3", "-o", "-",
+                              str(d / render.KERNEL_SOURCE)], capture_output=True, text=True)
+        assert ptx.returncode == 0, ptx.stderr[-2000:]
+        stores = ptx.stdout.count("cp.async.bulk.tensor.4d.global.shared::cta")
+        assert (ptx.stdout.count("stmatrix.sync.aligned.m8n8.x4") > 0) == staged, name
+        assert (stores > 0) == staged, name
+        if staged:  # every store done before the CTA exits; on the persistent grid, its reads before the buffer goes back
+            assert "cp.async.bulk.wait_group 0" in ptx.stdout, name
+            assert ("cp.async.bulk.wait_group.read 0" in ptx.stdout) == t.persistent, name

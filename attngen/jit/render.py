@@ -117,7 +117,7 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
         t = tiles or SM90_TILES[head_dim]
         params.update(block_q=t.block_q, block_k=t.block_k, stages=t.stages, overlap=t.overlap, pingpong=t.pingpong,
                       pin_softmax=t.pin_softmax, persistent=t.persistent, persistent_max_kv=t.persistent_max_kv,
-                      cross_tile=t.cross_tile, rescale_threshold=float(t.rescale_threshold), rel_stage=t.rel_stage,
+                      cross_tile=t.cross_tile, o_staged=t.o_staged, rescale_threshold=float(t.rescale_threshold), rel_stage=t.rel_stage,
                       pdl=t.pdl, arch_number=90)
     else:
         t = tiles or tile_config(head_dim, arch)

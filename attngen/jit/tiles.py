@@ -243,6 +243,10 @@ class Sm90Tiles:
     # around it (alibi_doc: C7520, a rung the build then passes over) and takes many times longer on heavy score
     # mods (docs/performance.md)
     cross_tile: bool = False
+    # the epilogue writes O into the work tile's Q buffer (its rows, which no Q K^T reads any more) and one thread per
+    # consumer stores it with TMA, where O has Q's element type (not FP8) and cross_tile is off (False: every thread
+    # stores its rows of O from registers; docs/performance.md)
+    o_staged: bool = True
     # keep a row's running max while it grows by at most this (log2 units) and skip rescaling O (0: only while it
     # does not grow)
     rescale_threshold: float = 0.0

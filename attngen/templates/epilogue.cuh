@@ -60,4 +60,53 @@ ATTNGEN_DEV_INLINE void store_rows(const AttngenFwdArgs& a, int b, int h, int QL
   }
 }
 
+// stmatrix (sm_90): four 8 x 8 matrices of 16-bit elements from registers (each thread holding row lane / 4,
+// columns 2 (lane % 4) and + 1 of matrix i in r[i], the mma accumulator layout) to shared memory, lane L giving the
+// address of row L % 8 of matrix L / 8.
+ATTNGEN_DEV_INLINE void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+// This warp's 16 rows (warp w of a warpgroup: rows 16 w .. 16 w + 15) of a warpgroup's 64-row accumulator fragment
+// o (N / 4 n8 chunks), row rh times inv[rh], into shared memory as tma_load_4d lays a box out (sm90_tma.cuh): column
+// c in 128-byte block c / 64 (blocks `BLOCK_BYTES` apart from `rows`, the warpgroup's first row in block 0), row r
+// at 128 r bytes, its 16-byte chunk (c % 64) / 8 at chunk ^ (r % 8); a 16 x 16 block per stmatrix (sm_90).
+template <typename Elem, int N, int BLOCK_BYTES>
+ATTNGEN_DEV_INLINE void stage_rows_sw128(uint32_t rows, const float (&o)[N], const float (&inv)[2], int warp,
+                                         int lane) {
+  static_assert(N % 8 == 0, "whole 16-column blocks");
+  const int m = lane >> 3;  // the matrix this lane addresses: rows + 8 (m & 1), chunk + (m >> 1)
+  const int r = lane & 7;   // its row in that matrix (the row's swizzle phase)
+  const uint32_t row_addr = rows + (uint32_t)(warp * 16 + (m & 1) * 8 + r) * 128u;
+#pragma unroll
+  for (int n = 0; n < N / 4; n += 2) {  // n8 chunks n and n + 1: one 128-byte block (n even)
+    const uint32_t v[4] = {pack2<Elem>(o[n * 4 + 0] * inv[0], o[n * 4 + 1] * inv[0]),
+                           pack2<Elem>(o[n * 4 + 2] * inv[1], o[n * 4 + 3] * inv[1]),
+                           pack2<Elem>(o[n * 4 + 4] * inv[0], o[n * 4 + 5] * inv[0]),
+                           pack2<Elem>(o[n * 4 + 6] * inv[1], o[n * 4 + 7] * inv[1])};
+    stmatrix_x4(row_addr + (n / 8) * BLOCK_BYTES + ((((n & 7) + (m >> 1)) ^ r) << 4), v);
+  }
+}
+
+// The LSE of this thread's rows (as store_rows writes it) and their O, normalised, staged by stage_rows_sw128 for a
+// TMA store of the warpgroup's rows.
+template <typename Elem, int N, int BLOCK_BYTES>
+ATTNGEN_DEV_INLINE void stage_rows(const AttngenFwdArgs& a, int b, int h, int QLEN, int row0, int tig, uint32_t rows,
+                                   int warp, int lane, const float (&o)[N], const float (&m)[2], const float (&l)[2],
+                                   float c, float o_scale = 1.f) {
+  const float sum[2] = {quad_sum(l[0]), quad_sum(l[1])};
+  const float inv[2] = {inv_or_zero(sum[0]) * o_scale, inv_or_zero(sum[1]) * o_scale};
+  stage_rows_sw128<Elem, N, BLOCK_BYTES>(rows, o, inv, warp, lane);
+  if (a.lse != nullptr && tig == 0) {
+    const long long lse_row0 = ((long long)b * a.Hq + h) * QLEN;
+#pragma unroll
+    for (int rh = 0; rh < 2; ++rh) {
+      const int row = row0 + rh * 8;
+      if (row < QLEN) a.lse[lse_row0 + row] = o_scale == o_scale ? row_lse(m[rh], c, sum[rh]) : o_scale;
+    }
+  }
+}
+
 }  // namespace attngen

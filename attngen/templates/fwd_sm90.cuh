@@ -259,6 +259,16 @@ __device__ __forceinline__ void step(const Consumer& c, int k_stage, uint32_t k_
 // wait for the epilogue, the next tile's set-up and its first Q K^T (tiles.py says why it is off by default).
 constexpr bool CROSS_ACTIVE = CROSS_TILE && OVERLAP && PERSISTENT && QBUFS == 2;  // the switch where it applies
 
+// O_STAGED: the epilogue writes O into its work tile's Q buffer (each consumer its own 64 rows, which its wgmmas no
+// longer read) and one thread per consumer stores it with TMA, so the consumers leave a tile after a few shared-memory
+// stores rather than a row's worth of global stores per thread. That thread hands the buffer back to the producer
+// once the store has read it: after the next tile's first Q K^T where the producer refills it only for the tile after
+// next (two Q buffers), at once where it refills it for the next (O_STAGED_WAIT: one Q buffer on the persistent
+// grid). O as wide as Q only (not FP8), and not with CROSS_TILE (its epilogue runs under the next tile's Q K^T).
+constexpr bool O_STAGED_ACTIVE = O_STAGED && !CROSS_ACTIVE && sizeof(OutElem) == sizeof(Elem);
+constexpr bool O_STAGED_WAIT = O_STAGED_ACTIVE && PERSISTENT && QBUFS == 1;
+constexpr uint32_t BAR_O_STAGED = BAR_SCHEDULE + NUM_CONSUMERS;  // + consumer index: its rows of O staged
+
 // The last P V of a tile (slot v_stage) and the next tile's first Q K^T (its Q buffer in c_next, K slot k_stage,
 // kv tile jn) in one turn, which waits for that Q and K while it holds the turn; then, with P V complete,
 // `epilogue` under the Q K^T; then the next tile's scores and softmax from fresh statistics (O zeroed), P packed.
@@ -298,7 +308,7 @@ __device__ __forceinline__ void cross_step(const Consumer& c, const Consumer& c_
 }
 
 // The consumer warpgroup wg's work: every work tile the producer announces (or this CTA's one tile).
-__device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm, int wg) {
+__device__ __forceinline__ void consume(const AttngenFwdArgs& a, const CUtensorMap* tm_o, const Smem& sm, int wg) {
   const int cw = wg - 1;
   const int tid = (int)threadIdx.x - 128 * wg;    // thread in the warpgroup
   const int lane = tid & 31;
@@ -366,6 +376,18 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
     }
   };
 
+  // O_STAGED_ACTIVE: the Q buffer whose O store this consumer's thread 0 issued and has not yet handed back (-1: none)
+  int staged_qb = -1;
+  auto release_staged = [&]() {
+    if (O_STAGED_ACTIVE && staged_qb >= 0) {
+      if (tid == 0) {
+        bulk_wait_read<0>();
+        mbar_arrive(sm.bar_q_empty(staged_qb));
+      }
+      staged_qb = -1;
+    }
+  };
+
   int wt = PERSISTENT ? sm.mailbox().receive(n & 1u) : (int)blockIdx.x;
   if (wt >= 0) take(wt);
   bool primed = false;  // the tile's first Q K^T is done, its P packed (cross_step did it)
@@ -379,6 +401,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
       j = first_kv_tile();
       if (OVERLAP && j < tr.j_end) step<true, false>(c, stage, phase, stage, phase, j, tr.f_lo, tr.f_hi, w, r);
     }
+    release_staged();  // the last tile's O store has long read its Q buffer by now
     const bool has_kv = j < tr.j_end;  // the tile visits a kv tile (else its rows are fully masked)
     if (OVERLAP) {
       if (has_kv) {
@@ -402,8 +425,9 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
       }
     }
     // Every Q K^T of this tile is complete: the producer may refill its Q buffer (with two buffers, for the tile
-    // after next), under this tile's last P V where one is pending.
-    if (lane == 0) mbar_arrive(sm.bar_q_empty(qb));
+    // after next), under this tile's last P V where one is pending; with O_STAGED_ACTIVE, warp 0's arrival waits
+    // for the O store out of it (release_staged).
+    if (lane == 0 && !(O_STAGED_ACTIVE && wq == 0)) mbar_arrive(sm.bar_q_empty(qb));
 
     // Epilogue: O straight from registers to global memory (staging it through shared memory would need
     // the Q buffer, which the producer is already refilling for the next tile, or 32 KB more). P's offset
@@ -417,8 +441,28 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
       escale *= unscale;
     }
     const float efactor = raw_score_factor(tile_scale, C, hc);
-    const int eb = t.b, eh = t.h, erow = i * BQ + r0;
-    auto epilogue = [&]() { store_rows<OutElem>(a, eb, eh, a.Lq, erow, tig, o, m, l, efactor, escale); };
+    const int eb = t.b, eh = t.h, erow = i * BQ + r0, ewg_row = i * BQ + cw * 64, eqb = qb;
+    auto epilogue = [&]() {
+      if constexpr (O_STAGED_ACTIVE) {
+        const uint32_t rows = sm.q(eqb) + cw * 64 * 128;  // this consumer's rows of the tile's Q buffer
+        stage_rows<OutElem, NO, Q_BLOCK_BYTES>(a, eb, eh, a.Lq, erow, tig, rows, wq, lane, o, m, l, efactor, escale);
+        fence_proxy_async_smem();  // generic stores, read by the TMA store (the async proxy)
+        named_bar_sync(BAR_O_STAGED + cw, 128);
+        if (tid == 0) {
+#pragma unroll
+          for (int db = 0; db < DB; ++db)
+            tma_store_4d(tm_o, rows + db * Q_BLOCK_BYTES, db * ROW_ELEMS, ewg_row, eh, eb);  // rows past Lq dropped
+          bulk_commit();
+          if constexpr (O_STAGED_WAIT) {
+            bulk_wait_read<0>();
+            mbar_arrive(sm.bar_q_empty(eqb));
+          }
+        }
+        if constexpr (!O_STAGED_WAIT) staged_qb = eqb;
+      } else {
+        store_rows<OutElem>(a, eb, eh, a.Lq, erow, tig, o, m, l, efactor, escale);
+      }
+    };
 
     const Consumer c_done = c;  // this tile's Q buffer (`take` replaces c's)
     if constexpr (CROSS_ACTIVE) {  // the next tile taken before this one's last P V
@@ -451,6 +495,8 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
     }
     primed = false;
   }
+  // The last O store must be complete before the CTA exits.
+  if (O_STAGED_ACTIVE && tid == 0) bulk_wait_all();
   // Consumer 1's initial pass left one extra arrival on consumer 0's barrier: consume it, so that every
   // named barrier is balanced when the CTA exits.
   if (PINGPONG && cw == 0) named_bar_sync(BAR_SCHEDULE + 0, 256);
@@ -459,7 +505,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const Smem& sm,
 __global__ void __launch_bounds__(NTHREADS, 1)
     attngen_fwd_kernel(const __grid_constant__ AttngenFwdArgs a, const __grid_constant__ CUtensorMap tm_q,
                        const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
-                       unsigned int* tile_counter, int heads_per_kv /* Hq / Hkv, from the host: one division
+                       const __grid_constant__ CUtensorMap tm_o, unsigned int* tile_counter, int heads_per_kv /* Hq / Hkv, from the host: one division
                        less for the 24-register producer, which spilled its hoisted quotient */) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // The runtime only promises 16-byte alignment of dynamic shared memory: align by hand.
@@ -491,7 +537,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     return;
   }
   setmaxnreg_inc<CONSUMER_REGS>();
-  consume(a, sm, wg);
+  consume(a, &tm_o, sm, wg);
 }
 
 // ------------------------------------------------------------------------------------------- host side
@@ -515,6 +561,12 @@ int launch(const AttngenFwdArgs& a, cudaStream_t stream) {
   CUtensorMap tm_q, tm_k, tm_v;
   const int rc = tma_encode_qkv(a, kDtypeCode, D, BQ, BK, FP8 ? VT_COLS : 0, tm_q, tm_k, tm_v);
   if (rc != 0) return rc;
+  CUtensorMap tm_o = {};  // O_STAGED_ACTIVE: boxes of one consumer's 64 rows
+  if constexpr (O_STAGED_ACTIVE) {
+    static thread_local TmaMapMemo memo_o;
+    if (tma_encode_bhld_memo(memo_o, &tm_o, a.o, kDtypeCode, D, a.B, a.Hq, a.Lq, a.o_stride, 64) != CUDA_SUCCESS)
+      return ATTNGEN_ERROR_SM90_TMA_LAYOUT;
+  }
 
   // One CTA per SM walking work tiles (PERSISTENT, up to PERSISTENT_MAX_KV kv rows when that is set), or
   // one CTA per work tile.
@@ -525,7 +577,7 @@ int launch(const AttngenFwdArgs& a, cudaStream_t stream) {
   // A grid of one CTA per tile has nothing left to take: it needs no counter.
   unsigned int* counter = persistent && ctas < tiles ? counter_for_launch(dev, stream) : nullptr;
   return (int)launch_kernel(PDL, attngen_fwd_kernel, dim3((unsigned)ctas), dim3(NTHREADS), SMEM_BYTES, stream, a, tm_q,
-                            tm_k, tm_v, counter, a.Hq / a.Hkv);
+                            tm_k, tm_v, tm_o, counter, a.Hq / a.Hkv);
 }
 
 }  // namespace

@@ -37,6 +37,10 @@ GPU_ALT = {
     # a tile's epilogue under the next tile's first Q K^T (hd 256 has one Q buffer: the switch does nothing there)
     "cross": {hd: replace(SM90_TILES[hd], persistent=True, cross_tile=True) for hd in (64, 128)},
     "cross_nopp": {hd: replace(SM90_TILES[hd], persistent=True, cross_tile=True, pingpong=False) for hd in (64, 128)},
+    # O stored from registers by every thread (the default stages it in the tile's Q buffer for a TMA store), on the
+    # persistent grid and with one CTA per work tile
+    "o_registers": {hd: replace(SM90_TILES[hd], persistent=True, o_staged=False) for hd in GPU_HEAD_DIMS},
+    "o_registers_single": {hd: replace(SM90_TILES[hd], o_staged=False) for hd in GPU_HEAD_DIMS},
     "rescale_on_growth": {hd: replace(SM90_TILES[hd], rescale_threshold=0.0) for hd in GPU_HEAD_DIMS},
     "pinned": {hd: replace(SM90_TILES[hd], pingpong=False, pin_softmax=True) for hd in GPU_HEAD_DIMS},
     "wide": {hd: tiles.SM90_WIDE.get(hd, SM90_TILES[hd]) for hd in GPU_HEAD_DIMS},  # hd128: (176, 2)
@@ -139,6 +143,9 @@ def test_gpu_template_paths(sm90_build, alt, hd):
         # and a masked variant whose tiles' kv walks differ in length, across tiles (cross_tile's hand-over)
         ref.run_case(libs_alt, "alibi_doc", torch.bfloat16, hd, B=2, Hq=12, Hkv=4, Lq=1100, Lk=1300, q_offset=200,
                      seed=6)
+    # O's TMA map (or its rows from registers) with q, k, v in a (B, L, H, D) layout, Lq not a multiple of 64: the
+    # rows past Lq (the canaries) are never written
+    ref.run_case(libs_alt, "causal", torch.bfloat16, hd, B=3, Hq=8, Hkv=1, Lq=150, Lk=150, layout="blhd")
 
 
 def test_gpu_empty_kv_and_side_stream(libs):
