@@ -498,6 +498,7 @@ def test_o_staged_for_a_tma_store_where_it_applies(nvcc_path, tmp_path):
         stores = ptx.stdout.count("cp.async.bulk.tensor.4d.global.shared::cta")
         assert (ptx.stdout.count("stmatrix.sync.aligned.m8n8.x4") > 0) == staged, name
         assert (stores > 0) == staged, name
-        if staged:  # every store done before the CTA exits; on the persistent grid, its reads before the buffer goes back
+        # every store complete before the CTA exits; on the persistent grid, its reads before the buffer goes back
+        if staged:
             assert "cp.async.bulk.wait_group 0" in ptx.stdout, name
             assert ("cp.async.bulk.wait_group.read 0" in ptx.stdout) == t.persistent, name

@@ -429,10 +429,10 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const CUtensorM
     // for the O store out of it (release_staged).
     if (lane == 0 && !(O_STAGED_ACTIVE && wq == 0)) mbar_arrive(sm.bar_q_empty(qb));
 
-    // Epilogue: O straight from registers to global memory (staging it through shared memory would need
-    // the Q buffer, which the producer is already refilling for the next tile, or 32 KB more). P's offset
-    // leaves the sums 2^P_OFFSET too large: l and O's factor scaled back exactly, for the LSE. m and l stay
-    // this tile's until the epilogue has run; the rest of its context is copied (`take` replaces it).
+    // Epilogue: O staged in this tile's Q buffer for a TMA store (O_STAGED_ACTIVE), else straight from registers
+    // to global memory. P's offset leaves the sums 2^P_OFFSET too large: l and O's factor scaled back exactly, for
+    // the LSE. m and l stay this tile's until the epilogue has run; the rest of its context is copied (`take`
+    // replaces it).
     float escale = o_scale;
     if constexpr (P_OFFSET != 0) {
       constexpr float unscale = 1.f / (float)(1 << P_OFFSET);
@@ -505,8 +505,9 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const CUtensorM
 __global__ void __launch_bounds__(NTHREADS, 1)
     attngen_fwd_kernel(const __grid_constant__ AttngenFwdArgs a, const __grid_constant__ CUtensorMap tm_q,
                        const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
-                       const __grid_constant__ CUtensorMap tm_o, unsigned int* tile_counter, int heads_per_kv /* Hq / Hkv, from the host: one division
-                       less for the 24-register producer, which spilled its hoisted quotient */) {
+                       const __grid_constant__ CUtensorMap tm_o, unsigned int* tile_counter,
+                       int heads_per_kv /* Hq / Hkv, from the host: one division less for the 24-register producer,
+                       which spilled its hoisted quotient */) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // The runtime only promises 16-byte alignment of dynamic shared memory: align by hand.
   const Smem sm{(smem_addr(smem_raw) + 1023u) & ~1023u};

@@ -67,7 +67,8 @@ __device__ __forceinline__ void tma_load_4d(uint32_t smem_dst, const CUtensorMap
 // Bulk tensor copy of one box from shared memory at `smem_src` (laid out as tma_load_4d writes it) to the tensor at
 // coordinates (c0, c1, c2, c3), in this thread's bulk async-group (commit with bulk_commit; bulk_wait_read before
 // the source is written again). Box elements outside the tensor are not written.
-__device__ __forceinline__ void tma_store_4d(const CUtensorMap* tmap, uint32_t smem_src, int c0, int c1, int c2, int c3) {
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* tmap, uint32_t smem_src, int c0, int c1, int c2,
+                                             int c3) {
   asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
                    reinterpret_cast<uint64_t>(tmap)),
                "r"(smem_src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
