@@ -502,3 +502,22 @@ def test_o_staged_for_a_tma_store_where_it_applies(nvcc_path, tmp_path):
         if staged:
             assert "cp.async.bulk.wait_group 0" in ptx.stdout, name
             assert ("cp.async.bulk.wait_group.read 0" in ptx.stdout) == t.persistent, name
+
+
+@pytest.mark.requires_nvcc
+def test_union_mask_forward_builds_clean_on_its_first_rung(tmp_path):
+    """A union mask (prefix-LM: causal or a prefix, two kv parts) orders its work tiles at run time: thread 0 writes
+    the order to shared memory before the roles split and the producer reads it once per work tile (fwd_sm90.cuh
+    ascending_order). Computed in the producer, its two walk estimates stayed live through the first announce and
+    spilled from its 24 registers, so the build tried every rung of the ladder (all spilling) before taking the
+    first."""
+    import attngen
+    from attngen.jit.spec import build_first_without_spills
+
+    attn = attngen.compile(mask_mod=attngen.variants.prefix_lm(2048))
+    spec = attn.spec(torch.bfloat16, 128, "sm_90a", "sm90")
+    ladder = spec.tile_choices()
+    inc = spec.variant_inc()
+    assert "#define ATTNGEN_KV_PARTS 2" in inc
+    chosen, spill = build_first_without_spills(tmp_path, inc, torch.bfloat16, 128, "sm_90a", ladder)
+    assert (chosen, spill) == (ladder[0], 0)

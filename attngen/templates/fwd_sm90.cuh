@@ -38,7 +38,14 @@ using namespace attngen;
 
 // Whether the work tiles go out in ascending q-block order: a union mask whose first q-block visits more kv
 // tiles than its last (global query tokens: q < G keeps every key) would otherwise hand out its longest
-// tiles last. Decided once per CTA, by each role after setmaxnreg, on batch 0 / head 0's ranges.
+// tiles last. Decided once per CTA on batch 0 / head 0's ranges, by thread 0 before the roles split, into shared
+// memory (Smem::order), where each role reads it (ascending_order): the producer once per work tile, since a value
+// kept through its loop (or the two estimates, which ptxas kept instead) spills from its 24 registers.
+#if ATTNGEN_HAS_MASK && ATTNGEN_KV_PARTS
+constexpr bool ORDER_AT_RUN_TIME = true;
+#else
+constexpr bool ORDER_AT_RUN_TIME = false;
+#endif
 __device__ __forceinline__ bool ascending_q_blocks(const AttngenFwdArgs& a) {
 #if ATTNGEN_HAS_MASK && ATTNGEN_KV_PARTS
   TileArgs t;
@@ -52,6 +59,12 @@ __device__ __forceinline__ bool ascending_q_blocks(const AttngenFwdArgs& a) {
 #else
   return false;
 #endif
+}
+__device__ __forceinline__ bool ascending_order(const Smem& sm) {
+  if constexpr (!ORDER_AT_RUN_TIME) return false;
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(sm.order()) : "memory");
+  return v != 0u;
 }
 
 // FP8: the position of kv column `col` of a 16-column group in V^T, where pack_a_frags (sm90_wgmma.cuh) puts its
@@ -91,12 +104,11 @@ __device__ __forceinline__ void produce(const AttngenFwdArgs& a, const CUtensorM
   uint32_t phase = 0;  // the ring carries on from work tile to work tile
   uint32_t n = 0;      // work tiles announced so far (the mailbox's and the Q buffers' phases)
   int w = (int)blockIdx.x;  // every CTA's first tile (a persistent grid has at most one CTA per tile)
-  const bool ascending = ascending_q_blocks(a);
   while (true) {
     if (PERSISTENT) sm.mailbox().announce(w, n & 1u);
     if (w < 0) break;
     int i;
-    const TileArgs t = tile_args<BQ>(a, w, i, ascending);
+    const TileArgs t = tile_args<BQ>(a, w, i, ascending_order(sm));
     const KvRange r = kv_range<BQ, BK>(C, t, i);
     const int qb = q_buffer(n);
     mbar_wait(sm.bar_q_empty(qb), q_parity(n) ^ 1u);
@@ -321,7 +333,7 @@ __device__ __forceinline__ void consume(const AttngenFwdArgs& a, const CUtensorM
   int stage = 0;
   uint32_t phase = 0;  // the ring carries on from work tile to work tile
   uint32_t n = 0;      // work tiles received so far (the mailbox's and the Q buffers' phases)
-  const bool ascending = ascending_q_blocks(a);
+  const bool ascending = ascending_order(sm);
   if (PINGPONG && cw == 1) named_bar_arrive(BAR_SCHEDULE + 0, 256);  // consumer 0 takes the first turn
 
   // The work tile in hand: set up by `take`, which CROSS_ACTIVE calls for the next tile before this one's epilogue.
@@ -525,6 +537,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     mbar_init(sm.mailbox().full, 1);                    // the producer wrote the tile id
     mbar_init(sm.mailbox().empty, 128 * NUM_CONSUMERS);  // every consumer thread has read it
     mbar_fence_init();
+    if constexpr (ORDER_AT_RUN_TIME)
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.order()), "r"(ascending_q_blocks(a) ? 1u : 0u) : "memory");
   }
   pdl_launch_dependents<PDL>();
   pdl_wait<PDL>();  // PDL: launched while the kernel ahead (a V^T copy, a previous call) drains

@@ -47,7 +47,7 @@ constexpr int KSTEPS_PV = BK * (int)sizeof(Elem) / KSTEP_BYTES;  // k steps of P
 // Shared memory (offsets from a 1024-byte aligned base; every tile is a multiple of 1024 bytes, so every
 // 8-row swizzle atom is aligned as the descriptors' base offset 0 requires):
 //   Q [QBUFS][DB][BQ][128 B] | K [STAGES][DB][BK][128 B] | V [STAGES][DB][BK][128 B] | relative terms | mbarriers
-//   | tile id
+//   | tile id | work-tile order (fwd_sm90.cuh ascending_order)
 // (FP8's V^T in the V slots: [STAGES][BK / VT_COLS][D][VT_COLS B].)
 // A relative score mod whose b is not linear in d (REL_STAGE) has each consumer warp stage its tile's BK + 15
 // diagonals' terms in REL_SLOTS slots of its own (score_mask.cuh, stage_rel_terms), where they fit
@@ -72,7 +72,7 @@ constexpr int OFF_BAR = OFF_REL + REL_BYTES;
 // Q full, Q empty per Q buffer; K full, V full, K empty, V empty per stage; tile id full, tile id empty
 constexpr int NUM_MBARS = 2 * QBUFS + 4 * STAGES + 2;
 constexpr int OFF_TILE_ID = OFF_BAR + NUM_MBARS * 8;
-constexpr int SMEM_BYTES = 1024 /* alignment slack */ + OFF_TILE_ID + 8;
+constexpr int SMEM_BYTES = 1024 /* alignment slack */ + OFF_TILE_ID + 8;  // tile id, order
 static_assert(SMEM_BYTES == smem_bytes_for(QBUFS, REL_BYTES), "layout and its size formula agree");
 
 constexpr uint32_t BAR_SCHEDULE = 1;  // named barrier (0 is __syncthreads) + consumer index: its turn
@@ -112,6 +112,7 @@ struct Smem {
   __device__ uint32_t full_v(int st) const { return bar(2 * QBUFS + STAGES + st); }
   __device__ uint32_t empty_k(int st) const { return bar(2 * QBUFS + 2 * STAGES + st); }
   __device__ uint32_t empty_v(int st) const { return bar(2 * QBUFS + 3 * STAGES + st); }
+  __device__ uint32_t order() const { return base + OFF_TILE_ID + 4; }  // 1: q-blocks in ascending order
   __device__ TileMailbox mailbox() const {
     return {base + OFF_TILE_ID, bar(2 * QBUFS + 4 * STAGES), bar(2 * QBUFS + 4 * STAGES) + 8u};
   }
