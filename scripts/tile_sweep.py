@@ -39,7 +39,7 @@ def parse_tiles(spec):
     # 128x2, 128x2-nopp (no pingpong), 128x2-noov (no intra-warpgroup overlap), 128x2-pers (persistent),
     # 128x2-pers4096 (persistent grid up to 4096 kv rows), 128x2-rt8 (conditional rescale, threshold 8),
     # 128x2-pers-cross (a tile's epilogue under the next tile's first Q K^T), 128x2-pers-ost (O stored with TMA from
-    # the tile's Q buffer)
+    # the tile's Q buffer, as the shipped rungs do; without -ost: O from registers)
     bk, rest = spec.split("x", 1)
     st, *flags = rest.split("-")
     pers = [f for f in flags if re.fullmatch(r"pers\d*", f)]
