@@ -90,6 +90,10 @@ def test_sm90_backward_family_and_tiles():
                                  kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
     assert "constexpr bool SPLIT_PROBS = 1;" in text and "constexpr bool DK_LAST = 1;" in text
     assert "constexpr bool DK_LAST = 0;" in src
+    assert "constexpr bool DKV_STAGED = 0;" in src  # dK and dV from registers unless asked for
+    staged = dataclasses.replace(tiles.SM90_BWD_TILES[64], dkv_staged=True)
+    assert "constexpr bool DKV_STAGED = 1;" in render.render_sources(
+        "", torch.float16, 64, "sm_90a", tiles=staged, kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
     # the walk's rotation: off unless asked for, and bounded
     assert "constexpr int WALK_SHIFT = 0;" in src
     shifted = dataclasses.replace(tiles.SM90_BWD_TILES[64], walk_shift=2)
@@ -359,3 +363,32 @@ def test_transposed_predicates_match_block_predicates(tmp_path):
                     assert max(lo, 0) <= ii < min(hi, nqb), f"seed {seed}: {n}: tile ({ii}, {jj}) kept but out of range"
                 if flo <= ii < fhi:
                     assert cls[ii, jj] == 2, f"seed {seed}: {n}: tile ({ii}, {jj}) in the FULL range but not full"
+
+
+@pytest.mark.requires_nvcc
+@pytest.mark.parametrize("hd", [64, 128])
+def test_sm90_backward_stages_kv_grads_for_tma_stores(tmp_path, hd):
+    """Sm90BwdTiles.dkv_staged: dK and dV leave through shared memory (stmatrix) and one TMA store per 64 columns of
+    each, the last tile's stores waited for before the CTA exits; without it every thread stores from registers.
+    Causal's split rung builds without spills either way."""
+    from attngen.jit.spec import build_first_without_spills
+    from attngen.jit.toolchain import find_nvcc
+
+    spec = attngen.compile(causal=True).spec(torch.bfloat16, hd, "sm_90a", kernel=SM90_BWD_KERNEL)
+    first = spec.tile_choices()[0]
+    waits = {}
+    for staged in (False, True):
+        t = dataclasses.replace(first, dkv_staged=staged)
+        d = tmp_path / f"staged{int(staged)}"
+        chosen, spill = build_first_without_spills(d, spec.variant_inc(), torch.bfloat16, hd, "sm_90a", (t,),
+                                                   kernel=SM90_BWD_KERNEL)
+        assert (chosen, spill) == (t, 0)
+        ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
+                              str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True,
+                             check=True).stdout
+        stores = ptx.count("cp.async.bulk.tensor.4d.global.shared::cta")
+        assert stores == (2 * hd // 64 if staged else 0), stores
+        assert ("stmatrix.sync.aligned.m8n8.x4" in ptx) == staged
+        waits[staged] = (ptx.count("cp.async.bulk.wait_group 0;"), ptx.count("cp.async.bulk.wait_group.read 0;"))
+    # the staged kernel waits once more for its stores' completion (at exit) and for their reads (the next tile)
+    assert waits[True][0] > waits[False][0] and waits[True][1] > waits[False][1], waits

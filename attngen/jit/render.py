@@ -107,7 +107,8 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
                       producer_regs=t.producer_regs, consumer_regs=t.consumer_regs, walk_shift=t.walk_shift,
                       persistent=int(t.persistent), sections=int(t.sections), order=int(t.order),
                       dq_init=t.dq_init, rel_walk=int(t.rel_walk), rel_stage=int(t.rel_stage), pdl=int(t.pdl),
-                      split_probs=int(t.split_probs), dk_last=int(t.dk_last), arch_number=90)
+                      split_probs=int(t.split_probs), dk_last=int(t.dk_last), dkv_staged=int(t.dkv_staged),
+                      arch_number=90)
         text = _render(BWD_KERNEL_TEMPLATE, template_dir, **params)
         return {BWD_KERNEL_SOURCE: text, VARIANT_INCLUDE: variant_inc, **headers(template_dir)}
     if kernel == "sm90":

@@ -175,6 +175,11 @@ class Sm90BwdTiles:
     # with split_probs: dK += dS^T Q issued after dQ = dS K, so that dQ is staged while dK's product runs (FA3's order;
     # off: no effect out of the run's spread on the window, docs/performance.md)
     dk_last: bool = False
+    # a work tile's dK and dV staged in shared memory (dK in the consumer's rows of the two dS^T buffers, dV in its
+    # staged-dQ buffer at head dim 128, in the second dS^T buffer at 64) and stored with TMA by one thread per
+    # consumer, the next tile's first dS^T and dQ writes waiting for the stores to have read them (False: every
+    # thread stores its rows from registers; not yet measured on a GPU, docs/performance.md)
+    dkv_staged: bool = False
 
     def __post_init__(self):
         if self.dq_init not in (0, 1):

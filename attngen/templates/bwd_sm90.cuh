@@ -32,6 +32,7 @@
 #include "bwd_dq.cuh"
 #include "bwd_probs.cuh"
 #include "bwd_pre.cuh"
+#include "epilogue.cuh"  // stage_rows_sw128
 #include "host_abi_bwd.cuh"
 
 namespace {
@@ -318,8 +319,42 @@ constexpr bool kSplitProbs = SPLIT_PROBS && !ATTNGEN_HAS_SCORE_MOD && kGradSites
 // DK_LAST (with the split): dK's product issued after dQ's, and dQ staged while it runs.
 constexpr bool kDkLast = kSplitProbs && DK_LAST;
 
+// DKV_STAGED: this consumer's rows of a finished dK (times `scale`) and dV in shared memory as TMA boxes of 64 kv
+// rows: dK in its rows of the two dS^T buffers (free once both consumers' walks are over: at head dim 128 the other's dQ
+// products read them), dV in the second at head dim 64, else in its staged-dQ buffer (free once its writer has read
+// the last dQ, `dq_empty` at parity `dq_parity`); then one thread stores them. The next tile's first dS^T and dQ writes
+// wait for those stores to have read them (the caller's `staged`).
+__device__ __forceinline__ void stage_kv_grads(const AttngenBwdArgs& a, const CUtensorMap* tm_dk,
+                                               const CUtensorMap* tm_dv, const BwdSmem& sm, const BwdCta& e, int cw,
+                                               int tid, uint32_t dq_parity, const float (&dk)[NKV],
+                                               const float (&dv)[NKV]) {
+  const int wq = tid >> 5, lane = tid & 31;
+  named_bar_sync(BAR_WALKS_DONE, 128 * NUM_CONSUMERS);
+  const uint32_t rows_k = sm.ds(0) + (uint32_t)(cw * 64 * 128);
+  const float fk[2] = {a.scale, a.scale}, fv[2] = {1.f, 1.f};
+  stage_rows_sw128<Elem, NKV, DS_BYTES>(rows_k, dk, fk, wq, lane);
+  uint32_t rows_v = sm.ds(1) + (uint32_t)(cw * 64 * 128);
+  if constexpr (D != 64) {
+    mbar_wait(sm.dq_empty(cw), dq_parity);
+    rows_v = sm.dq(cw);
+  }
+  stage_rows_sw128<Elem, NKV, 64 * 128>(rows_v, dv, fv, wq, lane);
+  fence_proxy_async_smem();  // generic stores, read by the TMA stores (the async proxy)
+  named_bar_sync(BAR_DKV + cw, 128);
+  if (tid == 0) {
+    const int row = e.j * BK + cw * 64;  // rows past Lk are dropped by the maps
+#pragma unroll
+    for (int db = 0; db < DB; ++db) {
+      tma_store_4d(tm_dk, rows_k + (uint32_t)(db * DS_BYTES), db * 64, row, e.kvh, e.b);
+      tma_store_4d(tm_dv, rows_v + (uint32_t)(db * 64 * 128), db * 64, row, e.kvh, e.b);
+    }
+    bulk_commit();
+  }
+}
+
 // The consumer warpgroup wg's 64 kv rows through every visited q-block, then its rows of dK and dV.
-__device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& sm, int wg) {
+__device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorMap* tm_dk, const CUtensorMap* tm_dv,
+                                        const BwdSmem& sm, int wg) {
   const int cw = wg - 1;
   const int tid = (int)threadIdx.x - 128 * wg;
   const int lane = tid & 31;
@@ -358,6 +393,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
   // q-blocks done over the CTA's tiles: the ring slot (n % STAGES, its phase n / STAGES % 2), the dS^T buffer and the
   // staged dQ's hand-over parity (n % 2), all from one register
   uint32_t n = 0;
+  bool staged = false;  // DKV_STAGED: the last tile's dK / dV stores may still read shared memory
   for (int turn = 0;; ++turn) {  // the CTA's work tiles, as the tile loader names them
     mbar_wait(sm.bar_kv(), (uint32_t)turn & 1u);
     // the tile's fields, read once: the same in every thread, so ptxas keeps them in uniform registers as it does
@@ -365,6 +401,11 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
     // on every step's path)
     const BwdCta c = take_tile(a, sm.tile(turn));
     if (c.j < 0) break;
+    if (DKV_STAGED && staged) {  // before this tile writes its dS^T rows and staged dQ
+      if (tid == 0) bulk_wait_read<0>();
+      named_bar_sync(BAR_DKV + cw, 128);
+      staged = false;
+    }
     float dk[NKV], dv[NKV];
 #pragma unroll
     for (int x = 0; x < NKV; ++x) dk[x] = dv[x] = 0.f;
@@ -508,10 +549,16 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
     // the fields again from the slot (the loader names the next tile in the other), so that none is held across the
     // walk for the stores
     const BwdCta e = take_tile(a, sm.tile(turn));
-    const int kv_row = e.j * BK + cw * 64 + r0;
-    store_kv_grad(a.dk, a.dk_stride, e.b, e.kvh, kv_row, a.Lk, dk, scale, tig);
-    store_kv_grad(a.dv, a.dv_stride, e.b, e.kvh, kv_row, a.Lk, dv, 1.f, tig);
+    if constexpr (DKV_STAGED) {
+      stage_kv_grads(a, tm_dk, tm_dv, sm, e, cw, tid, (n & 1u) ^ 1u, dk, dv);
+      staged = true;
+    } else {
+      const int kv_row = e.j * BK + cw * 64 + r0;
+      store_kv_grad(a.dk, a.dk_stride, e.b, e.kvh, kv_row, a.Lk, dk, scale, tig);
+      store_kv_grad(a.dv, a.dv_stride, e.b, e.kvh, kv_row, a.Lk, dv, 1.f, tig);
+    }
   }
+  if (DKV_STAGED && tid == 0) bulk_wait_all();  // the last tile's stores complete before the CTA exits
   // the walks are over: once the writer has taken the last staged dQ, it stops
   mbar_wait(sm.dq_empty(cw), (n & 1u) ^ 1u);
   if (lane == 0) mbar_arrive(sm.dq_done(cw));
@@ -520,7 +567,8 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const BwdSmem& 
 __global__ void __launch_bounds__(NTHREADS, 1)
     attngen_bwd_kernel(const __grid_constant__ AttngenBwdArgs a, const __grid_constant__ CUtensorMap tm_q,
                        const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_k,
-                       const __grid_constant__ CUtensorMap tm_v) {
+                       const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_dk,
+                       const __grid_constant__ CUtensorMap tm_dv) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // The runtime only promises 16-byte alignment of dynamic shared memory: align by hand.
   const uint32_t raw = smem_addr(smem_raw);
@@ -558,7 +606,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     return;
   }
   setmaxnreg_inc<CONSUMER_REGS>();
-  consume(a, sm, wg);
+  consume(a, &tm_dk, &tm_dv, sm, wg);
 }
 
 // ------------------------------------------------------------------------------------------- host side
@@ -582,12 +630,19 @@ int launch_bwd(const AttngenBwdArgs& call, cudaStream_t stream) {
       tma_encode_bhld_memo(memo_k, &tm_k, a.k, kDtypeCode, D, a.B, a.Hkv, a.Lk, a.k_stride, BK) != CUDA_SUCCESS ||
       tma_encode_bhld_memo(memo_v, &tm_v, a.v, kDtypeCode, D, a.B, a.Hkv, a.Lk, a.v_stride, BK) != CUDA_SUCCESS)
     return ATTNGEN_ERROR_SM90_TMA_LAYOUT;
+  CUtensorMap tm_dk = {}, tm_dv = {};  // DKV_STAGED: boxes of one consumer's 64 kv rows
+  if constexpr (DKV_STAGED) {
+    static thread_local TmaMapMemo memo_dk, memo_dv;
+    if (tma_encode_bhld_memo(memo_dk, &tm_dk, a.dk, kDtypeCode, D, a.B, a.Hkv, a.Lk, a.dk_stride, 64) != CUDA_SUCCESS ||
+        tma_encode_bhld_memo(memo_dv, &tm_dv, a.dv, kDtypeCode, D, a.B, a.Hkv, a.Lk, a.dv_stride, 64) != CUDA_SUCCESS)
+      return ATTNGEN_ERROR_SM90_TMA_LAYOUT;
+  }
   cudaError_t rc = launch_bwd_pre<OrderSection>(a, BQ, stream, PDL, ordered_walks(a) ? order_sections(a) : 0);
   const int ntiles = num_work_tiles(a);
   if (rc == cudaSuccess && ntiles > 0) {
     const int grid = persistent_walks(a) ? min(ntiles, sms) : ntiles;
     rc = launch_kernel(PDL, attngen_bwd_kernel, dim3(grid), dim3(NTHREADS), SMEM_BYTES, stream, a, tm_q, tm_do, tm_k,
-                       tm_v);
+                       tm_v, tm_dk, tm_dv);
   }
   const long long qblocks = (long long)a.B * a.Hq * ((a.Lq + BQ - 1) / BQ);
   if (rc == cudaSuccess && qblocks > 0)

@@ -72,9 +72,12 @@ constexpr int REL_WARP_BYTES = (REL_SLOTS * REL_SLOT_BYTES_T + 15) / 16 * 16;
 // K and V loaded; per stage: Q, dO, statistics loaded / released; per consumer: its staged dQ written / read, its
 // walk over; K and V read for the last time in a work tile; the work tile named
 constexpr int NUM_MBARS = 1 + 2 * STAGES + 3 * NUM_CONSUMERS + 2;
+// The staged dQ is 128-byte aligned for the bulk reductions; with DKV_STAGED it also holds dV at head dim 128, as
+// 128-byte swizzled boxes for a TMA store: 1024-byte aligned.
+constexpr int DQ_ALIGN = DKV_STAGED ? 1024 : 128;
 constexpr int smem_bytes_for(int rel_bytes) {
   return 1024 /* alignment slack */ +
-         (OFF_REL + rel_bytes + 16 * NUM_CONSUMERS + 64 + NUM_MBARS * 8 + 127) / 128 * 128 +
+         (OFF_REL + rel_bytes + 16 * NUM_CONSUMERS + 64 + NUM_MBARS * 8 + DQ_ALIGN - 1) / DQ_ALIGN * DQ_ALIGN +
          NUM_CONSUMERS * DQ_STAGE_BYTES;
 }
 constexpr int REL_BYTES_WANTED = REL_WALK && REL_STAGE && ATTNGEN_REL_STAGEABLE ? 4 * NUM_CONSUMERS * REL_WARP_BYTES : 0;
@@ -83,12 +86,14 @@ constexpr bool REL_STAGED = REL_BYTES > 0;
 constexpr int OFF_TURN = OFF_REL + REL_BYTES;  // each consumer's turn and dQ slot (16 B)
 constexpr int OFF_TILE = OFF_TURN + 16 * NUM_CONSUMERS;  // the work tile of the CTA's even / odd turns (8 ints each)
 constexpr int OFF_BAR = OFF_TILE + 64;
-constexpr int OFF_DQ = (OFF_BAR + NUM_MBARS * 8 + 127) / 128 * 128;  // the consumers' staged dQ
+constexpr int OFF_DQ = (OFF_BAR + NUM_MBARS * 8 + DQ_ALIGN - 1) / DQ_ALIGN * DQ_ALIGN;  // the consumers' staged dQ
 constexpr int SMEM_BYTES = 1024 /* alignment slack */ + OFF_DQ + NUM_CONSUMERS * DQ_STAGE_BYTES;
 static_assert(SMEM_BYTES == smem_bytes_for(REL_BYTES), "layout and its size formula agree");
 
 constexpr uint32_t BAR_DS = 1;  // named barrier (0 is __syncthreads): dS^T written (+ consumer index at D = 64)
 constexpr uint32_t BAR_BINS = 3;  // + consumer index: the gradient bins zeroed before the first tile
+constexpr uint32_t BAR_WALKS_DONE = 5;  // DKV_STAGED: both consumers' walks over (every dS^T read)
+constexpr uint32_t BAR_DKV = 6;  // + consumer index: DKV_STAGED's dK, dV staged, or their stores' reads done
 
 static_assert(sizeof(Elem) == 2, "16-bit inputs only");
 static_assert(attngen_head_dim_supported(D), "head dim: one of ATTNGEN_HEAD_DIMS");
@@ -101,6 +106,8 @@ static_assert(STATS_BYTES % 16 == 0 && (BQ * 4) % 16 == 0, "bulk copies move mul
 static_assert(OFF_STATS % 16 == 0 && OFF_TURN % 8 == 0 && OFF_TILE % 8 == 0 && OFF_BAR % 8 == 0,
               "alignment of the statistics, the slots and the mbarriers");
 static_assert(OFF_DQ % 16 == 0 && DQ_STAGE_BYTES % 16 == 0, "bulk reductions read 16-byte aligned sources");
+static_assert(!DKV_STAGED || (OFF_DS % 1024 == 0 && OFF_DQ % 1024 == 0 && DQ_STAGE_BYTES >= 64 * D * 2),
+              "DKV_STAGED: 1024-aligned boxes of 64 kv rows in the dS^T buffers and the staged dQ");
 static_assert(GRAD_ROWS == 64 && GRAD_ROWS + BQ - 1 <= GRAD_BINS, "a diagonal bin per diagonal of a consumer's tile");
 static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0 && DS_BYTES % 1024 == 0, "1024-aligned swizzle atoms");
 static_assert(SMEM_BYTES <= SMEM_LIMIT,

@@ -239,6 +239,27 @@ def test_dq_acc_starts_match_zeroing_in_the_preprocess(hd, monkeypatch):
     assert (dq.float() - dq0.float()).abs().max().item() <= 2 ** -7 * dq0.float().abs().max().item()
 
 
+@pytest.mark.requires_sm90
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("variant", ["causal", "window", "softcap_causal"])
+def test_staged_kv_grads_match_register_stores(hd, variant, monkeypatch):
+    """dK and dV staged in shared memory and stored with TMA (Sm90BwdTiles.dkv_staged) against every thread storing
+    its rows from registers: the same values written once, so dK and dV bit for bit, dQ within its fp32 additions'
+    order. More work tiles than SMs (a CTA's next tile waits for the last one's stores to have read its dS^T rows and
+    staged dQ), GQA, a last kv block past Lk (rows the maps drop), kv blocks past the last query (zero gradients), on
+    the split rung (causal, window) and the one pass (softcap)."""
+    make = {"causal": lambda: attngen.compile(causal=True),
+            "window": lambda: attngen.compile(window=700),
+            "softcap_causal": lambda: attngen.compile(softcap=30.0, causal=True)}[variant]
+    grads = _grads_per_setting(monkeypatch, hd, (2, 8, 4, 1500, 4450),
+                               {False: dict(dkv_staged=False), True: dict(dkv_staged=True)}, make, q_offset=2000)
+    (dq0, dk0, dv0), (dq, dk, dv) = grads[False], grads[True]
+    assert dk0.abs().max().item() > 0 and torch.isfinite(dq).all()
+    assert torch.equal(dk, dk0) and torch.equal(dv, dv0)
+    assert (dq.float() - dq0.float()).abs().max().item() <= 2 ** -7 * dq0.float().abs().max().item()
+    assert (dk[:, :, 3500:] == 0).all() and (dv[:, :, 3500:] == 0).all()  # past the last query (q_idx 3499)
+
+
 def _document_ids_mask(L):
     """Sorted document ids over L positions, about one document per 250."""
     ids = torch.cumsum(torch.rand(L, generator=torch.Generator().manual_seed(5)) < 0.004, 0).to(DEV)
