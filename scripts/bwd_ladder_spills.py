@@ -1,12 +1,14 @@
 """Spill bytes of the sm90 backward kernel at every rung of its ladder (jit/tiles.py sm90_bwd_ladder) for the
 training anchors: which register split (producer / consumers) each variant builds clean at, as ptxas reports it for
-the main kernel. No GPU needed (nvcc builds for sm_90a); one build per variant and rung.
+the main kernel. No GPU needed (nvcc builds for sm_90a); one build per variant and rung. `--set` replaces fields of
+every rung (jit.tiles.Sm90BwdTiles, bwd_tiles_ab.py's syntax: `--set dkv_staged=1`).
 
-    python scripts/bwd_ladder_spills.py [--variants causal full ...] [--head-dim 128]
+    python scripts/bwd_ladder_spills.py [--variants causal full ...] [--head-dim 128] [--set FIELD=VALUE,...]
 """
 import argparse
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -15,13 +17,16 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_forward as bf  # noqa: E402
 from bench_training import VARIANTS  # noqa: E402
+from tile_settings import setting_fields  # noqa: E402
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", nargs="+", default=VARIANTS)
     p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--set", default="", help="Sm90BwdTiles fields set on every rung, e.g. dkv_staged=1")
     args = p.parse_args(argv)
+    fields = setting_fields(args.set)
     with tempfile.TemporaryDirectory() as cache:
         import os
 
@@ -40,7 +45,7 @@ def main(argv=None):
             attn = attngen.compile(score_mod=score_mod, mask_mod=mask_mod)
             spec = attn.spec(torch.bfloat16, hd, "sm_90a", kernel=SM90_BWD_KERNEL)
             inc = spec.variant_inc()
-            ladder = sm90_bwd_ladder(hd, has_score_mod=spec.facts.has_score_mod)
+            ladder = tuple(replace(t, **fields) for t in sm90_bwd_ladder(hd, has_score_mod=spec.facts.has_score_mod))
             spills = []
             for rung in ladder:
                 with tempfile.TemporaryDirectory() as d:

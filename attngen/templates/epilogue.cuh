@@ -26,6 +26,12 @@ ATTNGEN_DEV_INLINE float row_lse(float m, float c, float sum) {
   return sum > 0.f ? (m * c + log2f(sum)) * LN2 : -INFINITY;
 }
 
+// The LSE a row stores: row_lse, or o_scale where that is NaN (FP8's invalid descale factors, fwd_sm90.cuh), so that
+// the LSE says so too.
+ATTNGEN_DEV_INLINE float stored_lse(float m, float c, float sum, float o_scale) {
+  return o_scale == o_scale ? row_lse(m, c, sum) : o_scale;
+}
+
 // Row rh (0: g, 1: g + 8) of an accumulator fragment o (N / 4 n8 chunks), times inv, to global memory
 // at orow + 8 n + 2 tig (orow: the row's first column + 2 tig): straight from registers, a quad writing
 // 16 contiguous bytes per 8 columns.
@@ -52,9 +58,7 @@ ATTNGEN_DEV_INLINE void store_rows(const AttngenFwdArgs& a, int b, int h, int QL
   for (int rh = 0; rh < 2; ++rh) {
     const int row = row0 + rh * 8;
     if (row < QLEN) {
-      // o_scale is NaN only for FP8's invalid descale factors (fwd_sm90.cuh): the LSE says so too
-      if (a.lse != nullptr && tig == 0)
-        a.lse[lse_row0 + row] = o_scale == o_scale ? row_lse(m[rh], c, sum[rh]) : o_scale;
+      if (a.lse != nullptr && tig == 0) a.lse[lse_row0 + row] = stored_lse(m[rh], c, sum[rh], o_scale);
       store_row<Elem>(obase + (long long)row * a.o_stride[2] + tig * 2, o, rh, inv_or_zero(sum[rh]) * o_scale);
     }
   }
@@ -104,7 +108,7 @@ ATTNGEN_DEV_INLINE void stage_rows(const AttngenFwdArgs& a, int b, int h, int QL
 #pragma unroll
     for (int rh = 0; rh < 2; ++rh) {
       const int row = row0 + rh * 8;
-      if (row < QLEN) a.lse[lse_row0 + row] = o_scale == o_scale ? row_lse(m[rh], c, sum[rh]) : o_scale;
+      if (row < QLEN) a.lse[lse_row0 + row] = stored_lse(m[rh], c, sum[rh], o_scale);
     }
   }
 }

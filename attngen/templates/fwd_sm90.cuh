@@ -43,11 +43,7 @@ using namespace attngen;
 // kept through its loop (or the two estimates, which ptxas kept instead) spills from its 24 registers.
 #if ATTNGEN_HAS_MASK && ATTNGEN_KV_PARTS
 constexpr bool ORDER_AT_RUN_TIME = true;
-#else
-constexpr bool ORDER_AT_RUN_TIME = false;
-#endif
 __device__ __forceinline__ bool ascending_q_blocks(const AttngenFwdArgs& a) {
-#if ATTNGEN_HAS_MASK && ATTNGEN_KV_PARTS
   TileArgs t;
   t.QLEN = a.Lq;
   t.KVLEN = a.Lk;
@@ -56,10 +52,11 @@ __device__ __forceinline__ bool ascending_q_blocks(const AttngenFwdArgs& a) {
   t.h = 0;
   const int last = (a.Lq + BQ - 1) / BQ - 1;
   return kv_tiles_estimate<BQ, BK>(a.captured, t, 0) > kv_tiles_estimate<BQ, BK>(a.captured, t, last);
-#else
-  return false;
-#endif
 }
+#else
+constexpr bool ORDER_AT_RUN_TIME = false;
+__device__ __forceinline__ bool ascending_q_blocks(const AttngenFwdArgs&) { return false; }
+#endif
 __device__ __forceinline__ bool ascending_order(const Smem& sm) {
   if constexpr (!ORDER_AT_RUN_TIME) return false;
   uint32_t v;
