@@ -7,6 +7,8 @@
 # ncu_tail: the SMs' active cycles of the forward's and backward's main kernels against the elapsed (the grid's tail).
 # pack_results: everything under $OUT in one archive (a call brings back a handful of files).
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache ATTNGEN_TEST_BUILD_JOBS=14
+# pytest -n: one kernel cache for every worker (tests/conftest.py), so a signature is built once per call
+export ATTNGEN_TEST_SHARED_CACHE=/tmp/attngen-test-cache
 R="$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$R/device.txt"
 run_tests() {  # name timeout files...

@@ -10,6 +10,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 export ATTNGEN_CACHE_DIR="${ATTNGEN_CACHE_DIR:-/tmp/attngen-cache}"
 export ATTNGEN_TEST_BUILD_JOBS="${ATTNGEN_TEST_BUILD_JOBS:-12}"
+# one kernel cache for every pytest run of the round and each of its workers (tests/conftest.py): a signature is built once
+export ATTNGEN_TEST_SHARED_CACHE="${ATTNGEN_TEST_SHARED_CACHE:-/tmp/attngen-test-cache}"
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 # device short name: "NVIDIA H200" -> h200, "NVIDIA A100-SXM4-80GB" -> a100, "NVIDIA GeForce RTX 4090" -> 4090
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \

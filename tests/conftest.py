@@ -82,8 +82,18 @@ def pytest_unconfigure(config):
 @pytest.fixture(scope="session", autouse=True)
 def attngen_cache_dir(tmp_path_factory):
     """The kernel cache of this test session: ATTNGEN_CACHE_DIR set to a fresh, empty directory (mode 0700)
-    for the whole session, before any test runs. Tests that need a cache of their own make one in tmp_path."""
-    d = tmp_path_factory.mktemp("attngen-cache")
+    for the whole session, before any test runs. Tests that need a cache of their own make one in tmp_path.
+    ATTNGEN_TEST_SHARED_CACHE (an absolute scratch path; GPU rounds under pytest -n set it) names one directory
+    for every worker instead, so a signature several workers use is built once, under the cache's entry lock,
+    rather than once per worker."""
+    shared = os.environ.get("ATTNGEN_TEST_SHARED_CACHE")
+    if shared:
+        if not os.path.isabs(shared):
+            raise pytest.UsageError(f"ATTNGEN_TEST_SHARED_CACHE must be an absolute path, got {shared!r}")
+        d = Path(shared)
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    else:
+        d = tmp_path_factory.mktemp("attngen-cache")
     mp = pytest.MonkeyPatch()
     mp.setenv("ATTNGEN_CACHE_DIR", str(d))
     yield d

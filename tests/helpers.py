@@ -22,6 +22,19 @@ def fixture_inc(name: str) -> str:
     return (DATA / f"{name}.inc").read_text()
 
 
+def add_library(sources: dict, sub: str, rendered: dict) -> None:
+    """Put one rendered forward library into a many-library build set: its own units (kernel source, the KV-cache
+    unit when it has one, variant.inc) under ``sub``/, the shared headers at the top. A unit left at the top would
+    be compiled there, beside no variant.inc."""
+    from attngen.jit import render
+
+    rendered = dict(rendered)
+    for f in (render.KERNEL_SOURCE, render.DECODE_SOURCE, render.VARIANT_INCLUDE):
+        if f in rendered:
+            sources[f"{sub}/{f}"] = rendered.pop(f)
+    sources.update(rendered)
+
+
 def rand_qkv(gen, B, Hq, Hkv, Lq, Lk, D, Dv, dtype=torch.float64, requires_grad=False):
     """q (B, Hq, Lq, D), k (B, Hkv, Lk, D), v (B, Hkv, Lk, Dv): standard normal, drawn in float64 from `gen`."""
     def r(*shape):

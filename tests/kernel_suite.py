@@ -10,8 +10,28 @@ import math
 import torch
 
 import reference64
+from helpers import add_library, fixture_inc
 
 VARIANTS = ("full", "causal", "softcap", "sliding", "alibi_doc", "bias2d_pad")
+DTYPES = (torch.bfloat16, torch.float16)
+HEAD_DIMS = (64, 128, 256)
+
+
+def suite_subdir(name, dtype, hd) -> str:
+    """Subdirectory of one sm80 library in the suite's build set."""
+    return f"{name}_{str(dtype).replace('torch.', '')}_{hd}"
+
+
+def suite_sources(arch: str) -> dict:
+    """The sm80 suite's build set for ``arch``: every (fixture, dtype, head dim) library in its own subdirectory."""
+    from attngen.jit import render
+
+    sources = {}
+    for name in VARIANTS:
+        for dtype in DTYPES:
+            for hd in HEAD_DIMS:
+                add_library(sources, suite_subdir(name, dtype, hd), render.render_sources(fixture_inc(name), dtype, hd, arch))
+    return sources
 ATOL = {torch.bfloat16: 4e-3, torch.float16: 5e-4}
 LSE_ATOL = 1e-3
 

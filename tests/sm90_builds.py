@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from attngen.jit import render, tiles
-from helpers import fixture_inc
+from helpers import add_library, fixture_inc
 
 SM90_TILES = tiles.SM90_TILES
 LADDER = tiles.SM90_LADDER
@@ -37,7 +37,5 @@ def sm90_sources(configs) -> dict:
         # two different kernels under one key would leave only the last one built (and tested)
         kernel = kernels.setdefault(sub, src[render.KERNEL_SOURCE])
         assert kernel == src[render.KERNEL_SOURCE], f"{sub}: two different kernels under one key"
-        for f in (render.KERNEL_SOURCE, render.DECODE_SOURCE, render.VARIANT_INCLUDE):
-            sources[f"{sub}/{f}"] = src.pop(f)
-        sources.update(src)
+        add_library(sources, sub, src)
     return sources

@@ -12,13 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import DATA
-from kernel_suite import VARIANTS, check_empty_kv, check_side_stream, run_case
+from kernel_suite import (DTYPES, HEAD_DIMS, VARIANTS, check_empty_kv, check_side_stream, run_case, suite_sources,
+                          suite_subdir)
 
 pytestmark = pytest.mark.requires_gpu
-
-DTYPES = (torch.bfloat16, torch.float16)
-HEAD_DIMS = (64, 128, 256)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -28,31 +25,20 @@ HEAD_DIMS = (64, 128, 256)
 @pytest.fixture(scope="session")
 def libs(tmp_path_factory):
     from attngen import launch
-    from attngen.jit import ninja, render, toolchain
+    from attngen.jit import ninja, toolchain
 
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the kernels need sm80+")
     arch = toolchain.current_arch()
     build_dir = Path(os.environ.get("ATTNGEN_TEST_BUILD_DIR") or tmp_path_factory.mktemp("attngen_gpu_build"))
-    sources = {}
-    for name in VARIANTS:
-        inc = (DATA / f"{name}.inc").read_text()
-        for dtype in DTYPES:
-            for hd in HEAD_DIMS:
-                sub = f"{name}_{str(dtype).replace('torch.', '')}_{hd}"
-                src = render.render_sources(inc, dtype, hd, arch)
-                sources[f"{sub}/{render.KERNEL_SOURCE}"] = src.pop(render.KERNEL_SOURCE)
-                sources[f"{sub}/{render.VARIANT_INCLUDE}"] = src.pop(render.VARIANT_INCLUDE)
-                sources.update(src)  # shared headers at the top of the build directory
-    ninja.write_build_ninja(build_dir, sources, arch)
+    ninja.write_build_ninja(build_dir, suite_sources(arch), arch)
     ninja.run_ninja(build_dir, jobs=os.cpu_count())
     cache = {}
 
     def get(name, dtype, hd):
         key = (name, dtype, hd)
         if key not in cache:
-            sub = f"{name}_{str(dtype).replace('torch.', '')}_{hd}"
-            cache[key] = launch.load_library(build_dir / sub / ninja.LIBRARY_NAME)
+            cache[key] = launch.load_library(build_dir / suite_subdir(name, dtype, hd) / ninja.LIBRARY_NAME)
         return cache[key]
 
     return get
