@@ -30,8 +30,11 @@ def suite_sources(arch: str) -> dict:
     for name in VARIANTS:
         for dtype in DTYPES:
             for hd in HEAD_DIMS:
-                add_library(sources, suite_subdir(name, dtype, hd), render.render_sources(fixture_inc(name), dtype, hd, arch))
+                rendered = render.render_sources(fixture_inc(name), dtype, hd, arch)
+                add_library(sources, suite_subdir(name, dtype, hd), rendered)
     return sources
+
+
 ATOL = {torch.bfloat16: 4e-3, torch.float16: 5e-4}
 LSE_ATOL = 1e-3
 
