@@ -4,7 +4,8 @@
 #    (stall samples per SASS line) on one warm launch of the sliding window's forward and of causal's backward.
 #    Refused a machine; not run since (B answered what it was for on the forward).
 # B: the forward's O stored with TMA from the tile's Q buffer (Sm90Tiles.o_staged, off by default then; its tests were
-#    the o_staged alts that are now o_registers): the sm90 template-path tests on it (persistent and one CTA per tile), then beside the shipped rung in one process (tile_sweep.py, A B A' B': the
+#    the o_staged alts that are now o_registers): the sm90 template-path tests on it (persistent and one CTA per
+#    tile), then beside the shipped rung in one process (tile_sweep.py, A B A' B': the
 #    last two the same builds under other names) on the short and long walks at S = 8192 and at S = 1024 (B = 16).
 # C: o_staged on by default: the forward's GPU suites on it, then the A/B on the settings round B did not reach: full
 #    (BK 176 on the persistent grid: one Q buffer, so the store's reads are waited for at once), softcap (one CTA per

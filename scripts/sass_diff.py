@@ -58,9 +58,11 @@ VARIANTS = {
 }
 SM80_VARIANTS = ("full", "causal", "softcap", "document")
 HEAD_DIMS = (64, 128, 256)
-# --quick: (kernel, variant, head dim, rung index into the variant's ladder; sm80: None)
+# --quick: (kernel, variant, head dim, rung index into the variant's ladder; sm80: None); prefix: a union mask's
+# run-time work-tile order
 QUICK = [("sm90", "causal", 128, 0), ("sm90", "causal", 128, -1), ("sm90", "full", 128, 0),
-         ("sm90", "softcap_causal", 64, 0), ("sm90", "document", 256, -1), ("sm80", "causal", 128, None),
+         ("sm90", "softcap_causal", 64, 0), ("sm90", "document", 256, -1), ("sm90", "prefix", 128, 0),
+         ("sm80", "causal", 128, None),
          ("sm80", "document", 256, None)]
 FLAGS = {"sm90": ["-gencode=arch=compute_90a,code=sm_90a"], "sm80": ["-gencode=arch=compute_80,code=sm_80"]}
 ARCH = {"sm90": "sm_90a", "sm80": "sm_80"}

@@ -178,7 +178,7 @@ class Sm90BwdTiles:
     # a work tile's dK and dV staged in shared memory (dK in the consumer's rows of the two dS^T buffers, dV in its
     # staged-dQ buffer at head dim 128, in the second dS^T buffer at 64) and stored with TMA by one thread per
     # consumer, the next tile's first dS^T and dQ writes waiting for the stores to have read them (False: every
-    # thread stores its rows from registers; not yet measured on a GPU, docs/performance.md)
+    # thread stores its rows from registers; checked on a GPU, not yet timed, docs/performance.md)
     dkv_staged: bool = False
 
     def __post_init__(self):

@@ -22,7 +22,7 @@
 
 #include "attngen_common.cuh"
 #include "attngen_bwd_abi.cuh"
-#include "sm80_mma.cuh"   // smem_addr, pack2
+#include "sm80_mma.cuh"   // smem_addr, st_shared_b32, pack2
 #include "sm90_mbarrier.cuh"
 #include "sm90_tma.cuh"
 #include "sm90_wgmma.cuh"
@@ -266,10 +266,6 @@ __device__ __forceinline__ void load_kv_tiles(const AttngenBwdArgs& a, const CUt
 template <int M>
 __device__ __forceinline__ float (&as_frags(float (&x)[M]))[1][M / 4][4] {
   return *reinterpret_cast<float(*)[1][M / 4][4]>(&x);
-}
-
-__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
 // dS^T (this thread's A fragments of the k16 steps over q) into buffer `ds`: row = kv row of the tile, 128

@@ -18,7 +18,7 @@
 #pragma once
 
 #include "attngen_common.cuh"
-#include "sm80_mma.cuh"  // smem_addr, pack2
+#include "sm80_mma.cuh"  // smem_addr, st_shared_b32, ld_shared_b32, pack2
 #include "sm90_mbarrier.cuh"
 #include "sm90_tma.cuh"  // also CUtensorMap (type only; nothing from libcuda is linked)
 #include "sm90_wgmma.cuh"
@@ -59,9 +59,7 @@ __device__ __forceinline__ bool ascending_q_blocks(const AttngenFwdArgs&) { retu
 #endif
 __device__ __forceinline__ bool ascending_order(const Smem& sm) {
   if constexpr (!ORDER_AT_RUN_TIME) return false;
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(sm.order()) : "memory");
-  return v != 0u;
+  return ld_shared_b32(sm.order()) != 0u;
 }
 
 // FP8: the position of kv column `col` of a 16-column group in V^T, where pack_a_frags (sm90_wgmma.cuh) puts its
@@ -535,7 +533,7 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     mbar_init(sm.mailbox().empty, 128 * NUM_CONSUMERS);  // every consumer thread has read it
     mbar_fence_init();
     if constexpr (ORDER_AT_RUN_TIME)
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sm.order()), "r"(ascending_q_blocks(a) ? 1u : 0u) : "memory");
+      st_shared_b32(sm.order(), ascending_q_blocks(a) ? 1u : 0u);
   }
   pdl_launch_dependents<PDL>();
   pdl_wait<PDL>();  // PDL: launched while the kernel ahead (a V^T copy, a previous call) drains
