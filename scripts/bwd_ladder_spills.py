@@ -35,25 +35,25 @@ def main(argv=None):
 
         import attngen
         from attngen.jit.spec import SM90_BWD_KERNEL, build_first_without_spills
-        from attngen.jit.tiles import sm90_bwd_ladder
 
         hd = args.head_dim
-        print("| variant | rungs (producer / consumer registers, split_probs): spilled bytes |")
+        print("| variant | rungs (producer / consumer registers, split_probs, dkv_staged): spilled bytes |")
         print("|---|---|")
         for key in args.variants:
             score_mod, mask_mod = bf.make_variant(key, 8192, 16, "cpu")
             attn = attngen.compile(score_mod=score_mod, mask_mod=mask_mod)
             spec = attn.spec(torch.bfloat16, hd, "sm_90a", kernel=SM90_BWD_KERNEL)
             inc = spec.variant_inc()
-            ladder = tuple(replace(t, **fields) for t in sm90_bwd_ladder(hd, has_score_mod=spec.facts.has_score_mod))
+            ladder = tuple(replace(t, **fields) for t in spec.tile_choices())
             spills = []
             for rung in ladder:
                 with tempfile.TemporaryDirectory() as d:
                     _, spill = build_first_without_spills(Path(d), inc, torch.bfloat16, hd, "sm_90a", (rung,),
                                                           kernel=SM90_BWD_KERNEL)
                 spills.append(spill)
-            print(f"| {key} | " + ", ".join(f"{t.producer_regs} / {t.consumer_regs}{' split' if t.split_probs else ''}: "
-                                            f"{s} B" for t, s in zip(ladder, spills)) + " |", flush=True)
+            rungs = [f"{t.producer_regs} / {t.consumer_regs}{' split' if t.split_probs else ''}"
+                     f"{' staged' if t.dkv_staged else ''}: {s} B" for t, s in zip(ladder, spills)]
+            print(f"| {key} | {', '.join(rungs)} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -85,6 +85,15 @@ def test_sm90_backward_family_and_tiles():
     assert "constexpr bool SPLIT_PROBS = 0;" in src
     assert [t.split_probs for t in tiles.sm90_bwd_ladder(64)] == [True, False, False]
     assert not any(t.split_probs for t in tiles.sm90_bwd_ladder(64, has_score_mod=True))
+    # dK and dV staged first only on the split rung of a mask other than a half plane (a window, documents, a union)
+    assert [t.dkv_staged for t in tiles.sm90_bwd_ladder(128, has_mask=True)] == [True, False, False, False]
+    assert tiles.sm90_bwd_ladder(128, has_mask=True)[0].split_probs
+    assert not any(t.dkv_staged for t in tiles.sm90_bwd_ladder(128, has_mask=True, half_plane=True)
+                   + tiles.sm90_bwd_ladder(128, has_score_mod=True, has_mask=True) + tiles.sm90_bwd_ladder(128))
+    assert attngen.compile(window=64).spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL).tile_choices()[0] \
+        == dataclasses.replace(tiles.SM90_BWD_TILES[128], split_probs=True, dkv_staged=True)
+    assert not attngen.compile(causal=True).spec(torch.bfloat16, 128, "sm_90a",
+                                                 kernel=SM90_BWD_KERNEL).tile_choices()[0].dkv_staged
     split = dataclasses.replace(tiles.SM90_BWD_TILES[64], split_probs=True, dk_last=True)
     text = render.render_sources("", torch.float16, 64, "sm_90a", tiles=split,
                                  kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
@@ -140,19 +149,16 @@ def test_prebuild_plans_the_backward_each_arch_runs():
     assert kinds == {(a, hd, k) for (a, hd), b in bwd.items() for k in ("auto", b)}
 
 
-def _ladder_builds(tmp_path, incs: dict) -> dict:
-    """Each (name, head dim) of ``incs`` (name -> variant.inc) built as the spec builds it, on the sm90 backward's
-    ladder (jit/tiles.py sm90_bwd_ladder: the first rung ptxas compiles without spills; incs: name -> (variant.inc,
-    has_score_mod)): name_hd -> (tiles, spill
-    bytes of the main kernel, the build directory's ninja output)."""
+def _ladder_builds(tmp_path, attns: dict) -> dict:
+    """Each (name, head dim) of ``attns`` (name -> compiled variant) built as the spec builds it, on the sm90
+    backward's ladder (the spec's tile_choices, jit/tiles.py sm90_bwd_ladder: the first rung ptxas compiles without
+    spills): name_hd -> (tiles, spill bytes of the main kernel)."""
     built = {}
-    for n, (inc, has_score_mod) in incs.items():
+    for n, attn in attns.items():
         for hd, dt in ((64, torch.float16), (128, torch.bfloat16)):
-            d = tmp_path / f"{n}_{hd}"
-            t, spill = build_first_without_spills(d, inc, dt, hd, "sm_90a",
-                                                  tiles.sm90_bwd_ladder(hd, has_score_mod=has_score_mod),
-                                                  kernel=SM90_BWD_KERNEL)
-            built[f"{n}_{hd}"] = (t, spill)
+            spec = attn.spec(dt, hd, "sm_90a", kernel=SM90_BWD_KERNEL)
+            built[f"{n}_{hd}"] = build_first_without_spills(tmp_path / f"{n}_{hd}", spec.variant_inc(), dt, hd,
+                                                            "sm_90a", spec.tile_choices(), kernel=SM90_BWD_KERNEL)
     return built
 
 
@@ -161,14 +167,16 @@ def test_sm90_backward_builds_on_wgmma_without_spills(tmp_path):
     """bwd_sm90.cuh for a mask, a score_mod and a captured tensor at both head dims: a rung of the ladder without
     spills, every product on wgmma (dQ = dS K with both operands transposed), read from the PTX."""
     V = {"causal": attngen.compile(causal=True), "softcap_causal": attngen.compile(softcap=20.0, causal=True),
-         "document": _variants()["document"], "full": attngen.compile()}  # full: clean only on the second rung
-    specs = {n: a.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL) for n, a in V.items()}
-    built = _ladder_builds(tmp_path, {n: (s.variant_inc(), s.facts.has_score_mod) for n, s in specs.items()})
+         "document": _variants()["document"], "full": attngen.compile()}
+    built = _ladder_builds(tmp_path, V)
     assert len(built) == 2 * len(V)
     for key, (t, spill) in built.items():
         assert spill == 0, f"{key}: every rung spills (the least: {t}, {spill} bytes)"
         # the probabilities split under the products where no score_mod needs the raw score beside dP^T
         assert t.split_probs == (not key.startswith("softcap")), key
+        # dK and dV staged for TMA stores only under a mask that is not a half plane (at head dim 128 the document's
+        # staged rung spills 12 bytes, and it takes the next)
+        assert t.dkv_staged == (key == "document_64"), key
         assert (tmp_path / key / BWD_LIBRARY_NAME).is_file()
     from attngen.jit.toolchain import find_nvcc
 
@@ -202,10 +210,10 @@ def test_sm90_backward_sums_captured_gradients_without_spills(tmp_path):
     def learnable(s, b, h, q, kv):
         return s + slopes[h] * (kv - q) + table[h, q - kv + NPOS - 1] + pair[q, kv]
 
-    inc = attngen.compile(score_mod=learnable, causal=True).spec(torch.bfloat16, 128, "sm_90a",
-                                                                 kernel=SM90_BWD_KERNEL).variant_inc()
+    attn = attngen.compile(score_mod=learnable, causal=True)
+    inc = attn.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL).variant_inc()
     assert "#define ATTNGEN_GRAD_DIAG_SITES 1" in inc
-    for key, (t, spill) in _ladder_builds(tmp_path, {"l": (inc, True)}).items():
+    for key, (t, spill) in _ladder_builds(tmp_path, {"l": attn}).items():
         assert spill == 0, f"{key}: every rung spills (the least: {t}, {spill} bytes)"
     from attngen.jit.toolchain import find_nvcc
 

@@ -126,7 +126,8 @@ class KernelSpec:
         if self.kernel == BWD_KERNEL:
             return bwd_tile_config(self.head_dim, self.arch)
         if self.kernel == SM90_BWD_KERNEL:
-            return sm90_bwd_ladder(self.head_dim, has_score_mod=self.facts.has_score_mod)
+            return sm90_bwd_ladder(self.head_dim, has_score_mod=self.facts.has_score_mod, has_mask=self.facts.has_mask,
+                                   half_plane=self.facts.half_plane)
         return tile_config(self.head_dim, self.arch)
 
     def fields(self, nvcc: Optional[Sequence[int]] = None) -> dict:

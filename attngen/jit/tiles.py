@@ -178,7 +178,8 @@ class Sm90BwdTiles:
     # a work tile's dK and dV staged in shared memory (dK in the consumer's rows of the two dS^T buffers, dV in its
     # staged-dQ buffer at head dim 128, in the second dS^T buffer at 64) and stored with TMA by one thread per
     # consumer, the next tile's first dS^T and dQ writes waiting for the stores to have read them (False: every
-    # thread stores its rows from registers; checked on a GPU, not yet timed, docs/performance.md)
+    # thread stores its rows from registers; on in the first rung of a mask other than a half plane without a
+    # score_mod, sm90_bwd_ladder)
     dkv_staged: bool = False
 
     def __post_init__(self):
@@ -209,21 +210,28 @@ class Sm90BwdTiles:
 SM90_BWD_TILES = {64: Sm90BwdTiles(stages=2), 128: Sm90BwdTiles(stages=2)}
 
 
-def sm90_bwd_ladder(head_dim: int, has_score_mod: bool = False) -> tuple:
+def sm90_bwd_ladder(head_dim: int, has_score_mod: bool = False, has_mask: bool = False,
+                    half_plane: bool = False) -> tuple:
     """The settings an sm90 backward build tries, best first: the spec builds the first that ptxas compiles
-    without spills, else the one that spills least. Without a score_mod the first rung splits the probabilities
+    without spills, else the one that spills least. Without a score_mod a rung splits the probabilities
     (split_probs: P^T and dP^T's product overlapped), which keeps dP^T live through P^T's pass (prefix-LM at head dim
-    128 spills there, and takes the next rung). Heavy masks spill in both roles (the producer's walk calls the
-    tile classifier, the consumers evaluate mask_mod); the last rung moves registers to the producer (NATTEN-2D
-    at head dim 128, a CTA per kv block: 2156 -> 1164 spilled bytes; a union of five parts: 80 -> 1008, so it keeps
-    the first). The training anchors build clean at their first rung at head dims 64 and 128, but for prefix-LM at 128,
-    clean at the second (scripts/bwd_ladder_spills.py)."""
+    128 spills there, and takes the next rung). Without a score_mod, a mask other than a half plane (a window,
+    documents, a union) first tries that rung with dK and dV staged for TMA stores (dkv_staged): its walks are short or
+    uneven, so a tile's end is a large share of its time (full and causal-like masks walk long ranges, and gained
+    nothing; with a score_mod, the one pass staged did not clearly gain: docs/performance.md). Heavy masks
+    spill in both roles (the producer's walk calls the tile classifier, the consumers evaluate mask_mod); the last
+    rung moves registers to the producer (NATTEN-2D at head dim 128, a CTA per kv block: 2156 -> 1164 spilled bytes;
+    a union of five parts: 80 -> 1008, so it keeps the first). scripts/bwd_ladder_spills.py prints the rung each
+    training anchor builds clean at."""
     if head_dim not in SM90_BWD_TILES:
         raise BuildError(f"the sm90 backward has no tiles for head dim {head_dim}: expected one of "
                          f"{sorted(SM90_BWD_TILES)}; use kernel='sm80_bwd'")
     t = SM90_BWD_TILES[head_dim]
-    split = () if has_score_mod else (replace(t, split_probs=True),)
-    return split + (t, replace(t, producer_regs=56, consumer_regs=224))
+    if has_score_mod:
+        return t, replace(t, producer_regs=56, consumer_regs=224)
+    split = replace(t, split_probs=True)
+    staged = (replace(split, dkv_staged=True),) if has_mask and not half_plane else ()
+    return staged + (split, t, replace(t, producer_regs=56, consumer_regs=224))
 
 
 # ---------------------------------------------------------------------------------------------- sm90
