@@ -13,6 +13,7 @@
 #    plane without a score_mod): the backward suites; the backward's small cases, two of which take the staged rung,
 #    under memcheck and racecheck; the window at head dim 64 again (its 60 s limit ended it while building).
 # F: bench_training.py (every anchor, attngen, flex and cuDNN SDPA in one process), then E's window at head dim 64.
+# G: causal and full, split against split + staged (A's one-pass rungs were not what they ship), A B A' B'.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests, smoke_backward, sanitize_backward, pack_results
@@ -47,4 +48,8 @@ case "$1" in
     timeout 300 python benchmarks/bench_training.py --out "$R" > "$R/training.log" 2>&1
     grep -E "^\||rror" "$R/training.log"
     window_hd64 130 ;;
+  G)
+    timeout 300 python scripts/bwd_tiles_ab.py --flex --variants causal full --set split_probs=1 \
+      split_probs=1,dkv_staged=1 split_probs=1,walk_shift=0 split_probs=1,dkv_staged=1,walk_shift=0 2>&1 \
+      | tee "$R/bwd_split_staged_causal_full.log" | grep -E "TFLOP|flex:|rror" ;;
 esac
