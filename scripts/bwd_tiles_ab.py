@@ -3,7 +3,9 @@ steps (bench_training.py's) of each variant at each setting (--set: fields of ji
 `stages=3` for the Q / dO ring, `rel_walk=0` for score_mod per element, `walk_shift=2` for the rotated walk, `persistent=0`;
 fields of the forward's jit.tiles.Sm90Tiles prefixed `fwd.`, set on every rung of its ladder, e.g. `fwd.rel_stage=0`;
 one setting per argument, fields joined by commas; `ladder` for the shipped ladders, whose first rung without spills a
-build takes),
+build takes). A setting is one rung: jit.tiles.SM90_BWD_TILES's one-pass tiles with its fields replaced, so the split
+rung that variants without a score_mod ship is `split_probs=1`, and a switch is compared on that rung with
+`split_probs=1,FIELD=...`;
 interleaved rounds of triton's do_bench, the median; gradients compared with the first setting's; with --flex,
 flex's step (bench_training.py's) timed in the same rounds, each setting's ratio to it printed. Shared
 memory allows 3 stages at head dim 128 (the staged dQ still fitting beside them, sm90_bwd_layout.cuh). Needs a GPU.

@@ -227,11 +227,12 @@ def sm90_bwd_ladder(head_dim: int, has_score_mod: bool = False, has_mask: bool =
         raise BuildError(f"the sm90 backward has no tiles for head dim {head_dim}: expected one of "
                          f"{sorted(SM90_BWD_TILES)}; use kernel='sm80_bwd'")
     t = SM90_BWD_TILES[head_dim]
+    producer_heavy = replace(t, producer_regs=56, consumer_regs=224)
     if has_score_mod:
-        return t, replace(t, producer_regs=56, consumer_regs=224)
+        return t, producer_heavy
     split = replace(t, split_probs=True)
     staged = (replace(split, dkv_staged=True),) if has_mask and not half_plane else ()
-    return staged + (split, t, replace(t, producer_regs=56, consumer_regs=224))
+    return staged + (split, t, producer_heavy)
 
 
 # ---------------------------------------------------------------------------------------------- sm90
