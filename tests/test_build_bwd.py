@@ -400,3 +400,29 @@ def test_sm90_backward_stages_kv_grads_for_tma_stores(tmp_path, hd):
         waits[staged] = (ptx.count("cp.async.bulk.wait_group 0;"), ptx.count("cp.async.bulk.wait_group.read 0;"))
     # the staged kernel waits once more for its stores' completion (at exit) and for their reads (the next tile)
     assert waits[True][0] > waits[False][0] and waits[True][1] > waits[False][1], waits
+
+
+@pytest.mark.requires_nvcc
+def test_sm90_backward_builds_80_query_rows(tmp_path):
+    """Sm90BwdTiles.block_q = 80 at head dim 128 (not on the ladder: docs/performance.md): its build passes the
+    layout's compile-time checks (sm90_bwd_layout.cuh: the transposed dQ_acc chunk's offsets against the staging
+    order and the postprocess's reads) and computes dQ^T on m64n80 products with both operands MN-major, dS^T read
+    through 32-byte swizzle descriptors; 80 rows are refused with dkv_staged and other counts are refused."""
+    from attngen.jit.toolchain import find_nvcc
+
+    spec = attngen.compile().spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
+    t = dataclasses.replace(spec.tile_choices()[0], block_q=80, split_probs=True)
+    assert t.smem_bytes(128) <= tiles.SMEM_PER_BLOCK[90]
+    d = tmp_path / "bq80"
+    chosen, _ = build_first_without_spills(d, spec.variant_inc(), torch.bfloat16, 128, "sm_90a", (t,),
+                                           kernel=SM90_BWD_KERNEL)
+    assert chosen == t
+    ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
+                          str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True,
+                         check=True).stdout
+    assert "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16" in ptx
+    assert ptx.count("m64n80k16") >= 3 * 8  # S^T, dP^T (K = 128) and dQ^T (K = BK = 128): 8 k16 steps each
+    with pytest.raises(attngen.BuildError, match="block_q"):
+        tiles.Sm90BwdTiles(block_q=80, dkv_staged=True)
+    with pytest.raises(attngen.BuildError, match="block_q"):
+        tiles.Sm90BwdTiles(block_q=96)

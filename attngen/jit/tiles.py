@@ -135,8 +135,11 @@ def bwd_tile_config(head_dim: int, arch: str = "sm_80") -> BwdTileConfig:
 @dataclass(frozen=True)
 class Sm90BwdTiles:
     """Tiles of the sm90 backward kernel (bwd_sm90.cuh): a CTA holds BK = 128 kv rows (two consumer warpgroups
-    of 64) and walks q blocks of BQ = 64 rows, Q / dO in a ``stages``-deep ring (sm90_bwd_layout.cuh)."""
+    of 64) and walks q blocks of BQ rows, Q / dO in a ``stages``-deep ring (sm90_bwd_layout.cuh)."""
 
+    # q rows per step: 64, or 80 at head dim 128 (FA3's choice without a causal mask: dQ computed transposed, dS^T in
+    # 32-byte swizzle rows; not with dkv_staged, whose dK takes the dS^T buffers as 128-byte rows). On no rung: full
+    # attention's step measured no faster at 80 (docs/performance.md)
     block_q: int = 64
     block_k: int = 128
     stages: int = 2
@@ -186,13 +189,16 @@ class Sm90BwdTiles:
         if self.dq_init not in (0, 1):
             raise BuildError(f"Sm90BwdTiles.dq_init must be 0 (zeroed by the preprocess) or 1 (first stores), "
                              f"got {self.dq_init}")
+        if self.block_q not in (64, 80) or (self.block_q == 80 and self.dkv_staged):
+            raise BuildError(f"Sm90BwdTiles.block_q must be 64, or 80 without dkv_staged, got {self.block_q}"
+                             f"{' with dkv_staged' if self.dkv_staged else ''}")
         if not 0 <= self.walk_shift <= 1024:
             raise BuildError(f"Sm90BwdTiles.walk_shift must be in [0, 1024] (q-blocks per kv block of rotation), "
                              f"got {self.walk_shift}")
 
     def smem_bytes(self, head_dim: int) -> int:
         """K, V; the Q / dO ring; two dS^T buffers; the row statistics per stage; mbarriers; the consumers' staged
-        dQ (64 rows of a split of the head dim each, sm90_bwd_layout.cuh); alignment slack. Not counted: the
+        dQ (BQ rows of a split of the head dim each, sm90_bwd_layout.cuh); alignment slack. Not counted: the
         consumers' slots (32 bytes), the work-tile slots (64), the staged dQ's alignment to 128 bytes and a
         variant's gradient bins (up to 26 KB with codegen.GRAD_DIAG_SITES = 3 diagonal sites), which the kernel's
         static_assert checks against the limit at build time."""
@@ -202,7 +208,7 @@ class Sm90BwdTiles:
         dq_n = head_dim // consumers if (head_dim // consumers) % 64 == 0 else head_dim
         return 1024 + 2 * kv + 2 * self.stages * q + 2 * self.block_k * self.block_q * 2 \
             + self.stages * 2 * self.block_q * 4 + 8 * (3 + 2 * self.stages + 3 * consumers) \
-            + consumers * 64 * dq_n * 4
+            + consumers * self.block_q * dq_n * 4
 
 
 # Head dim 256 has no sm90 backward (dK + dV of 64 rows x 256 columns take the consumers' registers): the sm80

@@ -77,7 +77,7 @@ __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem&
     long long tile;
     asm volatile("ld.shared.s64 %0, [%1];\n" : "=l"(tile) : "r"(sm.slot(cw) + 8u) : "memory");
     if (lane == 0) {
-      float* dst = a.dq_accum + tile * (BQ * D) + DQ_CHUNK * cw * 64 * DQ_N;
+      float* dst = a.dq_accum + tile * (BQ * D) + DQ_CHUNK * cw * (DQ_STAGE_BYTES / 4);
       if (a.dq_semaphore != nullptr) {
         int* const sem = a.dq_semaphore + tile;
         int turn;
@@ -118,7 +118,8 @@ constexpr int POST_THREADS = 256;
 constexpr int POST_PITCH = D / 2 + 4;  // 32-bit words per staged row: the 8 rows a warp writes start 4 banks apart
 static_assert((BQ * D / 4) % POST_THREADS == 0 && (BQ * D / 8) % POST_THREADS == 0 && (D / 2) % 32 == 0,
               "the postprocess's loops cover a q-block evenly, conflict-free");
-static_assert((16 * DQ_N) % POST_THREADS == 0 && NUM_CONSUMERS == 2,
+constexpr int POST_CHUNK4 = DQ_STAGE_BYTES / 16;  // float4 of a chunk
+static_assert(POST_CHUNK4 % POST_THREADS == 0 && NUM_CONSUMERS == 2,
               "each load of the postprocess lies in one of the two chunks");
 
 __global__ void __launch_bounds__(POST_THREADS)
@@ -137,16 +138,27 @@ __global__ void __launch_bounds__(POST_THREADS)
   float4 x[LOADS];
 #pragma unroll
   for (int n = 0; n < LOADS; ++n) {
-    const int chunk = DQ_SPLIT_D ? n * POST_THREADS / (16 * DQ_N) : 0;  // 16 DQ_N float4 per chunk
+    const int chunk = DQ_SPLIT_D ? n * POST_THREADS / POST_CHUNK4 : 0;
     x[n] = (chunk == 0 ? written.x : written.y) != 0 ? __ldcs(src + n * POST_THREADS + threadIdx.x)  // read once
                                                      : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   const float s = a.scale;
 #pragma unroll
   for (int n = 0; n < LOADS; ++n) {
-    const DqPlace p = dq_float4_place(n * POST_THREADS + (int)threadIdx.x);
-    rows[p.row * POST_PITCH + p.col / 2] = pack2<Elem>(x[n].x * s, x[n].y * s);
-    rows[(p.row + 8) * POST_PITCH + p.col / 2] = pack2<Elem>(x[n].z * s, x[n].w * s);
+    const int f = n * POST_THREADS + (int)threadIdx.x;
+    if constexpr (DQ_T) {  // the four floats lie in four rows: 16-bit stores
+      const float e[4] = {x[n].x, x[n].y, x[n].z, x[n].w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const DqPlace p = dq_float_place(f, k);
+        reinterpret_cast<unsigned short*>(rows)[p.row * 2 * POST_PITCH + p.col] =
+            (unsigned short)(pack2<Elem>(e[k] * s, 0.f) & 0xffffu);
+      }
+    } else {
+      const DqPlace p = dq_float4_place(f);
+      rows[p.row * POST_PITCH + p.col / 2] = pack2<Elem>(x[n].x * s, x[n].y * s);
+      rows[(p.row + 8) * POST_PITCH + p.col / 2] = pack2<Elem>(x[n].z * s, x[n].w * s);
+    }
   }
   __syncthreads();
   const int b = (int)(bh / a.Hq), h = (int)(bh % a.Hq);

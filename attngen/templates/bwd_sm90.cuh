@@ -8,11 +8,12 @@
 // q-blocks the mask does not prove EMPTY (block_range_bwd.cuh, over the query heads that share the kv head), its
 // lane 0 loading their Q and dO tiles (TMA, 128-byte swizzle) and row statistics (bulk copies) into a STAGES-deep
 // ring (produce); warps 1 and 2 are the consumers' dQ writers (write_dq, bwd_dq.cuh). Warpgroups 1 and 2 each own
-// 64 kv rows and, per q-block of BQ = 64 rows, with wgmma:
+// 64 kv rows and, per q-block of BQ rows (64; 80 for full attention at head dim 128, jit/tiles.py), with wgmma:
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory), then in registers P^T and
 //   dS^T = P^T (dP^T - delta) [* d score_mod / d score] (bwd_probs.cuh, one pass);
 //   dV += P^T dO and dK += dS^T Q (A from registers, B = dO / Q read MN-major);
-//   dS^T to shared memory, then dQ = dS K (both operands MN-major from shared memory), staged in shared memory
+//   dS^T to shared memory, then dQ = dS K (dQ^T = K^T dS^T at BQ = 80; both operands MN-major from shared memory),
+//   staged in shared memory
 //   for warp 1 + consumer of warpgroup 0 to add to the fp32 dQ_acc with one bulk reduction;
 //   sm90_bwd_layout.cuh says how dQ is split;
 //   the gradients of captured tensors the call asks for summed per tile (bwd_grad_sites.cuh) under dQ's product.
@@ -268,17 +269,23 @@ __device__ __forceinline__ float (&as_frags(float (&x)[M]))[1][M / 4][4] {
   return *reinterpret_cast<float(*)[1][M / 4][4]>(&x);
 }
 
-// dS^T (this thread's A fragments of the k16 steps over q) into buffer `ds`: row = kv row of the tile, 128
-// bytes of BQ = 64 q columns, 16-byte chunk c of row r at chunk c ^ (r % 8) (the 128-byte swizzle the MN-major
-// descriptor of dQ = dS K reads). Fragment k of a step: rows r0 / r0 + 8, columns 16 kk + 2 tig (+ 8).
+// dS^T (this thread's A fragments of the k16 steps over q) into buffer `ds`, row = kv row of the tile. BQ = 64: 128
+// bytes of q columns, 16-byte chunk c of row r at chunk c ^ (r % 8) (the 128-byte swizzle the MN-major descriptor
+// of dQ = dS K reads). DS_SW32: step kk's 16 q columns in column block kk (rows of 32 bytes), chunk c of row r at
+// c ^ (r / 4 % 2) (sm90_bwd_layout.cuh). Fragment k of a step: rows r0 / r0 + 8, columns 16 kk + 2 tig (+ 8).
 __device__ __forceinline__ void store_ds(uint32_t ds, const uint32_t (&f)[KSTEPS_Q][4], int r0, int tig) {
 #pragma unroll
   for (int kk = 0; kk < KSTEPS_Q; ++kk) {
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int row = r0 + (r & 1) * 8;
-      const int chunk = 2 * kk + (r >> 1);  // 16-byte chunk: 8 q columns
-      st_shared_b32(ds + row * 128 + ((chunk ^ (row & 7)) << 4) + tig * 4, f[kk][r]);
+      if constexpr (DS_SW32) {
+        const int chunk = r >> 1;
+        st_shared_b32(ds + kk * DS_T_LBO + row * 32 + ((chunk ^ ((row >> 2) & 1)) << 4) + tig * 4, f[kk][r]);
+      } else {
+        const int chunk = 2 * kk + (r >> 1);  // 16-byte chunk: 8 q columns
+        st_shared_b32(ds + row * 128 + ((chunk ^ (row & 7)) << 4) + tig * 4, f[kk][r]);
+      }
     }
   }
 }
@@ -499,7 +506,11 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
       else named_bar_sync(BAR_DS + cw, 128);
       float dq[NDQ];
       wgmma_fence();
-      wgmma_ss_mnmajor<Elem, DQ_N, DQ_KSTEPS>(dq, make_smem_desc_sw128(ds + dq_ds_off, 1024, 1024), desc_kt);
+      // DQ_T: dQ^T = K^T dS^T, a k16 step 16 rows of K (2048 bytes) and of dS^T (32-byte rows: 512)
+      const uint64_t desc_ds = DS_SW32 ? make_smem_desc_sw32(ds, DS_T_LBO, 256)
+                                       : make_smem_desc_sw128(ds + dq_ds_off, 1024, 1024);
+      wgmma_ss_mnmajor<Elem, DQ_T ? BQ : DQ_N, DQ_KSTEPS, 2048, DS_SW32 ? 512 : 2048>(dq, DQ_T ? desc_kt : desc_ds,
+                                                                                      DQ_T ? desc_ds : desc_kt);
       wgmma_commit();
       if constexpr (kDkLast) {  // dK += dS^T Q behind dQ, so that dQ is staged under it
         wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dk, da, make_smem_desc_sw128(sm.q(stage), Q_BLOCK_BYTES, 1024));

@@ -25,28 +25,36 @@ constexpr int Q_BLOCK_BYTES = BQ * 128;        // one 64-column block of a Q (or
 constexpr int Q_BYTES = DB * Q_BLOCK_BYTES;
 constexpr int KV_BLOCK_BYTES = BK * 128;
 constexpr int KV_BYTES = DB * KV_BLOCK_BYTES;  // the K (or V) tile
-constexpr int DS_BYTES = BK * BQ * 2;          // dS^T: BK kv rows of BQ = 64 q columns (one 128-byte row each)
+constexpr int DS_BYTES = BK * BQ * 2;          // dS^T: BK kv rows of BQ q columns (DS_SW32 below)
 constexpr int STATS_BYTES = 2 * BQ * 4;        // lse_log2 then delta of one q-block
 constexpr int NS = BQ / 2;                     // S^T (and dP^T) accumulator floats per thread: 64 x BQ
 constexpr int NKV = D / 2;                     // dK (and dV) accumulator floats per thread: 64 x D
 constexpr int KSTEPS_D = D / 16;               // k16 steps of K Q^T and V dO^T
 constexpr int KSTEPS_Q = BQ / 16;              // k16 steps of P^T dO and dS^T Q
 
-// dQ = dS K (64 q rows, M = 64). From D = 128 on, each consumer takes D / NUM_CONSUMERS whole 64-column blocks
+// dQ = dS K (64 q rows, M = 64), or at BQ = 80, which is no multiple of wgmma's M, dQ^T = K^T dS^T (DQ_T: M = the
+// consumer's 64 columns of dQ, N = BQ; FA3's dQ_swapAB). From D = 128 on, each consumer takes D / NUM_CONSUMERS whole 64-column blocks
 // of dQ over all BK kv rows (each element added once); at D = 64 a 32-column half would start inside a
 // 128-byte swizzle row, so each consumer takes all D columns over its own 64 kv rows, and both add into dQ_acc.
 constexpr bool DQ_SPLIT_D = (D / NUM_CONSUMERS) % 64 == 0;
 constexpr int DQ_N = DQ_SPLIT_D ? D / NUM_CONSUMERS : D;
 constexpr int DQ_KSTEPS = DQ_SPLIT_D ? BK / 16 : 64 / 16;
-constexpr int NDQ = DQ_N / 2;
+constexpr bool DQ_T = BQ % 64 != 0;
+constexpr int NDQ = DQ_T ? BQ / 2 : DQ_N / 2;  // floats per thread of the 64 x DQ_N (DQ_T: DQ_N x BQ) accumulator
+
+// dS^T in shared memory, BK kv rows of BQ q columns: at BQ = 64 one 128-byte swizzled row per kv row (the MN-major
+// A of dQ = dS K); at BQ = 80 the MN-major B of dQ^T in 32-byte swizzle atoms (160-byte rows: no wider swizzle
+// divides them), BQ / 16 column blocks of BK rows x 32 bytes, DS_T_LBO apart (sm90_wgmma.cuh make_smem_desc_sw32).
+constexpr bool DS_SW32 = DQ_T;
+constexpr int DS_T_LBO = BK * 32;
 
 // dQ's path to the fp32 dQ_acc: each consumer stages its 64 x DQ_N tile and a writer warp adds it with one bulk
 // reduction (per-thread reductions queue on the load/store unit). dQ_acc is tiled: q-block i of head (b, h) is
 // BQ * D contiguous floats at ((b * Hq + h) * Lq_pad + i * BQ) * D, in which chunk c (a consumer's DQ_N columns;
-// 0 at D = 64) is 64 * DQ_N floats in the accumulator's thread order, [DQ_N / 8][128 threads][4]: float4 v of
-// thread t holds rows r, r + 8 (r = 16 (t / 32) + t % 32 / 4) at columns c DQ_N + 8 v + 2 (t % 4) + {0, 1}
-// (dq_tile_offset).
-constexpr int DQ_STAGE_BYTES = 64 * DQ_N * 4;  // one consumer's staged dQ
+// 0 at D = 64) is BQ * DQ_N floats in the accumulator's thread order, [NDQ / 4][128 threads][4]: float4 v of
+// thread t holds rows r, r + 8 (r = 16 (t / 32) + t % 32 / 4) at columns c DQ_N + 8 v + 2 (t % 4) + {0, 1}; with
+// DQ_T, rows and columns of dQ^T: dQ rows 8 v + 2 (t % 4) + {0, 1} at columns c DQ_N + r, r + 8 (dq_tile_offset).
+constexpr int DQ_STAGE_BYTES = BQ * DQ_N * 4;  // one consumer's staged dQ
 constexpr int DQ_CHUNK = DQ_SPLIT_D ? 1 : 0;   // the chunk of consumer cw is DQ_CHUNK * cw
 
 // Shared memory (offsets from a 1024-byte aligned base; tiles are multiples of 1024 bytes, so every 8-row
@@ -98,7 +106,8 @@ constexpr uint32_t BAR_DKV = 6;  // + consumer index: DKV_STAGED's dK, dV staged
 static_assert(sizeof(Elem) == 2, "16-bit inputs only");
 static_assert(attngen_head_dim_supported(D), "head dim: one of ATTNGEN_HEAD_DIMS");
 static_assert(D % 64 == 0 && D <= 128, "head dim: 64 or 128 (256 takes the sm80 backward: dK + dV do not fit)");
-static_assert(BQ == 64, "dS^T rows are one 128-byte swizzle row, and dQ's wgmma M is 64");
+static_assert(BQ == 64 || (BQ == 80 && DQ_SPLIT_D && DQ_N == 64 && !DKV_STAGED),
+              "BQ: 64, or 80 at head dim 128 (dQ^T's M is a consumer's 64 columns; dK is staged in 128-byte rows)");
 static_assert(NUM_CONSUMERS == 2 && BK == 64 * NUM_CONSUMERS, "two consumer warpgroups of 64 kv rows");
 static_assert(STAGES >= 2, "Q / dO of the next q-block load under this one");
 static_assert(DQ_SPLIT_D || D == 64, "dQ split by columns, or by kv rows at D = 64");
@@ -108,7 +117,8 @@ static_assert(OFF_STATS % 16 == 0 && OFF_TURN % 8 == 0 && OFF_TILE % 8 == 0 && O
 static_assert(OFF_DQ % 16 == 0 && DQ_STAGE_BYTES % 16 == 0, "bulk reductions read 16-byte aligned sources");
 static_assert(!DKV_STAGED || (OFF_DS % 1024 == 0 && OFF_DQ % 1024 == 0 && DQ_STAGE_BYTES >= 64 * D * 2),
               "DKV_STAGED: 1024-aligned boxes of 64 kv rows in the dS^T buffers and the staged dQ");
-static_assert(GRAD_ROWS == 64 && GRAD_ROWS + BQ - 1 <= GRAD_BINS, "a diagonal bin per diagonal of a consumer's tile");
+static_assert(GRAD_ROWS == 64 && (kGradDiagSites == 0 || GRAD_ROWS + BQ - 1 <= GRAD_BINS),
+              "a diagonal bin per diagonal of a consumer's tile");
 static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0 && DS_BYTES % 1024 == 0, "1024-aligned swizzle atoms");
 static_assert(SMEM_BYTES <= SMEM_LIMIT,
               "tiles do not fit in shared memory: lower STAGES (or codegen.GRAD_DIAG_SITES, whose bins take room)");
@@ -159,47 +169,58 @@ struct BwdSmem {
   __device__ uint32_t tile_full() const { return bar(2 + 2 * STAGES + 3 * NUM_CONSUMERS); }
 };
 
-// Float offset in a tiled dQ_acc q-block of the element at tile row r (< 64), column col.
+// Float offset in a tiled dQ_acc q-block of the element at tile row r (< BQ), column col.
 __host__ __device__ constexpr int dq_tile_offset(int r, int col) {
   const int c = DQ_SPLIT_D ? col / DQ_N : 0, cl = col - c * DQ_N;
-  const int t = (r / 16) * 32 + (r % 8) * 4 + (cl % 8) / 2;
-  return ((c * (DQ_N / 8) + cl / 8) * 128 + t) * 4 + ((r / 8) % 2) * 2 + cl % 2;
+  const int m = DQ_T ? cl : r, n = DQ_T ? r : cl;  // the accumulator's row and column
+  const int t = (m / 16) * 32 + (m % 8) * 4 + (n % 8) / 2;
+  return c * (DQ_STAGE_BYTES / 4) + ((n / 8) * 128 + t) * 4 + ((m / 8) % 2) * 2 + n % 2;
 }
 
 // dq_tile_offset inverts the staging order (bwd_sm90.cuh stage_dq, the writer's chunk offset): float k of float4 v
 // of thread t of chunk c, the accumulator's element at row 16 (t / 32) + t % 32 / 4 + 8 (k / 2), column
-// c DQ_N + 8 v + 2 (t % 4) + k % 2, lies at c 64 DQ_N + (v 128 + t) 4 + k. Checked whole at build time.
+// 8 v + 2 (t % 4) + k % 2 (dQ's row and column c DQ_N + that; with DQ_T, its column c DQ_N + row and row column),
+// lies at c BQ DQ_N + (v 128 + t) 4 + k. Checked whole at build time.
 constexpr bool dq_tile_offset_inverts_staging() {
   for (int c = 0; c < (DQ_SPLIT_D ? NUM_CONSUMERS : 1); ++c)
     for (int t = 0; t < 128; ++t)
-      for (int v = 0; v < DQ_N / 8; ++v)
+      for (int v = 0; v < NDQ / 4; ++v)
         for (int k = 0; k < 4; ++k) {
-          const int r = 16 * (t / 32) + (t % 32) / 4 + 8 * (k / 2), col = c * DQ_N + 8 * v + 2 * (t % 4) + k % 2;
-          if (dq_tile_offset(r, col) != c * 64 * DQ_N + (v * 128 + t) * 4 + k) return false;
+          const int m = 16 * (t / 32) + (t % 32) / 4 + 8 * (k / 2), n = 8 * v + 2 * (t % 4) + k % 2;
+          const int r = DQ_T ? n : m, col = c * DQ_N + (DQ_T ? m : n);
+          if (dq_tile_offset(r, col) != c * (DQ_STAGE_BYTES / 4) + (v * 128 + t) * 4 + k) return false;
         }
   return true;
 }
 static_assert(dq_tile_offset_inverts_staging(), "the postprocess reads dQ_acc where the staging did not put it");
 
-// Where float4 f (< BQ * D / 4) of a tiled dQ_acc q-block lies: x, y at tile row `row`, columns col, col + 1; z, w
-// at row + 8 (the staging order above, read back in that order by the postprocess, bwd_sm90.cuh).
+// Where float4 f (< BQ * D / 4) of a tiled dQ_acc q-block lies (the staging order above, read back in that order
+// by the postprocess, bwd_dq.cuh): x, y at tile row `row`, columns col, col + 1; z, w at row + 8. With DQ_T, x, y at
+// rows row, row + 1 of column col; z, w at column col + 8.
 struct DqPlace {
   int row, col;
 };
 __host__ __device__ constexpr DqPlace dq_float4_place(int f) {
-  const int c = f / (16 * DQ_N), v = f % (16 * DQ_N) / 128, t = f % 128;
-  return {16 * (t / 32) + t % 32 / 4, c * DQ_N + 8 * v + 2 * (t % 4)};
+  constexpr int CHUNK4 = DQ_STAGE_BYTES / 16;  // float4 of a chunk
+  const int c = f / CHUNK4, v = f % CHUNK4 / 128, t = f % 128;
+  const int m = 16 * (t / 32) + t % 32 / 4, n = 8 * v + 2 * (t % 4);
+  return DQ_T ? DqPlace{n, c * DQ_N + m} : DqPlace{m, c * DQ_N + n};
 }
 
-// dq_float4_place agrees with dq_tile_offset on every float of a q-block.
+// The tile row and column of float k of float4 f: x, y, z, w as above.
+__host__ __device__ constexpr DqPlace dq_float_place(int f, int k) {
+  const DqPlace p = dq_float4_place(f);
+  const int hi = k / 2, lo = k % 2;
+  return DQ_T ? DqPlace{p.row + lo, p.col + 8 * hi} : DqPlace{p.row + 8 * hi, p.col + lo};
+}
+
+// dq_float_place agrees with dq_tile_offset on every float of a q-block.
 constexpr bool dq_float4_place_matches_offsets() {
-  for (int f = 0; f < BQ * D / 4; ++f) {
-    const DqPlace p = dq_float4_place(f);
-    if (p.row + 8 >= BQ || p.col + 1 >= D) return false;
-    if (dq_tile_offset(p.row, p.col) != 4 * f || dq_tile_offset(p.row, p.col + 1) != 4 * f + 1 ||
-        dq_tile_offset(p.row + 8, p.col) != 4 * f + 2 || dq_tile_offset(p.row + 8, p.col + 1) != 4 * f + 3)
-      return false;
-  }
+  for (int f = 0; f < BQ * D / 4; ++f)
+    for (int k = 0; k < 4; ++k) {
+      const DqPlace p = dq_float_place(f, k);
+      if (p.row >= BQ || p.col >= D || dq_tile_offset(p.row, p.col) != 4 * f + k) return false;
+    }
   return true;
 }
 static_assert(dq_float4_place_matches_offsets(), "the postprocess would put dQ_acc's floats in the wrong places");

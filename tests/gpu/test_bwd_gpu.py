@@ -353,3 +353,74 @@ def test_no_queries_give_zero_kv_gradients():
                                          torch.empty(2, 4, 0, device=DEV), params=attn._param_fields())
     torch.cuda.synchronize()
     assert dq.shape == q.shape and (dk == 0).all() and (dv == 0).all()
+
+
+# (variant, dtype, B, Hq, Hkv, Lq, Lk, q_offset) at head dim 128 with 80-row q-blocks: odd lengths (a last q-block
+# of 32 rows at 8192 - 102 x 80), one partial q-block, GQA / MQA, q_len != kv_len with q_offset, fully masked rows,
+# fp16, more work tiles than SMs
+BQ80_CASES = [
+    ("full", torch.bfloat16, 2, 4, 2, 200, 200, 0),
+    ("full", torch.float16, 1, 4, 1, 333, 517, 0),
+    ("full", torch.bfloat16, 1, 2, 2, 33, 90, 0),
+    ("full", torch.bfloat16, 2, 8, 4, 2000, 4450, 0),
+    ("causal", torch.bfloat16, 2, 4, 2, 77, 300, 150),
+    ("sliding_window", torch.float16, 1, 2, 1, 700, 700, 0),
+    ("document_masked_rows", torch.bfloat16, 1, 4, 4, 512, 512, 0),
+]
+
+
+@pytest.mark.requires_sm90
+@pytest.mark.parametrize("case", BQ80_CASES, ids=lambda c: f"{c[0]}-{str(c[1])[6:]}-{c[2]}x{c[3]}x{c[4]}-{c[5]}x{c[6]}+{c[7]}")
+def test_block_q_80_matches_float64(case, monkeypatch):
+    """80 q rows per step (Sm90BwdTiles.block_q: dQ^T = K^T dS^T, dS^T in 32-byte swizzle rows, a transposed dQ_acc
+    chunk the postprocess reads back) against float64 autograd, judged as test_backward_matches_float64; fully
+    masked rows get zero dq."""
+    name, dt, B, Hq, Hkv, Lq, Lk, q_offset = case
+    hd = 128
+    docs = torch.randint(0, 4, (NPOS,), generator=torch.Generator().manual_seed(7)).sort().values.to(DEV)
+    attn = {"full": lambda: attngen.compile(), "causal": lambda: attngen.compile(causal=True),
+            "sliding_window": lambda: attngen.compile(window=64),
+            "document_masked_rows": lambda: attngen.compile(
+                mask_mod=attngen.document(docs) & attngen.MaskMod(_late, "late"))}[name]()  # fresh: its own library
+    import attngen.jit.spec as spec
+    from dataclasses import replace
+
+    from attngen.jit.tiles import sm90_bwd_ladder
+
+    monkeypatch.setattr(spec, "sm90_bwd_ladder", lambda d, **kw: tuple(
+        replace(t, block_q=80, split_probs=True, dkv_staged=False) for t in sm90_bwd_ladder(d, **kw)))
+    lib = attn.backward_library(dt, hd, torch.cuda.current_device(), "sm90_bwd")
+    assert lib.block_q == 80
+    gen = torch.Generator(device="cpu").manual_seed(zlib.crc32(repr(case).encode()) & 0xFFFF)
+    q, k, v, do = (torch.randn(*s, generator=gen, dtype=torch.float64)
+                   for s in ((B, Hq, Lq, hd), (B, Hkv, Lk, hd), (B, Hkv, Lk, hd), (B, Hq, Lq, hd)))
+    qd, kd, vd, dod = (t.to(DEV, dt) for t in (q, k, v, do))
+    scale = 1.0 / math.sqrt(hd)
+    out, lse = attn(qd, kd, vd, scale=scale, q_offset=q_offset, return_lse=True)
+    captured = [c.tensor for c in attn.facts.captured]
+    tensors = {c.name: c.tensor for c in attn.facts.captured}
+    summaries = tuple(s.compute(tensors, lib.block_q, lib.block_k, Lq, Lk, q_offset) for s in attn.facts.summaries)
+    runs = []
+    for deterministic in (False, True, True):
+        poison_allocator(256 << 20)
+        runs.append(attngen.launch.backward(lib, qd, kd, vd, out, dod, lse, scale=scale, q_offset=q_offset,
+                                            captured=captured, summaries=summaries, params=attn._param_fields(),
+                                            deterministic=deterministic))
+        torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(runs[1], runs[2])), "deterministic mode: runs differ"
+    dq, dk, dv = runs[0]
+    ins = [t.to(dt).to(DEV, torch.float64).requires_grad_() for t in (q, k, v)]
+    ref_out, _ = reference64.attention(*ins, attn.variant, scale=scale, q_offset=q_offset)
+    refs = torch.autograd.grad(ref_out, ins, dod.double())
+    ins_e = [t.detach().to(dt).requires_grad_() for t in ins]
+    eagers = torch.autograd.grad(eager(*ins_e, attn.variant, scale, q_offset), ins_e, dod)
+    for what, got, got_det, ref, e in zip(("dq", "dk", "dv"), runs[0], runs[1], refs, eagers):
+        assert torch.isfinite(got).all(), f"{what}: non-finite values"
+        eager_err = (e.double() - ref).abs().max().item()
+        for mode, g in (("", got), ("deterministic ", got_det)):
+            err = (g.double() - ref).abs().max().item()
+            print(f"{mode}{what}: err {err:.3e} eager {eager_err:.3e}")
+            assert err <= 2.0 * eager_err + 1e-3, f"{mode}{what}: kernel err {err:.3e} > 2 x eager err {eager_err:.3e}"
+    if name == "document_masked_rows":
+        rows = torch.arange(Lq, device=DEV) + q_offset < 40
+        assert (dq[:, :, rows] == 0).all(), "fully masked rows must get zero dq"
