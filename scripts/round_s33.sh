@@ -10,6 +10,9 @@
 # C: where full attention's step goes (step_kernel_times.py: each kernel's time in the step and the GPU's span, full and
 #    causal), the SM clock and power sampled meanwhile (nvidia-smi, every 250 ms) and during bwd_tiles_ab.py's full
 #    at 64 and 80 q rows.
+# D: on the landed tree (the 64-row kernel's templates changed with the 80-row one: the staged dQ's size and offsets,
+#    dS^T's store, the dQ product's steps): the backward, deterministic, autograd and captured-gradient suites, then
+#    the backward's small cases under compute-sanitizer memcheck and racecheck.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests, smoke_backward, sanitize_backward, pack_results
@@ -43,5 +46,10 @@ if mhz:
     print(f"SM clock MHz: {len(mhz)} samples, min {mhz[0]}, median {mhz[len(mhz) // 2]}, max {mhz[-1]}; "
           f"power W median {watts[len(watts) // 2]:.0f}, max {watts[-1]:.0f}")
 PY
+    pack_results ;;
+  D)
+    run_tests bwd 300 -n 8 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_autograd_gpu.py \
+      tests/gpu/test_captured_grads_gpu.py
+    smoke_backward 120 && { sanitize_backward memcheck 100; sanitize_backward racecheck 120; }
     pack_results ;;
 esac
