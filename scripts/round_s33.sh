@@ -13,6 +13,10 @@
 # D: on the landed tree (the 64-row kernel's templates changed with the 80-row one: the staged dQ's size and offsets,
 #    dS^T's store, the dQ product's steps): the backward, deterministic, autograd and captured-gradient suites, then
 #    the backward's small cases under compute-sanitizer memcheck and racecheck.
+# E: dQ split between the consumers by kv rows at head dim 128 (an experimental Sm90BwdTiles.dq_kv_split, not landed:
+#    DQ_SPLIT_D forced off, the head dim 64 path, each consumer's dQ over its own 64 kv rows and all 128 columns, both
+#    added into one dQ_acc tile) against the column split (a GPU test, not landed), then A B A' B' on the rungs the
+#    ladders take: full and causal on the split rung, the window and the document on split + staged.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests, smoke_backward, sanitize_backward, pack_results
@@ -51,5 +55,15 @@ PY
     run_tests bwd 300 -n 8 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_autograd_gpu.py \
       tests/gpu/test_captured_grads_gpu.py
     smoke_backward 120 && { sanitize_backward memcheck 100; sanitize_backward racecheck 120; }
+    pack_results ;;
+  E)
+    run_tests kvsplit 200 -n 4 tests/gpu/test_bwd_gpu.py -k dq_split_by_kv_rows
+    timeout 200 python scripts/bwd_tiles_ab.py --variants full causal --set split_probs=1 split_probs=1,dq_kv_split=1 \
+      split_probs=1,walk_shift=0 split_probs=1,dq_kv_split=1,walk_shift=0 2>&1 \
+      | tee "$R/bwd_dq_kv_split_full_causal.log" | grep -E "TFLOP|grad at|rror"
+    S="split_probs=1,dkv_staged=1"
+    timeout 150 python scripts/bwd_tiles_ab.py --variants sliding_window document --set $S $S,dq_kv_split=1 \
+      $S,walk_shift=0 $S,dq_kv_split=1,walk_shift=0 2>&1 \
+      | tee "$R/bwd_dq_kv_split_window_document.log" | grep -E "TFLOP|grad at|rror"
     pack_results ;;
 esac
