@@ -8,7 +8,7 @@
 // q-blocks the mask does not prove EMPTY (block_range_bwd.cuh, over the query heads that share the kv head), its
 // lane 0 loading their Q and dO tiles (TMA, 128-byte swizzle) and row statistics (bulk copies) into a STAGES-deep
 // ring (produce); warps 1 and 2 are the consumers' dQ writers (write_dq, bwd_dq.cuh). Warpgroups 1 and 2 each own
-// 64 kv rows and, per q-block of BQ rows (64; 80 for full attention at head dim 128, jit/tiles.py), with wgmma:
+// 64 kv rows and, per q-block of BQ rows (64; 80 as a tile option at head dim 128, jit/tiles.py), with wgmma:
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory), then in registers P^T and
 //   dS^T = P^T (dP^T - delta) [* d score_mod / d score] (bwd_probs.cuh, one pass);
 //   dV += P^T dO and dK += dS^T Q (A from registers, B = dO / Q read MN-major);

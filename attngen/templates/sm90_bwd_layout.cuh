@@ -33,9 +33,10 @@ constexpr int KSTEPS_D = D / 16;               // k16 steps of K Q^T and V dO^T
 constexpr int KSTEPS_Q = BQ / 16;              // k16 steps of P^T dO and dS^T Q
 
 // dQ = dS K (64 q rows, M = 64), or at BQ = 80, which is no multiple of wgmma's M, dQ^T = K^T dS^T (DQ_T: M = the
-// consumer's 64 columns of dQ, N = BQ; FA3's dQ_swapAB). From D = 128 on, each consumer takes D / NUM_CONSUMERS whole 64-column blocks
-// of dQ over all BK kv rows (each element added once); at D = 64 a 32-column half would start inside a
-// 128-byte swizzle row, so each consumer takes all D columns over its own 64 kv rows, and both add into dQ_acc.
+// consumer's 64 columns of dQ, N = BQ; FA3's dQ_swapAB). From D = 128 on, each consumer takes D / NUM_CONSUMERS
+// whole 64-column blocks of dQ over all BK kv rows (each element added once); at D = 64 a 32-column half would start
+// inside a 128-byte swizzle row, so each consumer takes all D columns over its own 64 kv rows, and both add into
+// dQ_acc.
 constexpr bool DQ_SPLIT_D = (D / NUM_CONSUMERS) % 64 == 0;
 constexpr int DQ_N = DQ_SPLIT_D ? D / NUM_CONSUMERS : D;
 constexpr int DQ_KSTEPS = DQ_SPLIT_D ? BK / 16 : 64 / 16;
@@ -48,7 +49,7 @@ constexpr int NDQ = DQ_T ? BQ / 2 : DQ_N / 2;  // floats per thread of the 64 x 
 constexpr bool DS_SW32 = DQ_T;
 constexpr int DS_T_LBO = BK * 32;
 
-// dQ's path to the fp32 dQ_acc: each consumer stages its 64 x DQ_N tile and a writer warp adds it with one bulk
+// dQ's path to the fp32 dQ_acc: each consumer stages its BQ x DQ_N tile and a writer warp adds it with one bulk
 // reduction (per-thread reductions queue on the load/store unit). dQ_acc is tiled: q-block i of head (b, h) is
 // BQ * D contiguous floats at ((b * Hq + h) * Lq_pad + i * BQ) * D, in which chunk c (a consumer's DQ_N columns;
 // 0 at D = 64) is BQ * DQ_N floats in the accumulator's thread order, [NDQ / 4][128 threads][4]: float4 v of

@@ -370,7 +370,8 @@ BQ80_CASES = [
 
 
 @pytest.mark.requires_sm90
-@pytest.mark.parametrize("case", BQ80_CASES, ids=lambda c: f"{c[0]}-{str(c[1])[6:]}-{c[2]}x{c[3]}x{c[4]}-{c[5]}x{c[6]}+{c[7]}")
+@pytest.mark.parametrize("case", BQ80_CASES,
+                         ids=lambda c: f"{c[0]}-{str(c[1])[6:]}-{c[2]}x{c[3]}x{c[4]}-{c[5]}x{c[6]}+{c[7]}")
 def test_block_q_80_matches_float64(case, monkeypatch):
     """80 q rows per step (Sm90BwdTiles.block_q: dQ^T = K^T dS^T, dS^T in 32-byte swizzle rows, a transposed dQ_acc
     chunk the postprocess reads back) against float64 autograd, judged as test_backward_matches_float64; fully
