@@ -17,6 +17,7 @@
 #    DQ_SPLIT_D forced off, the head dim 64 path, each consumer's dQ over its own 64 kv rows and all 128 columns, both
 #    added into one dQ_acc tile) against the column split (a GPU test, not landed), then A B A' B' on the rungs the
 #    ladders take: full and causal on the split rung, the window and the document on split + staged.
+# F: test_bwd_gpu.py after its review (one float64 judge and one variant factory shared by its tests).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests, smoke_backward, sanitize_backward, pack_results
@@ -65,5 +66,8 @@ PY
     timeout 150 python scripts/bwd_tiles_ab.py --variants sliding_window document --set $S $S,dq_kv_split=1 \
       $S,walk_shift=0 $S,dq_kv_split=1,walk_shift=0 2>&1 \
       | tee "$R/bwd_dq_kv_split_window_document.log" | grep -E "TFLOP|grad at|rror"
+    pack_results ;;
+  F)
+    run_tests bwd_review 300 -n 8 tests/gpu/test_bwd_gpu.py
     pack_results ;;
 esac

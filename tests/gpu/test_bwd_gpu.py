@@ -27,20 +27,22 @@ def _late(b, h, q, k):
     return q >= 40  # queries 0..39 see nothing: fully masked rows
 
 
+def make_variant(name, **options):
+    """A fresh compiled variant of the cases (its own libraries), attngen.compile's options added."""
+    if name == "document_masked_rows":
+        docs = torch.randint(0, 4, (NPOS,), generator=torch.Generator().manual_seed(7)).sort().values.to(DEV)
+        return attngen.compile(mask_mod=attngen.document(docs) & attngen.MaskMod(_late, "late"), **options)
+    return attngen.compile(**{
+        "full": {}, "causal": dict(causal=True), "sliding_window": dict(window=64),
+        # score_mods: dS carries d score_mod / d score (variant.inc's score_mod_grad)
+        "softcap_causal": dict(softcap=20.0, causal=True), "alibi": dict(score_mod=attngen.alibi(4)),
+    }[name], **options)
+
+
 @functools.lru_cache(maxsize=None)
 def variants():
-    gen = torch.Generator().manual_seed(7)
-    docs = torch.randint(0, 4, (NPOS,), generator=gen).sort().values.to(DEV)
-    return {
-        "full": attngen.compile(backend="sm80"),
-        "causal": attngen.compile(causal=True, backend="sm80"),
-        "sliding_window": attngen.compile(window=64, backend="sm80"),
-        "document_masked_rows": attngen.compile(mask_mod=attngen.document(docs) & attngen.MaskMod(_late, "late"),
-                                                backend="sm80"),
-        # score_mods: dS carries d score_mod / d score (variant.inc's score_mod_grad)
-        "softcap_causal": attngen.compile(softcap=20.0, causal=True, backend="sm80"),
-        "alibi": attngen.compile(score_mod=attngen.alibi(4), backend="sm80"),
-    }
+    return {n: make_variant(n, backend="sm80")
+            for n in ("full", "causal", "sliding_window", "document_masked_rows", "softcap_causal", "alibi")}
 
 
 # (variant, dtype, head dim, B, Hq, Hkv, Lq, Lk, q_offset)
@@ -141,27 +143,33 @@ def test_backward_matches_float64(case, family):
                                          captured=captured, summaries=summaries, params=attn._param_fields())
     torch.cuda.synchronize()
 
-    # float64 golden, on the inputs as the kernel saw them (rounded to dt)
-    ins = [t.to(dt).to(DEV, torch.float64).requires_grad_() for t in (q, k, v)]
-    ref_out, _ = reference64.attention(*ins, attn.variant, scale=scale, q_offset=q_offset)
-    refs = torch.autograd.grad(ref_out, ins, dod.double())
-    ins_e = [t.detach().to(dt).requires_grad_() for t in ins]
-    eager_out = eager(*ins_e, attn.variant, scale, q_offset)
-    eagers = torch.autograd.grad(eager_out, ins_e, dod)
-
-    for what, got, ref, e in zip(("dq", "dk", "dv"), (dq, dk, dv), refs, eagers):
-        assert got.shape == ref.shape and got.dtype == dt
-        assert torch.isfinite(got).all(), f"{what}: non-finite values"
-        err = (got.double() - ref).abs().max().item()
-        eager_err = (e.double() - ref).abs().max().item()
-        print(f"{what}: err {err:.3e} eager {eager_err:.3e} |ref| {ref.abs().max().item():.3e}")
-        assert err <= 2.0 * eager_err + 1e-3, f"{what}: kernel err {err:.3e} > 2 x eager err {eager_err:.3e}"
+    assert_grads_match_float64({"": (dq, dk, dv)}, q, k, v, do, dt, attn, scale, q_offset)
     if name == "document_masked_rows":
         rows = torch.arange(Lq, device=DEV) + q_offset < 40
         assert (dq[:, :, rows] == 0).all(), "fully masked rows must get zero dq"
 
 
-def _sm90_bwd_library(monkeypatch, hd, attn, **setting):
+def assert_grads_match_float64(runs, q, k, v, do, dt, attn, scale, q_offset):
+    """Each run's (dq, dk, dv) (runs: by label) within 2x a same-dtype eager implementation's error against float64
+    autograd of the golden, on the float64 inputs q, k, v, do as the kernel saw them (rounded to dt)."""
+    ins = [t.to(dt).to(DEV, torch.float64).requires_grad_() for t in (q, k, v)]
+    ref_out, _ = reference64.attention(*ins, attn.variant, scale=scale, q_offset=q_offset)
+    dod = do.to(DEV, dt)
+    refs = torch.autograd.grad(ref_out, ins, dod.double())
+    ins_e = [t.detach().to(dt).requires_grad_() for t in ins]
+    eagers = torch.autograd.grad(eager(*ins_e, attn.variant, scale, q_offset), ins_e, dod)
+    for label, grads in runs.items():
+        for what, got, ref, e in zip(("dq", "dk", "dv"), grads, refs, eagers):
+            what = f"{label} {what}".strip()
+            assert got.shape == ref.shape and got.dtype == dt
+            assert torch.isfinite(got).all(), f"{what}: non-finite values"
+            err = (got.double() - ref).abs().max().item()
+            eager_err = (e.double() - ref).abs().max().item()
+            print(f"{what}: err {err:.3e} eager {eager_err:.3e} |ref| {ref.abs().max().item():.3e}")
+            assert err <= 2.0 * eager_err + 1e-3, f"{what}: kernel err {err:.3e} > 2 x eager err {eager_err:.3e}"
+
+
+def _sm90_bwd_library(monkeypatch, hd, attn, dtype=torch.bfloat16, **setting):
     """attn's sm90 backward library built with fields of jit.tiles.Sm90BwdTiles set (its own cache entry): the
     spec's ladder (jit/spec.py reads it) patched to the shipped one (jit/tiles.py's) with the setting replaced."""
     import attngen.jit.spec as spec
@@ -171,7 +179,7 @@ def _sm90_bwd_library(monkeypatch, hd, attn, **setting):
 
     monkeypatch.setattr(spec, "sm90_bwd_ladder",
                         lambda d, **kw: tuple(replace(t, **setting) for t in sm90_bwd_ladder(d, **kw)))
-    return attn.backward_library(torch.bfloat16, hd, torch.cuda.current_device(), "sm90_bwd")
+    return attn.backward_library(dtype, hd, torch.cuda.current_device(), "sm90_bwd")
 
 
 def _grads_per_setting(monkeypatch, hd, shape, settings, make_variant, captured=(), q_offset=0):
@@ -378,19 +386,8 @@ def test_block_q_80_matches_float64(case, monkeypatch):
     masked rows get zero dq."""
     name, dt, B, Hq, Hkv, Lq, Lk, q_offset = case
     hd = 128
-    docs = torch.randint(0, 4, (NPOS,), generator=torch.Generator().manual_seed(7)).sort().values.to(DEV)
-    attn = {"full": lambda: attngen.compile(), "causal": lambda: attngen.compile(causal=True),
-            "sliding_window": lambda: attngen.compile(window=64),
-            "document_masked_rows": lambda: attngen.compile(
-                mask_mod=attngen.document(docs) & attngen.MaskMod(_late, "late"))}[name]()  # fresh: its own library
-    import attngen.jit.spec as spec
-    from dataclasses import replace
-
-    from attngen.jit.tiles import sm90_bwd_ladder
-
-    monkeypatch.setattr(spec, "sm90_bwd_ladder", lambda d, **kw: tuple(
-        replace(t, block_q=80, split_probs=True, dkv_staged=False) for t in sm90_bwd_ladder(d, **kw)))
-    lib = attn.backward_library(dt, hd, torch.cuda.current_device(), "sm90_bwd")
+    attn = make_variant(name)
+    lib = _sm90_bwd_library(monkeypatch, hd, attn, dt, block_q=80, split_probs=True, dkv_staged=False)
     assert lib.block_q == 80
     gen = torch.Generator(device="cpu").manual_seed(zlib.crc32(repr(case).encode()) & 0xFFFF)
     q, k, v, do = (torch.randn(*s, generator=gen, dtype=torch.float64)
@@ -409,19 +406,7 @@ def test_block_q_80_matches_float64(case, monkeypatch):
                                             deterministic=deterministic))
         torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(runs[1], runs[2])), "deterministic mode: runs differ"
-    dq, dk, dv = runs[0]
-    ins = [t.to(dt).to(DEV, torch.float64).requires_grad_() for t in (q, k, v)]
-    ref_out, _ = reference64.attention(*ins, attn.variant, scale=scale, q_offset=q_offset)
-    refs = torch.autograd.grad(ref_out, ins, dod.double())
-    ins_e = [t.detach().to(dt).requires_grad_() for t in ins]
-    eagers = torch.autograd.grad(eager(*ins_e, attn.variant, scale, q_offset), ins_e, dod)
-    for what, got, got_det, ref, e in zip(("dq", "dk", "dv"), runs[0], runs[1], refs, eagers):
-        assert torch.isfinite(got).all(), f"{what}: non-finite values"
-        eager_err = (e.double() - ref).abs().max().item()
-        for mode, g in (("", got), ("deterministic ", got_det)):
-            err = (g.double() - ref).abs().max().item()
-            print(f"{mode}{what}: err {err:.3e} eager {eager_err:.3e}")
-            assert err <= 2.0 * eager_err + 1e-3, f"{mode}{what}: kernel err {err:.3e} > 2 x eager err {eager_err:.3e}"
+    assert_grads_match_float64({"": runs[0], "deterministic": runs[1]}, q, k, v, do, dt, attn, scale, q_offset)
     if name == "document_masked_rows":
         rows = torch.arange(Lq, device=DEV) + q_offset < 40
-        assert (dq[:, :, rows] == 0).all(), "fully masked rows must get zero dq"
+        assert (runs[0][0][:, :, rows] == 0).all(), "fully masked rows must get zero dq"
