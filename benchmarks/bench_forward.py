@@ -171,14 +171,24 @@ def bench_ms(fn) -> float:
     return float(r)
 
 
+def rotated(order, r: int) -> list:
+    """``order`` started at its (r mod len)-th entry: round r's order, so that over len(order) rounds each
+    implementation is timed once in each place of a round (on the power-capped H200 one place of a round read 3-5%
+    slower than the others for the same kernel: docs/performance.md)."""
+    order = list(order)
+    k = r % len(order) if order else 0
+    return order[k:] + order[:k]
+
+
 def interleaved_ms(fns: dict, row: dict, order=("attngen", "flex", "sdpa")) -> None:
-    """fns (by name: attngen, flex, sdpa, or those of ``order``) timed in ROUNDS interleaved rounds (bench_ms each, in
-    ``order``): row[name + '_ms'] the median, row[name + '_ms_rounds'] the rounds; an implementation that fails is
-    dropped, its error in row[name + '_error']."""
+    """fns (by name: attngen, flex, sdpa, or those of ``order``) timed in ROUNDS interleaved rounds (bench_ms each,
+    round r in ``order`` rotated by r, ``rotated``): row[name + '_ms'] the median, row[name + '_ms_rounds'] the rounds;
+    an implementation that fails is dropped, its error in row[name + '_error']."""
     times = {n: [] for n in fns}
     live = dict(fns)
-    for _ in range(ROUNDS):
-        for n in order:
+    present = [n for n in order if n in fns]
+    for r in range(ROUNDS):
+        for n in rotated(present, r):
             if n in live:
                 try:
                     times[n].append(bench_ms(live[n]))
@@ -373,9 +383,10 @@ def run_anchors(args, dtype, device):
             continue
 
         # Make every callable first (flex and attngen compile here, leaving the GPU idle for seconds),
-        # then time them interleaved: ROUNDS rounds of attngen, flex, SDPA after a short heat-up, each
-        # figure the median of its rounds. Timing each right after its own compile let a kernel run on
-        # a GPU that had cooled while the compiler worked, and the next one on a hot GPU.
+        # then time them interleaved: ROUNDS rounds of attngen, flex, SDPA (each round starting one further
+        # on) after a short heat-up, each figure the median of its rounds. Timing each right after its own
+        # compile let a kernel run on a GPU that had cooled while the compiler worked, and the next one on a
+        # hot GPU.
         fns = {}
         ref_out = None
         if flex is not None:

@@ -37,7 +37,7 @@ def main(argv=None):
         from attngen.jit.spec import SM90_BWD_KERNEL, build_first_without_spills
 
         hd = args.head_dim
-        print("| variant | rungs (producer / consumer registers, split_probs, dkv_staged): spilled bytes |")
+        print("| variant | rungs (producer / consumer registers, split_probs, dkv_staged, s_ahead): spilled bytes |")
         print("|---|---|")
         for key in args.variants:
             score_mod, mask_mod = bf.make_variant(key, 8192, 16, "cpu")
@@ -52,7 +52,8 @@ def main(argv=None):
                                                           kernel=SM90_BWD_KERNEL)
                 spills.append(spill)
             rungs = [f"{t.producer_regs} / {t.consumer_regs}{' split' if t.split_probs else ''}"
-                     f"{' staged' if t.dkv_staged else ''}: {s} B" for t, s in zip(ladder, spills)]
+                     f"{' staged' if t.dkv_staged else ''}{f' ahead {t.s_ahead}' if t.s_ahead else ''}: {s} B"
+                     for t, s in zip(ladder, spills)]
             print(f"| {key} | {', '.join(rungs)} |", flush=True)
 
 

@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # variants by name, as an expression over attngen and torch (each side evaluates it with its own attngen)
 VARIANTS = {
+    "full": "attngen.compile()",
     "causal": "attngen.compile(causal=True)",
+    "window": "attngen.compile(window=1024)",
     "document": "attngen.compile(mask_mod=attngen.document(torch.arange(4096) // 700))",
     "softcap_causal": "attngen.compile(softcap=30.0, causal=True)",
     "alibi_causal": "attngen.compile(score_mod=attngen.alibi(16), causal=True)",

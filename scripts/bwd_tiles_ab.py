@@ -6,7 +6,7 @@ one setting per argument, fields joined by commas; `ladder` for the shipped ladd
 build takes). A setting is one rung: jit.tiles.SM90_BWD_TILES's one-pass tiles with its fields replaced, so the split
 rung that variants without a score_mod ship is `split_probs=1`, and a switch is compared on that rung with
 `split_probs=1,FIELD=...`;
-interleaved rounds of triton's do_bench, the median; gradients compared with the first setting's; with --flex,
+interleaved rounds of triton's do_bench (each round's order rotated by one), the median; gradients compared with the first setting's; with --flex,
 flex's step (bench_training.py's) timed in the same rounds, each setting's ratio to it printed. Shared
 memory allows 3 stages at head dim 128 (the staged dQ still fitting beside them, sm90_bwd_layout.cuh). Needs a GPU.
 
@@ -95,9 +95,9 @@ def main(argv=None):
                 if "out of resource" not in str(e):
                     raise
         times = {s: [] for s in fns}
-        for _ in range(bf.ROUNDS):
-            for s, fn in fns.items():
-                times[s].append(bf.bench_ms(fn))
+        for r in range(bf.ROUNDS):
+            for s in bf.rotated(fns, r):  # each setting in turn first (bench_forward.py rotated)
+                times[s].append(bf.bench_ms(fns[s]))
         medians = {s: sorted(ts)[len(ts) // 2] for s, ts in times.items()}
         for s, ms in medians.items():
             vs_flex = f", {medians['flex'] / ms:.3f}x flex" if "flex" in medians and s != "flex" else ""

@@ -41,3 +41,31 @@ def test_issue15_variant_traces(key):
     attn = attngen.compile(score_mod=score_mod, mask_mod=mask_mod)
     assert attn.traced.has_mask == (mask_mod is not None)
     assert bench_forward.SETS["issue15"] == bench_forward.ISSUE15
+
+
+def test_interleaved_rounds_rotate_the_order(monkeypatch):
+    """Each round of interleaved_ms starts one implementation further on, so that over ROUNDS = 3 rounds attngen,
+    flex and SDPA each take every place of a round once (a place of the round read slower on the power-capped H200);
+    a failing implementation is dropped with its error, the others keep their rotation."""
+    calls = []
+
+    def fake_bench(fn):
+        calls.append(fn())
+        return {"attngen": 1.0, "flex": 2.0, "sdpa": 3.0}[calls[-1]]
+
+    monkeypatch.setattr(bench_forward, "bench_ms", fake_bench)
+    monkeypatch.setattr(bench_forward, "ROUNDS", 3)
+    row = {}
+    bench_forward.interleaved_ms({n: (lambda n=n: n) for n in ("sdpa", "attngen", "flex")}, row)
+    assert calls == ["attngen", "flex", "sdpa", "flex", "sdpa", "attngen", "sdpa", "attngen", "flex"]
+    assert (row["attngen_ms"], row["flex_ms"], row["sdpa_ms"]) == (1.0, 2.0, 3.0)
+    assert bench_forward.rotated(["a", "b"], 3) == ["b", "a"] and bench_forward.rotated([], 1) == []
+
+    def failing():
+        raise RuntimeError("flex: out of resource")
+
+    calls.clear()
+    row = {}
+    bench_forward.interleaved_ms({"attngen": lambda: "attngen", "flex": failing, "sdpa": lambda: "sdpa"}, row)
+    assert "flex_ms" not in row and "out of resource" in row["flex_error"] and row["attngen_ms"] == 1.0
+    assert calls == ["attngen", "sdpa", "sdpa", "attngen", "sdpa", "attngen"]  # rounds still start one further on

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 import shutil
 import subprocess
 
@@ -426,3 +427,58 @@ def test_sm90_backward_builds_80_query_rows(tmp_path):
         tiles.Sm90BwdTiles(block_q=80, dkv_staged=True)
     with pytest.raises(attngen.BuildError, match="block_q"):
         tiles.Sm90BwdTiles(block_q=96)
+
+
+@pytest.mark.requires_nvcc
+@pytest.mark.parametrize("variant", ["full", "causal"])
+def test_sm90_backward_scores_ahead_build_clean(variant, tmp_path):
+    """Each step's S^T issued by the step before (Sm90BwdTiles.s_ahead = 2, under dQ's product; on no rung) builds
+    clean on full attention's and causal's split rung: no spills and its wgmmas not serialized (ptxas serializes all
+    of them around one issued conditionally, which is why a walk's last step issues one on K's rows); its PTX has one
+    S^T product more per step than each step issuing its own (the walk's first, the prologue's). Bad settings are
+    refused."""
+    from attngen.jit.ninja import ptxas_serialized_wgmma
+    from attngen.jit.toolchain import find_nvcc
+
+    attn = attngen.compile(causal=variant == "causal")
+    spec = attn.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
+    first = spec.tile_choices()[0]
+    assert first.split_probs and not first.s_ahead and not first.dkv_staged
+    kmajor = {}
+    for ahead in (2, 0):
+        t = dataclasses.replace(first, s_ahead=ahead)
+        d = tmp_path / f"ahead{ahead}"
+        d.mkdir()
+        sources = render.render_sources(spec.variant_inc(), torch.bfloat16, 128, "sm_90a", tiles=t,
+                                        kernel=SM90_BWD_KERNEL)
+        write_build_ninja(d, sources, "sm_90a", ["-Xptxas", "-v"], library=BWD_LIBRARY_NAME)
+        out = run_ninja(d)
+        assert not ptxas_serialized_wgmma(out, "attngen_bwd_kernel"), f"s_ahead={ahead}: wgmmas serialized"
+        assert ptxas_report(out)["spill_bytes"] == 0, f"s_ahead={ahead}: spills"
+        ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
+                              str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True,
+                             check=True).stdout
+        # S^T and dP^T are the kernel's only K-major (trans 0, 0) m64n64 products, 8 k16 steps each
+        kmajor[ahead] = len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16 \{[^}]*\}, "
+                                       r"%rd\d+, %rd\d+, p, 1, 1, 0, 0;", ptx))
+    assert kmajor == {0: 16, 2: 24}, kmajor
+    assert not any(r.s_ahead for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd) + tiles.sm90_bwd_ladder(
+        hd, has_mask=True, half_plane=True) + tiles.sm90_bwd_ladder(hd, has_mask=True))
+    with pytest.raises(attngen.BuildError, match="s_ahead"):
+        tiles.Sm90BwdTiles(s_ahead=3)
+    with pytest.raises(attngen.BuildError, match="s_ahead and dk_last"):
+        tiles.Sm90BwdTiles(split_probs=True, s_ahead=2, dk_last=True)
+
+
+def test_bad_tile_setting_is_its_own_error(monkeypatch):
+    """A tile setting that cannot build (s_ahead with dk_last) surfaces as that BuildError from the build, not as the
+    one about a missing nvcc that a failure to compute the cache key otherwise becomes."""
+    import attngen.jit.spec as spec
+
+    monkeypatch.setattr(spec, "sm90_bwd_ladder",
+                        lambda hd, **kw: (dataclasses.replace(tiles.SM90_BWD_TILES[hd], split_probs=True, s_ahead=2,
+                                                              dk_last=True),))
+    s = attngen.compile(causal=True).spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
+    with pytest.raises(attngen.BuildError, match="s_ahead and dk_last") as err:
+        s.build_cached()
+    assert "nvcc" not in str(err.value)

@@ -213,6 +213,7 @@ class KernelSpec:
         BuildError naming the roots searched and how to get nvcc."""
         cache = default_cache()
         artifact = library_name(self.kernel)
+        self.tile_choices()  # a tile setting that cannot build raises its own BuildError, not the one about nvcc below
         try:
             fields = self.fields()
         except BuildError as e:  # no nvcc (or none that runs): this machine's key is unknown

@@ -184,6 +184,11 @@ class Sm90BwdTiles:
     # thread stores its rows from registers; on in the first rung of a mask other than a half plane without a
     # score_mod, sm90_bwd_ladder)
     dkv_staged: bool = False
+    # the next q-block's S^T = K Q^T issued by this step, so that the tensor cores have it while the step ends: 1 once
+    # dQ's product is done, under dQ's staging and the walk's step; 2 once dV's and dK's are, under dQ's product too
+    # (0: each step issues its own; not with dk_last, which puts dK's product there). On no rung: full attention's and
+    # causal's steps measured within the runs' spread of each step issuing its own (docs/performance.md)
+    s_ahead: int = 0
 
     def __post_init__(self):
         if self.dq_init not in (0, 1):
@@ -192,6 +197,11 @@ class Sm90BwdTiles:
         if self.block_q not in (64, 80) or (self.block_q == 80 and self.dkv_staged):
             raise BuildError(f"Sm90BwdTiles.block_q must be 64, or 80 without dkv_staged, got {self.block_q}"
                              f"{' with dkv_staged' if self.dkv_staged else ''}")
+        if self.s_ahead not in (0, 1, 2):
+            raise BuildError(f"Sm90BwdTiles.s_ahead must be 0 (off), 1 (the next S^T under dQ's staging) or 2 (under "
+                             f"dQ's product), got {self.s_ahead}")
+        if self.s_ahead and self.dk_last:
+            raise BuildError("Sm90BwdTiles.s_ahead and dk_last each put a product under dQ's staging: set one of them")
         if not 0 <= self.walk_shift <= 1024:
             raise BuildError(f"Sm90BwdTiles.walk_shift must be in [0, 1024] (q-blocks per kv block of rotation), "
                              f"got {self.walk_shift}")

@@ -16,7 +16,9 @@
 //   staged in shared memory
 //   for warp 1 + consumer of warpgroup 0 to add to the fp32 dQ_acc with one bulk reduction;
 //   sm90_bwd_layout.cuh says how dQ is split;
-//   the gradients of captured tensors the call asks for summed per tile (bwd_grad_sites.cuh) under dQ's product.
+//   the gradients of captured tensors the call asks for summed per tile (bwd_grad_sites.cuh) under dQ's product;
+//   with S_AHEAD, the next q-block's S^T issued by this step (under dQ's product or its staging), the walk's first by
+//   a prologue, so that a step begins with its S^T done.
 // dK is scaled once at a tile's end, dQ in the postprocess. Configuration (Elem, D, BQ, BK, STAGES, kDtypeCode,
 // kArch) and variant.inc come from the including attngen_bwd.cu (templates/attngen_bwd.cu.j2).
 #pragma once
@@ -321,6 +323,11 @@ __device__ __forceinline__ void store_kv_grad(void* out, const long long (&st)[3
 constexpr bool kSplitProbs = SPLIT_PROBS && !ATTNGEN_HAS_SCORE_MOD && kGradSites == 0;
 // DK_LAST (with the split): dK's product issued after dQ's, and dQ staged while it runs.
 constexpr bool kDkLast = kSplitProbs && DK_LAST;
+// S_AHEAD (Sm90BwdTiles.s_ahead): each step issues the next q-block's S^T = K Q^T, 1 once dQ's product is done (under
+// its staging), 2 once dV's and dK's are (under dQ's product too), so that the tensor cores have work while the step
+// ends and the next begins with S^T done (not with dK last, whose product takes that place).
+static_assert(S_AHEAD >= 0 && S_AHEAD <= 2, "S_AHEAD: 0, 1 or 2");
+static_assert(!(S_AHEAD && DK_LAST), "S_AHEAD and DK_LAST each put a product under dQ's staging: one or the other");
 
 // DKV_STAGED: this consumer's rows of a finished dK (times `scale`) and dV in shared memory as TMA boxes of 64 kv
 // rows: dK in its rows of the two dS^T buffers (free once both consumers' walks are over: at head dim 128 the other's dQ
@@ -353,6 +360,16 @@ __device__ __forceinline__ void stage_kv_grads(const AttngenBwdArgs& a, const CU
     }
     bulk_commit();
   }
+}
+
+// S^T = K Q^T of this consumer's kv rows (desc_k) and the Q tile at q_tile (S_AHEAD: the accumulator write-only to
+// the compiler at the first step, so that the loop-carried array holds no earlier value live up to the issue).
+__device__ __forceinline__ void issue_scores_t(float (&st)[NS], uint64_t desc_k, uint32_t q_tile) {
+  const uint64_t desc_q = make_smem_desc_sw128(q_tile, 16, 1024);
+  if constexpr (S_AHEAD)
+    wgmma_ss_kmajor_fresh<Elem, BQ, KSTEPS_D, KV_BLOCK_BYTES, Q_BLOCK_BYTES>(st, desc_k, desc_q);
+  else
+    wgmma_ss_kmajor<Elem, BQ, KSTEPS_D, KV_BLOCK_BYTES, Q_BLOCK_BYTES>(st, desc_k, desc_q);
 }
 
 // The consumer warpgroup wg's 64 kv rows through every visited q-block, then its rows of dK and dV.
@@ -415,7 +432,20 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
     HeadCtx hc = head_ctx(C, c.b, c.t.h);
     ColCtx cc[1][2];
     int ctx_h = -1;
-    for (QStep s = first_q_tile(a, c); s.h < c.h_end; s = following_q_tile(a, c, s), ++n) {
+    // S_AHEAD: each step's S^T is issued by the step before (the walk's first by this prologue) and complete when the
+    // step begins, so that no product is in flight over the walk's back edge (ptxas serializes every wgmma then)
+    float s_ahead[NS];
+    QStep s = first_q_tile(a, c);
+    if (S_AHEAD && s.h < c.h_end) {
+      const int stage = (int)(n % STAGES);
+      mbar_wait(sm.full(stage), (n / STAGES) & 1u);
+      wgmma_fence();
+      issue_scores_t(s_ahead, desc_k, sm.q(stage));
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(s_ahead);
+    }
+    for (; s.h < c.h_end; s = S_AHEAD ? s : following_q_tile(a, c, s), ++n) {  // S_AHEAD: the step moved s on
       TileArgs t = c.t;
       // j through an opaque copy at each step: kv0 and its clamps, hoisted out of the walk, would hold vector
       // registers across it (softcap + causal and prefix_lm spill at 240 then)
@@ -438,12 +468,14 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
       const float* lse2 = sm.stats_ptr(stage);
       const float* delta = lse2 + BQ;
 
-      float st[NS], dp[NS];
+      float st_here[NS], dp[NS];
+      float (&st)[NS] = S_AHEAD ? s_ahead : st_here;  // the other array is never touched
       mbar_wait(sm.full(stage), (n / STAGES) & 1u);
       wgmma_fence();
-      wgmma_ss_kmajor<Elem, BQ, KSTEPS_D, KV_BLOCK_BYTES, Q_BLOCK_BYTES>(st, desc_k,
-                                                                       make_smem_desc_sw128(sm.q(stage), 16, 1024));
-      wgmma_commit();
+      if constexpr (!S_AHEAD) {
+        issue_scores_t(st, desc_k, sm.q(stage));
+        wgmma_commit();
+      }
       wgmma_ss_kmajor<Elem, BQ, KSTEPS_D, KV_BLOCK_BYTES, Q_BLOCK_BYTES>(dp, desc_v,
                                                                        make_smem_desc_sw128(sm.dout(stage), 16, 1024));
       wgmma_commit();
@@ -536,19 +568,48 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
       if constexpr (kDkLast) {
         wgmma_wait<1>();  // dV and dQ (dK's product runs on)
         fence_regs(dq);
+      } else if constexpr (S_AHEAD == 2) {
+        wgmma_wait<1>();  // dV and dK (dQ's product runs on): the slot is free
+        fence_regs(dv);
+        fence_regs(dk);
+        fence_regs(pa);
+        fence_regs(da);
+        mbar_arrive(sm.empty(stage));
       } else {
         products_done();
+      }
+      long long dq_tile_ahead = 0;  // S_AHEAD: this step's dQ tile, named before s moves on
+      if constexpr (S_AHEAD != 0) {  // the walk's next step, its S^T issued to run under this step's dQ
+        dq_tile_ahead = ((long long)c.b * a.Hq + s.h) * ((t.QLEN + BQ - 1) / BQ) + s.i;
+        s = following_q_tile(a, c, s);
+        const int next_stage = (int)((n + 1) % STAGES);
+        const bool more = s.h < c.h_end;
+        if (more) mbar_wait(sm.full(next_stage), ((n + 1) / STAGES) & 1u);
+        // issued whether or not the walk goes on (ptxas serializes every wgmma of the kernel around one issued
+        // conditionally here): at the walk's end, on K's own rows, which nothing writes until the walk is over, and
+        // discarded
+        wgmma_fence();
+        issue_scores_t(st, desc_k, more ? sm.q(next_stage) : sm.k());
+        wgmma_commit();
+        if constexpr (S_AHEAD == 2) {
+          wgmma_wait<1>();  // dQ's product (S^T's runs on)
+          fence_regs(dq);
+        }
       }
       mbar_wait(sm.dq_empty(cw), (n & 1u) ^ 1u);  // the writer's last reduction has read the buffer
       stage_dq(sm.dq(cw), dq, tid);
       if (tid == 0) {
-        sm.dq_tile(cw)[0] = ((long long)c.b * a.Hq + s.h) * ((t.QLEN + BQ - 1) / BQ) + s.i;
+        sm.dq_tile(cw)[0] = S_AHEAD ? dq_tile_ahead : ((long long)c.b * a.Hq + s.h) * ((t.QLEN + BQ - 1) / BQ) + s.i;
         if (a.dq_semaphore != nullptr) sm.turn(cw)[1] = sm.turn(cw)[0];
       }
       fence_proxy_async_smem();  // generic stores, read by the bulk reduction (the async proxy)
       __syncwarp();
       if (lane == 0) mbar_arrive(sm.dq_full(cw));
       if constexpr (kDkLast) products_done();
+      if constexpr (S_AHEAD) {
+        wgmma_wait<0>();
+        fence_regs(st);
+      }
     }
     // every product of the walk has been waited for: K and V are free for the next tile's loads, which run under
     // these stores

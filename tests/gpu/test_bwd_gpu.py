@@ -314,6 +314,55 @@ def test_split_probabilities_match_one_pass(hd, mask, monkeypatch):
 
 @pytest.mark.requires_sm90
 @pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("mask", ["full", "causal", "window", "document", "softcap_causal"])
+def test_scores_ahead_match_each_step_its_own(hd, mask, monkeypatch):
+    """Each step's S^T issued by the step before (Sm90BwdTiles.s_ahead 1: under dQ's staging, 2: under dQ's product;
+    the walk's first by a prologue, a walk's last issue a discarded product on K's rows) against every step issuing
+    its own, on every rung of the variant's ladder: the same arithmetic per element, so dK and dV bit for bit, dq to
+    its fp32 additions' order, and in deterministic mode dq bit for bit too; the ahead runs also against float64. GQA
+    (walks over two query heads), odd lengths, q_offset, kv longer than q (empty walks under causal), partial tiles,
+    a captured-tensor mask, the one pass (softcap), the split and the split with dK and dV staged (window,
+    document)."""
+    B, Hq, Hkv, Lq, Lk = 2, 4, 2, 1100, 2450
+    q_offset = 0 if mask == "document" else 130
+    make = {"full": lambda: attngen.compile(), "causal": lambda: attngen.compile(causal=True),
+            "window": lambda: attngen.compile(window=700),
+            "document": lambda: attngen.compile(mask_mod=_document_ids_mask(Lk)),
+            "softcap_causal": lambda: attngen.compile(softcap=20.0, causal=True)}[mask]
+    settings = {"own": dict(s_ahead=0), "ahead 1": dict(s_ahead=1), "ahead 2": dict(s_ahead=2)}
+    gen = torch.Generator(device="cpu").manual_seed(hd + 7)
+    q, k, v, do = (torch.randn(*s, generator=gen, dtype=torch.float64)
+                   for s in ((B, Hq, Lq, hd), (B, Hkv, Lk, hd), (B, Hkv, Lk, hd), (B, Hq, Lq, hd)))
+    qd, kd, vd, dod = (t.to(DEV, torch.bfloat16) for t in (q, k, v, do))
+    scale = 1.0 / math.sqrt(hd)
+    runs, paths = {}, set()
+    for name, setting in settings.items():
+        attn = make()
+        lib = _sm90_bwd_library(monkeypatch, hd, attn, **setting)
+        paths.add(lib.path)
+        out, lse = attn(qd, kd, vd, scale=scale, q_offset=q_offset, return_lse=True)
+        tensors = {c.name: c.tensor for c in attn.facts.captured}
+        summaries = tuple(s.compute(tensors, lib.block_q, lib.block_k, Lq, Lk, q_offset) for s in attn.facts.summaries)
+        for deterministic in (False, True):
+            poison_allocator(256 << 20)
+            runs[name, deterministic] = attngen.launch.backward(
+                lib, qd, kd, vd, out, dod, lse, scale=scale, q_offset=q_offset, captured=list(tensors.values()),
+                summaries=summaries, params=attn._param_fields(), deterministic=deterministic)
+            torch.cuda.synchronize()
+    assert len(paths) == len(settings), "two settings loaded one library"
+    dq1, dk1, dv1 = runs["own", False]
+    for name in settings:
+        dq, dk, dv = runs[name, False]
+        assert torch.isfinite(dq).all() and dk.abs().max().item() > 0, name
+        assert torch.equal(dk, dk1) and torch.equal(dv, dv1), name
+        assert (dq.float() - dq1.float()).abs().max().item() <= 2 ** -7 * dq1.float().abs().max().item(), name
+        assert all(torch.equal(a, b) for a, b in zip(runs[name, True], runs["own", True])), f"{name}, deterministic"
+    assert_grads_match_float64({name: runs[name, False] for name in settings if name != "own"}, q, k, v, do,
+                               torch.bfloat16, make(), scale, q_offset)
+
+
+@pytest.mark.requires_sm90
+@pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("mod", ["table", "division", "both"])
 def test_relative_walk_matches_score_mod_per_element(hd, mod, monkeypatch):
     """A relative score mod walked once per diagonal of a thread's elements (Sm90BwdTiles.rel_walk: score_rel's
