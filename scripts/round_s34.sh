@@ -23,6 +23,9 @@
 #    place of a round read 3-5% slow for either setting, here and in C.)
 # H: bench_training.py on the landed tree (the shipped kernels as session 33's, s_ahead on no rung) with each round's
 #    order rotated (bench_forward.py rotated: attngen, flex and cuDNN each first, second and third once).
+# I: the document anchor (1.2997x flex in H) on its shipped split rung against the staged rung with s_ahead 2, which
+#    builds clean at head dim 128 (the staged rung alone spills 12 bytes), and the split rung with s_ahead 2; rounds
+#    rotated (bwd_tiles_ab.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests, smoke_backward, sanitize_backward, pack_results
@@ -64,6 +67,11 @@ case "$1" in
       timeout 200 python scripts/bwd_tiles_ab.py --variants full causal --set $S,s_ahead=0 $S,s_ahead=2 \
         $S,s_ahead=0,walk_shift=0 $S,s_ahead=2,walk_shift=0 2>&1 | tee "$R/bwd_s_ahead_ab$run.log" | grep -E "TFLOP|rror"
     done
+    pack_results ;;
+  I)
+    S=split_probs=1
+    timeout 200 python scripts/bwd_tiles_ab.py --flex --variants document --set $S $S,dkv_staged=1,s_ahead=2 \
+      $S,s_ahead=2 $S,walk_shift=0 2>&1 | tee "$R/bwd_document_ahead.log" | grep -E "TFLOP|rror"
     pack_results ;;
   H)
     timeout 400 python benchmarks/bench_training.py --out "$R" > "$R/training.log" 2>&1
