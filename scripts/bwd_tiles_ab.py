@@ -6,8 +6,9 @@ one setting per argument, fields joined by commas; `ladder` for the shipped ladd
 build takes). A setting is one rung: jit.tiles.SM90_BWD_TILES's one-pass tiles with its fields replaced, so the split
 rung that variants without a score_mod ship is `split_probs=1`, and a switch is compared on that rung with
 `split_probs=1,FIELD=...`;
-interleaved rounds of triton's do_bench (each round's order rotated by one), the median; gradients compared with the first setting's; with --flex,
-flex's step (bench_training.py's) timed in the same rounds, each setting's ratio to it printed. Shared
+interleaved rounds of triton's do_bench (each round's order rotated by one), the median; gradients compared with the
+first setting's; with --flex, flex's step (bench_training.py's) timed in the same rounds, each setting's ratio to it
+printed. Shared
 memory allows 3 stages at head dim 128 (the staged dQ still fitting beside them, sm90_bwd_layout.cuh). Needs a GPU.
 
     python scripts/bwd_tiles_ab.py [--variants causal full sliding_window document] [--set stages=2 stages=3]
@@ -26,7 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_forward as bf  # noqa: E402
 from bench_training import FLEX_RETRY_OPTIONS, FLOP_FACTOR, LEARNABLE, make_learnable, step_fn  # noqa: E402
-from tile_settings import setting_fields  # noqa: E402
+from tile_settings import bwd_rung_ladder, setting_fields  # noqa: E402
 
 
 def main(argv=None):
@@ -40,7 +41,6 @@ def main(argv=None):
     import torch
 
     import attngen.jit.spec as spec
-    from attngen.jit.tiles import SM90_BWD_TILES
 
     B, H, S, D = 2, 16, args.seq, args.head_dim
     device = torch.device("cuda")
@@ -53,8 +53,7 @@ def main(argv=None):
     # shipped ladder with the setting's fwd. fields on every rung
     # "ladder": the shipped ladders themselves (jit/tiles.py), whose first spill-free rung a build takes
     shipped, shipped_fwd = spec.sm90_bwd_ladder, spec.sm90_ladder
-    ladders = {s: shipped if s == "ladder" else (lambda hd, f=setting_fields(s), **_: (replace(SM90_BWD_TILES[hd], **f),))
-               for s in args.settings}
+    ladders = {s: shipped if s == "ladder" else bwd_rung_ladder(s) for s in args.settings}
     fwd_ladders = {s: shipped_fwd if s == "ladder" or not setting_fields(s, fwd=True) else
                    (lambda *a, f=setting_fields(s, fwd=True), **kw: tuple(replace(t, **f) for t in shipped_fwd(*a, **kw)))
                    for s in args.settings}

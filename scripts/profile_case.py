@@ -29,15 +29,11 @@ p.add_argument("--fp8", action="store_true")
 p.add_argument("--bwd-set", default="")
 args = p.parse_args()
 if args.bwd_set:
-    from dataclasses import replace
-
     import attngen.jit.spec as spec
-    from attngen.jit.tiles import SM90_BWD_TILES
 
-    from tile_settings import setting_fields
+    from tile_settings import bwd_rung_ladder
 
-    fields = setting_fields(args.bwd_set)
-    spec.sm90_bwd_ladder = lambda hd, **_: (replace(SM90_BWD_TILES[hd], **fields),)
+    spec.sm90_bwd_ladder = bwd_rung_ladder(args.bwd_set)
 B, H = 2, 16
 if args.variant in LEARNABLE:
     score_mod, mask_mod, leaves = make_learnable(args.variant, args.S, H, "cuda")

@@ -14,7 +14,6 @@ import argparse
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,7 +22,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_forward as bf  # noqa: E402
 from bench_training import FLOP_FACTOR, step_fn  # noqa: E402
-from tile_settings import setting_fields  # noqa: E402
+from tile_settings import bwd_rung_ladder  # noqa: E402
 
 
 class EnergyCounter:
@@ -96,7 +95,6 @@ def main(argv=None):
     import torch
 
     import attngen.jit.spec as spec
-    from attngen.jit.tiles import SM90_BWD_TILES
 
     B, H, S, D = 2, 16, 8192, 128
     device = torch.device("cuda")
@@ -105,8 +103,7 @@ def main(argv=None):
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     shipped = spec.sm90_bwd_ladder
     ladders = {"attngen": shipped}
-    ladders.update({f"attngen {s}": (lambda hd, f=setting_fields(s), **_: (replace(SM90_BWD_TILES[hd], **f),))
-                    for s in args.settings})
+    ladders.update({f"attngen {s}": bwd_rung_ladder(s) for s in args.settings})
 
     def under(name, fn):
         def step():
@@ -142,7 +139,11 @@ def main(argv=None):
         smi.terminate()
         smi.wait()
     rows = []
-    for line in open(log.name):
+    log.close()
+    samples = Path(log.name)
+    lines = samples.read_text().splitlines()
+    samples.unlink()
+    for line in lines:
         parts = [x.strip() for x in line.split(",")]
         try:
             stamp, _, frac = parts[0].partition(".")

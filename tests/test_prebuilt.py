@@ -103,10 +103,13 @@ def test_one_prebuilt_kernel_serves_every_value_of_a_runtime_parameter(env, no_n
 
 
 def test_the_kernels_package_directory_is_a_prebuilt_root(env, no_nvcc, monkeypatch):
-    spec = _spec(causal=True)
-    paths = _fake_root(env / "site" / "attngen_kernels", [spec])
+    # on sys.path before the variant is compiled, as an installed wheel is: the default cache looks for the package
+    # once, and with the compile first, this test failed when run alone
+    (env / "site" / "attngen_kernels").mkdir(parents=True)
     (env / "site" / "attngen_kernels" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(env / "site"))
+    spec = _spec(causal=True)
+    paths = _fake_root(env / "site" / "attngen_kernels", [spec])
     assert spec.build_cached() == paths[spec.uri]
 
 

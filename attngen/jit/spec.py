@@ -213,9 +213,8 @@ class KernelSpec:
         BuildError naming the roots searched and how to get nvcc."""
         cache = default_cache()
         artifact = library_name(self.kernel)
-        self.tile_choices()  # a tile setting that cannot build raises its own BuildError, not the one about nvcc below
         try:
-            fields = self.fields()
+            nv = nvcc_version()
         except BuildError as e:  # no nvcc (or none that runs): this machine's key is unknown
             found = cache.lookup(None, self.uri, artifact, key_for=self.key_for_pins)
             if found is not None:
@@ -224,6 +223,7 @@ class KernelSpec:
             raise BuildError(f"no prebuilt kernel for {self.uri} (searched: {roots}) and no nvcc to build it: "
                              f"{str(e).split('. ')[0]}. Install the attngen-kernels wheel that matches attngen "
                              f"{__version__} (docs/deploy.md), or get nvcc: {NVCC_HELP}.") from e
+        fields = self.fields(nvcc=nv)  # any other BuildError (a tile setting that cannot build) is its own
         return cache.get_or_build(cache_key(fields), self.uri, lambda d: self.build(Path(d)), meta={"fields": fields},
                                   artifact=artifact, key_for=self.key_for_pins)
 

@@ -578,9 +578,11 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
       } else {
         products_done();
       }
-      long long dq_tile_ahead = 0;  // S_AHEAD: this step's dQ tile, named before s moves on
+      // this step's dQ tile ((b * Hq + h) * q-blocks + i), for its writer
+      auto dq_tile_of = [&](const QStep& q) { return ((long long)c.b * a.Hq + q.h) * ((t.QLEN + BQ - 1) / BQ) + q.i; };
+      long long dq_tile_ahead = 0;  // S_AHEAD: named before s moves on
       if constexpr (S_AHEAD != 0) {  // the walk's next step, its S^T issued to run under this step's dQ
-        dq_tile_ahead = ((long long)c.b * a.Hq + s.h) * ((t.QLEN + BQ - 1) / BQ) + s.i;
+        dq_tile_ahead = dq_tile_of(s);
         s = following_q_tile(a, c, s);
         const int next_stage = (int)((n + 1) % STAGES);
         const bool more = s.h < c.h_end;
@@ -599,7 +601,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
       mbar_wait(sm.dq_empty(cw), (n & 1u) ^ 1u);  // the writer's last reduction has read the buffer
       stage_dq(sm.dq(cw), dq, tid);
       if (tid == 0) {
-        sm.dq_tile(cw)[0] = S_AHEAD ? dq_tile_ahead : ((long long)c.b * a.Hq + s.h) * ((t.QLEN + BQ - 1) / BQ) + s.i;
+        sm.dq_tile(cw)[0] = S_AHEAD ? dq_tile_ahead : dq_tile_of(s);
         if (a.dq_semaphore != nullptr) sm.turn(cw)[1] = sm.turn(cw)[0];
       }
       fence_proxy_async_smem();  // generic stores, read by the bulk reduction (the async proxy)
