@@ -37,6 +37,8 @@ def main(argv=None):
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--seq", type=int, default=8192)
     p.add_argument("--flex", action="store_true", help="time flex_attention's step beside the settings")
+    p.add_argument("--rounds", type=int, default=bf.ROUNDS,
+                   help="interleaved rounds (as many as settings, flex included, put each in every place once)")
     args = p.parse_args(argv)
     import torch
 
@@ -94,14 +96,15 @@ def main(argv=None):
                 if "out of resource" not in str(e):
                     raise
         times = {s: [] for s in fns}
-        for r in range(bf.ROUNDS):
+        for r in range(args.rounds):
             for s in bf.rotated(fns, r):  # each setting in turn first (bench_forward.py rotated)
                 times[s].append(bf.bench_ms(fns[s]))
         medians = {s: sorted(ts)[len(ts) // 2] for s, ts in times.items()}
         for s, ms in medians.items():
             vs_flex = f", {medians['flex'] / ms:.3f}x flex" if "flex" in medians and s != "flex" else ""
             print(f"[{key}] D {D} {s}: {ms:.3f} ms, "
-                  f"{bf.tflops(B, H, S, D, density, ms) * FLOP_FACTOR:.1f} TFLOP/s{vs_flex}", flush=True)
+                  f"{bf.tflops(B, H, S, D, density, ms) * FLOP_FACTOR:.1f} TFLOP/s{vs_flex} "
+                  f"(rounds: {' '.join(f'{t:.3f}' for t in times[s])})", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 # ncu_profile: Nsight Compute's full set on one warm launch of scripts/profile_case.py, its details and hot SASS lines.
 # ncu_nvtx: the same for every kernel a script launches inside an NVTX range named "profiled".
 # ncu_tail: the SMs' active cycles of the forward's and backward's main kernels against the elapsed (the grid's tail).
+# backward_suites: the backward's GPU suites and sanitizer cases; training_table: bench_training.py's table.
 # pack_results: everything under $OUT in one archive (a call brings back a handful of files).
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache ATTNGEN_TEST_BUILD_JOBS=14
 # pytest -n: one kernel cache for every worker (tests/conftest.py), so a signature is built once per call
@@ -61,6 +62,14 @@ ncu_tail() {  # name timeout profile_case.py-args...: the forward's and the back
     --metrics sm__cycles_active.avg,sm__cycles_active.min,sm__cycles_active.max,sm__cycles_elapsed.max,gpu__time_duration.sum \
     --csv --page raw python scripts/profile_case.py "$@" > "$R/tail-$name.csv" 2> "$R/tail-$name.log"
   python scripts/ncu_tail.py "$R/tail-$name.csv" "$name" | tee -a "$R/tail.md"
+}
+backward_suites() {  # the backward, deterministic and autograd suites, then the backward's small cases under the sanitizers
+  run_tests bwd 330 -n 8 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_autograd_gpu.py
+  smoke_backward 100 && { sanitize_backward memcheck 90; sanitize_backward racecheck 120; }
+}
+training_table() {  # [timeout]: bench_training.py's anchors against flex and cuDNN, its table printed
+  timeout "${1:-330}" python benchmarks/bench_training.py --out "$R" > "$R/training.log" 2>&1
+  grep -E "^\||rror" "$R/training.log"
 }
 pack_results() {  # every file under $R into $R/results.tgz (a call brings back only a few files)
   (cd "$R" && tar czf /tmp/results.tgz --exclude=results.tgz . && find . -type f -delete && mv /tmp/results.tgz .)

@@ -53,13 +53,11 @@ case "$1" in
     grep -E "^\||^joules|rror" "$R/step_energy.md"
     pack_results ;;
   E)
-    run_tests bwd 330 -n 8 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_autograd_gpu.py
-    smoke_backward 100 && { sanitize_backward memcheck 90; sanitize_backward racecheck 120; }
+    backward_suites
     pack_results ;;
   F)
     run_tests split 150 -n 2 tests/gpu/test_bwd_gpu.py -k split_probabilities_match_one_pass
-    timeout 360 python benchmarks/bench_training.py --out "$R" > "$R/training.log" 2>&1
-    grep -E "^\||rror" "$R/training.log"
+    training_table 360
     pack_results ;;
   G)
     S=split_probs=1
@@ -74,7 +72,6 @@ case "$1" in
       $S,s_ahead=2 $S,walk_shift=0 2>&1 | tee "$R/bwd_document_ahead.log" | grep -E "TFLOP|rror"
     pack_results ;;
   H)
-    timeout 400 python benchmarks/bench_training.py --out "$R" > "$R/training.log" 2>&1
-    grep -E "^\||rror" "$R/training.log"
+    training_table 400
     pack_results ;;
 esac

@@ -107,7 +107,8 @@ cases = [
     (64, attngen.compile(score_mod=attngen.ScoreMod(rel_both, "rel_both"), causal=True, backend=args.backend), 130, 200,
      70, 2, [table]),
     # masks other than a half plane without a score_mod: the sm90 backward's dK and dV staged for TMA stores (the
-    # first rung of jit/tiles.py sm90_bwd_ladder), at both head dims
+    # first rung of jit/tiles.py sm90_bwd_ladder), at both head dims (at 128 with each step's S^T issued by the step
+    # before, s_ahead 2)
     (128, attngen.compile(window=70, backend=args.backend), 200, 330, 40),
     (64, attngen.compile(mask_mod=attngen.document(docs), backend=args.backend), 130, 300, 20),
 ]

@@ -87,12 +87,15 @@ def test_sm90_backward_family_and_tiles():
     assert [t.split_probs for t in tiles.sm90_bwd_ladder(64)] == [True, False, False]
     assert not any(t.split_probs for t in tiles.sm90_bwd_ladder(64, has_score_mod=True))
     # dK and dV staged first only on the split rung of a mask other than a half plane (a window, documents, a union)
-    assert [t.dkv_staged for t in tiles.sm90_bwd_ladder(128, has_mask=True)] == [True, False, False, False]
-    assert tiles.sm90_bwd_ladder(128, has_mask=True)[0].split_probs
+    assert [t.dkv_staged for t in tiles.sm90_bwd_ladder(64, has_mask=True)] == [True, False, False, False]
+    # at head dim 128 that rung first with each step's S^T issued by the step before, then without
+    assert [(t.dkv_staged, t.s_ahead) for t in tiles.sm90_bwd_ladder(128, has_mask=True)] \
+        == [(True, 2), (True, 0), (False, 0), (False, 0), (False, 0)]
+    assert all(t.split_probs for t in tiles.sm90_bwd_ladder(128, has_mask=True)[:3])
     assert not any(t.dkv_staged for t in tiles.sm90_bwd_ladder(128, has_mask=True, half_plane=True)
                    + tiles.sm90_bwd_ladder(128, has_score_mod=True, has_mask=True) + tiles.sm90_bwd_ladder(128))
     assert attngen.compile(window=64).spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL).tile_choices()[0] \
-        == dataclasses.replace(tiles.SM90_BWD_TILES[128], split_probs=True, dkv_staged=True)
+        == dataclasses.replace(tiles.SM90_BWD_TILES[128], split_probs=True, dkv_staged=True, s_ahead=2)
     assert not attngen.compile(causal=True).spec(torch.bfloat16, 128, "sm_90a",
                                                  kernel=SM90_BWD_KERNEL).tile_choices()[0].dkv_staged
     split = dataclasses.replace(tiles.SM90_BWD_TILES[64], split_probs=True, dk_last=True)
@@ -166,18 +169,22 @@ def _ladder_builds(tmp_path, attns: dict) -> dict:
 @pytest.mark.requires_nvcc
 def test_sm90_backward_builds_on_wgmma_without_spills(tmp_path):
     """bwd_sm90.cuh for a mask, a score_mod and a captured tensor at both head dims: a rung of the ladder without
-    spills, every product on wgmma (dQ = dS K with both operands transposed), read from the PTX."""
+    spills, every product on wgmma (dQ = dS K with both operands transposed), read from the PTX. The document's ids
+    are int32, as the benchmarks' (int64 ids cost registers: at head dim 128 its staged rungs spill, and it builds the
+    split rung)."""
+    docs = torch.randint(0, 5, (NPOS,), generator=torch.Generator().manual_seed(3)).sort().values.to(torch.int32)
     V = {"causal": attngen.compile(causal=True), "softcap_causal": attngen.compile(softcap=20.0, causal=True),
-         "document": _variants()["document"], "full": attngen.compile()}
+         "document": attngen.compile(mask_mod=attngen.document(docs)), "full": attngen.compile()}
     built = _ladder_builds(tmp_path, V)
     assert len(built) == 2 * len(V)
     for key, (t, spill) in built.items():
         assert spill == 0, f"{key}: every rung spills (the least: {t}, {spill} bytes)"
         # the probabilities split under the products where no score_mod needs the raw score beside dP^T
         assert t.split_probs == (not key.startswith("softcap")), key
-        # dK and dV staged for TMA stores only under a mask that is not a half plane (at head dim 128 the document's
-        # staged rung spills 12 bytes, and it takes the next)
-        assert t.dkv_staged == (key == "document_64"), key
+        # dK and dV staged for TMA stores only under a mask that is not a half plane, at head dim 128 with each
+        # step's S^T issued by the step before (without it the document's staged rung spills 12 bytes)
+        assert t.dkv_staged == key.startswith("document"), key
+        assert t.s_ahead == (2 if key == "document_128" else 0), key
         assert (tmp_path / key / BWD_LIBRARY_NAME).is_file()
     from attngen.jit.toolchain import find_nvcc
 
@@ -432,8 +439,8 @@ def test_sm90_backward_builds_80_query_rows(tmp_path):
 @pytest.mark.requires_nvcc
 @pytest.mark.parametrize("variant", ["full", "causal"])
 def test_sm90_backward_scores_ahead_build_clean(variant, tmp_path):
-    """Each step's S^T issued by the step before (Sm90BwdTiles.s_ahead = 2, under dQ's product; on no rung) builds
-    clean on full attention's and causal's split rung: no spills and its wgmmas not serialized (ptxas serializes all
+    """Each step's S^T issued by the step before (Sm90BwdTiles.s_ahead = 2, under dQ's product; only on the staged
+    rung at head dim 128) builds clean on full attention's and causal's split rung: no spills and its wgmmas not serialized (ptxas serializes all
     of them around one issued conditionally, which is why a walk's last step issues one on K's rows); its PTX has one
     S^T product more per step than each step issuing its own (the walk's first, the prologue's). Bad settings are
     refused."""
@@ -463,7 +470,8 @@ def test_sm90_backward_scores_ahead_build_clean(variant, tmp_path):
                                        r"%rd\d+, %rd\d+, p, 1, 1, 0, 0;", ptx))
     assert kmajor == {0: 16, 2: 24}, kmajor
     assert not any(r.s_ahead for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd) + tiles.sm90_bwd_ladder(
-        hd, has_mask=True, half_plane=True) + tiles.sm90_bwd_ladder(hd, has_mask=True))
+        hd, has_mask=True, half_plane=True) + tiles.sm90_bwd_ladder(hd, has_score_mod=True, has_mask=True))
+    assert [r.s_ahead for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd, has_mask=True) if r.s_ahead] == [2]
     with pytest.raises(attngen.BuildError, match="s_ahead"):
         tiles.Sm90BwdTiles(s_ahead=3)
     with pytest.raises(attngen.BuildError, match="s_ahead and dk_last"):

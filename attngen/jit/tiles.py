@@ -186,8 +186,9 @@ class Sm90BwdTiles:
     dkv_staged: bool = False
     # the next q-block's S^T = K Q^T issued by this step, so that the tensor cores have it while the step ends: 1 once
     # dQ's product is done, under dQ's staging and the walk's step; 2 once dV's and dK's are, under dQ's product too
-    # (0: each step issues its own; not with dk_last, which puts dK's product there). On no rung: full attention's and
-    # causal's steps measured within the runs' spread of each step issuing its own (docs/performance.md)
+    # (0: each step issues its own; not with dk_last, which puts dK's product there). On the staged rung at head dim 128
+    # (sm90_bwd_ladder); full attention's and causal's split rung measured within the runs' spread of each step
+    # issuing its own (docs/performance.md)
     s_ahead: int = 0
 
     def __post_init__(self):
@@ -234,7 +235,9 @@ def sm90_bwd_ladder(head_dim: int, has_score_mod: bool = False, has_mask: bool =
     128 spills there, and takes the next rung). Without a score_mod, a mask other than a half plane (a window,
     documents, a union) first tries that rung with dK and dV staged for TMA stores (dkv_staged): its walks are short or
     uneven, so a tile's end is a large share of its time (full and causal-like masks walk long ranges, and gained
-    nothing; with a score_mod, the one pass staged did not clearly gain: docs/performance.md). Heavy masks
+    nothing; with a score_mod, the one pass staged did not clearly gain: docs/performance.md). At head dim 128 that
+    rung first tries each step's S^T issued by the step before (s_ahead 2), which frees the registers that make the
+    document's staged rung spill (prefix-LM gained by it, the window was level; at 64 it was level or slower). Heavy masks
     spill in both roles (the producer's walk calls the tile classifier, the consumers evaluate mask_mod); the last
     rung moves registers to the producer (NATTEN-2D at head dim 128, a CTA per kv block: 2156 -> 1164 spilled bytes;
     a union of five parts: 80 -> 1008, so it keeps the first). scripts/bwd_ladder_spills.py prints the rung each
@@ -248,6 +251,8 @@ def sm90_bwd_ladder(head_dim: int, has_score_mod: bool = False, has_mask: bool =
         return t, producer_heavy
     split = replace(t, split_probs=True)
     staged = (replace(split, dkv_staged=True),) if has_mask and not half_plane else ()
+    if staged and head_dim == 128:
+        staged = (replace(staged[0], s_ahead=2),) + staged
     return staged + (split, t, producer_heavy)
 
 
