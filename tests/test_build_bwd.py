@@ -88,10 +88,10 @@ def test_sm90_backward_family_and_tiles():
     assert not any(t.split_probs for t in tiles.sm90_bwd_ladder(64, has_score_mod=True))
     # dK and dV staged first only on the split rung of a mask other than a half plane (a window, documents, a union)
     assert [t.dkv_staged for t in tiles.sm90_bwd_ladder(64, has_mask=True)] == [True, False, False, False]
-    # at head dim 128 that rung first with each step's S^T issued by the step before, then without
+    # at head dim 128 that rung with each step's S^T issued by the step before
     assert [(t.dkv_staged, t.s_ahead) for t in tiles.sm90_bwd_ladder(128, has_mask=True)] \
-        == [(True, 2), (True, 0), (False, 0), (False, 0), (False, 0)]
-    assert all(t.split_probs for t in tiles.sm90_bwd_ladder(128, has_mask=True)[:3])
+        == [(True, 2), (False, 0), (False, 0), (False, 0)]
+    assert all(t.split_probs for t in tiles.sm90_bwd_ladder(128, has_mask=True)[:2])
     assert not any(t.dkv_staged for t in tiles.sm90_bwd_ladder(128, has_mask=True, half_plane=True)
                    + tiles.sm90_bwd_ladder(128, has_score_mod=True, has_mask=True) + tiles.sm90_bwd_ladder(128))
     assert attngen.compile(window=64).spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL).tile_choices()[0] \
