@@ -237,9 +237,9 @@ def sm90_bwd_ladder(head_dim: int, has_score_mod: bool = False, has_mask: bool =
     uneven, so a tile's end is a large share of its time (full and causal-like masks walk long ranges, and gained
     nothing; with a score_mod, the one pass staged did not clearly gain: docs/performance.md). At head dim 128 that
     rung first tries each step's S^T issued by the step before (s_ahead 2), which frees the registers that make the
-    document's staged rung spill (prefix-LM gained by it, the window was level; at 64 it was level or slower); a
-    mask whose staged rung spills with it spilled without it too (documents with int64 ids), so no rung stands
-    between it and the split one, whose build would lengthen such a mask's cold build. Heavy masks
+    document's staged rung spill (prefix-LM gained by it, the window was level; at 64 it was level or slower); the
+    staged rung without it is not tried after it (documents with int64 ids spill on both: it only lengthened their
+    cold build). Heavy masks
     spill in both roles (the producer's walk calls the tile classifier, the consumers evaluate mask_mod); the last
     rung moves registers to the producer (NATTEN-2D at head dim 128, a CTA per kv block: 2156 -> 1164 spilled bytes;
     a union of five parts: 80 -> 1008, so it keeps the first). scripts/bwd_ladder_spills.py prints the rung each
