@@ -63,7 +63,7 @@ ncu_tail() {  # name timeout profile_case.py-args...: the forward's and the back
     --csv --page raw python scripts/profile_case.py "$@" > "$R/tail-$name.csv" 2> "$R/tail-$name.log"
   python scripts/ncu_tail.py "$R/tail-$name.csv" "$name" | tee -a "$R/tail.md"
 }
-backward_suites() {  # the backward, deterministic and autograd suites, then the backward's small cases under the sanitizers
+backward_suites() {  # the backward, deterministic and autograd suites, then the backward's small cases, sanitized
   run_tests bwd 330 -n 8 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_autograd_gpu.py
   smoke_backward 100 && { sanitize_backward memcheck 90; sanitize_backward racecheck 120; }
 }

@@ -2,22 +2,25 @@
 # Session 35's device calls (scripts/round_s35.sh X on the H200; results in
 # benchmarks/results/2026-12-04-h200-session35/round-X/):
 # A: bench_forward.py on the training anchors and issue 15's variants with each round's order rotated (the forward
-#    tables until now timed attngen first in every round, which session 34 found reads it 1-4% high against flex); causal at S = 1024 (B 16) and
-#    causal and full at head dim 64, issue 15's cuDNN points.
+#    tables until now timed attngen first in every round, which session 34 found reads it 1-4% high against flex);
+#    causal at S = 1024 (B 16) and causal and full at head dim 64, issue 15's cuDNN points.
 # B: the ladder's staged rung (masks other than half planes without a score_mod) with s_ahead 2, against what each
 #    variant ships (the document at head dim 128: the split rung; the others: the staged rung), A B A' B' (A', B' the
 #    same builds under other names), flex in the same rounds: the document, the window and prefix-LM at head dim 128,
 #    the document and the window at 64 (bwd_tiles_ab.py).
 # C: on the landed ladder (the staged rung at head dim 128 first with s_ahead 2: the document at 128 now builds it,
-#    the window and prefix-LM take it): the backward, deterministic and autograd suites, then the backward's small
-#    cases under compute-sanitizer memcheck and racecheck (the window at head dim 128 takes the new rung).
+#    the window and prefix-LM take it; the staged rung without s_ahead still behind it, taken out after F): the
+#    backward, deterministic and autograd suites, then the backward's small cases under compute-sanitizer memcheck and
+#    racecheck (the window at head dim 128 takes the new rung).
 #    (C: 123 passed, 2 failed: test_split_probabilities_match_one_pass's "split, dK last" setting on the window's and
 #    the document's staged rung at 128, which now has s_ahead, is refused: the test sets s_ahead=0 in its settings.)
-# D: C's failed test, fixed; then bench_training.py (rounds rotated) on the landed ladder, then the document at head dim 128 on the ladder against
-#    its former split rung, A B A' B' and flex in five rotated rounds (each in every place once) (bwd_tiles_ab.py).
+# D: C's failed test, fixed; then bench_training.py (rounds rotated) on the landed ladder, then the document at head
+#    dim 128 on the ladder against its former split rung, A B A' B' and flex in five rotated rounds (each in every
+#    place once) (bwd_tiles_ab.py).
 # E: one rung under four names (fields at their shipped values: the same tiles, the same build), each its own
 #    compiled variant, in four rotated rounds: in B and D the fourth setting, the second name of a rung, read 3-10%
-#    slower than the first in every round; full and causal (split rung), the document (staged, s_ahead 2).
+#    slower than the first; full and causal (split rung), the document (staged, s_ahead 2). (E: one kernel's medians
+#    spread up to 6% whatever its name: the card's noise.)
 # F: bench_training.py again on the landed tree (D's table repeated, rounds rotated).
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -440,10 +440,10 @@ def test_sm90_backward_builds_80_query_rows(tmp_path):
 @pytest.mark.parametrize("variant", ["full", "causal"])
 def test_sm90_backward_scores_ahead_build_clean(variant, tmp_path):
     """Each step's S^T issued by the step before (Sm90BwdTiles.s_ahead = 2, under dQ's product; only on the staged
-    rung at head dim 128) builds clean on full attention's and causal's split rung: no spills and its wgmmas not serialized (ptxas serializes all
-    of them around one issued conditionally, which is why a walk's last step issues one on K's rows); its PTX has one
-    S^T product more per step than each step issuing its own (the walk's first, the prologue's). Bad settings are
-    refused."""
+    rung at head dim 128) builds clean on full attention's and causal's split rung: no spills and its wgmmas not
+    serialized (ptxas serializes all of them around one issued conditionally, which is why a walk's last step issues
+    one on K's rows); its PTX has one S^T product more per step than each step issuing its own (the walk's first, the
+    prologue's). Bad settings are refused."""
     from attngen.jit.ninja import ptxas_serialized_wgmma
     from attngen.jit.toolchain import find_nvcc
 
