@@ -437,6 +437,45 @@ def test_sm90_backward_builds_80_query_rows(tmp_path):
 
 
 @pytest.mark.requires_nvcc
+def test_sm90_backward_wait_hint_builds_clean(tmp_path):
+    """Sm90BwdTiles.wait_ns (on no rung): the tile loader's, the producer's and the dQ writers' waits take a
+    suspend-time hint, the writers' end comes through dq_full (a tile of -1) instead of a second barrier polled in
+    the same loop; the consumers' waits keep no hint. Full attention's split rung and the document's staged rung at
+    head dim 128 build clean with it (no spills, wgmmas not serialized); without it the PTX has no hinted wait.
+    Bad values are refused."""
+    from attngen.jit.ninja import ptxas_serialized_wgmma
+    from attngen.jit.toolchain import find_nvcc
+
+    docs = torch.randint(0, 5, (NPOS,), generator=torch.Generator().manual_seed(3)).sort().values.to(torch.int32)
+    hinted = re.compile(r"mbarrier\.try_wait\.parity\.shared::cta\.b64 p, \[%r\d+\], %r\d+, %r\d+;")
+    for name, attn in (("full", attngen.compile()), ("document", attngen.compile(mask_mod=attngen.document(docs)))):
+        spec = attn.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
+        first = spec.tile_choices()[0]
+        assert first.wait_ns == 0
+        for ns in (0, 100000):
+            t = dataclasses.replace(first, wait_ns=ns)
+            d = tmp_path / f"{name}{ns}"
+            d.mkdir()
+            sources = render.render_sources(spec.variant_inc(), torch.bfloat16, 128, "sm_90a", tiles=t,
+                                            kernel=SM90_BWD_KERNEL)
+            assert f"constexpr uint32_t WAIT_NS = {ns};" in sources[render.BWD_KERNEL_SOURCE]
+            write_build_ninja(d, sources, "sm_90a", ["-Xptxas", "-v"], library=BWD_LIBRARY_NAME)
+            out = run_ninja(d)
+            assert not ptxas_serialized_wgmma(out, "attngen_bwd_kernel"), f"{name}, wait_ns={ns}: serialized"
+            assert ptxas_report(out)["spill_bytes"] == 0, f"{name}, wait_ns={ns}: spills"
+            ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
+                                  str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True,
+                                 check=True).stdout
+            # the loader's kv_empty, the producer's tile_full and ring slots, the writers' dq_full: four sites
+            assert len(hinted.findall(ptx)) == (4 if ns else 0), (name, ns, len(hinted.findall(ptx)))
+    assert not any(r.wait_ns for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd) + tiles.sm90_bwd_ladder(
+        hd, has_mask=True) + tiles.sm90_bwd_ladder(hd, has_score_mod=True, has_mask=True))
+    for bad in (-1, 10_000_001):
+        with pytest.raises(attngen.BuildError, match="wait_ns"):
+            tiles.Sm90BwdTiles(wait_ns=bad)
+
+
+@pytest.mark.requires_nvcc
 @pytest.mark.parametrize("variant", ["full", "causal"])
 def test_sm90_backward_scores_ahead_build_clean(variant, tmp_path):
     """Each step's S^T issued by the step before (Sm90BwdTiles.s_ahead = 2, under dQ's product; only on the staged

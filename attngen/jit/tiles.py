@@ -190,6 +190,11 @@ class Sm90BwdTiles:
     # (sm90_bwd_ladder); full attention's and causal's split rung measured within the runs' spread of each step
     # issuing its own (docs/performance.md)
     s_ahead: int = 0
+    # a suspend-time hint (ns) for the waits off the products' path: the tile loader's for the walk's end, the producer's
+    # for ring slots, the dQ writers' for staged dQ (whose end then comes through the same barrier, a tile of -1).
+    # Without it a thread polls once per the hardware's default time limit, a whole walk long for the loader
+    # (0: no hint; on no rung until measured)
+    wait_ns: int = 0
 
     def __post_init__(self):
         if self.dq_init not in (0, 1):
@@ -203,6 +208,9 @@ class Sm90BwdTiles:
                              f"dQ's product), got {self.s_ahead}")
         if self.s_ahead and self.dk_last:
             raise BuildError("Sm90BwdTiles.s_ahead and dk_last each put a product under dQ's staging: set one of them")
+        if not 0 <= self.wait_ns <= 10_000_000:
+            raise BuildError(f"Sm90BwdTiles.wait_ns must be in [0, 10000000] (a suspend-time hint in ns; 0: none), "
+                             f"got {self.wait_ns}")
         if not 0 <= self.walk_shift <= 1024:
             raise BuildError(f"Sm90BwdTiles.walk_shift must be in [0, 1024] (q-blocks per kv block of rotation), "
                              f"got {self.walk_shift}")

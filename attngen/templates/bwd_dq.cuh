@@ -67,15 +67,25 @@ __device__ __forceinline__ void store_or_add_dq(int* flag, float* dst, uint32_t 
 __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem& sm, int cw, int lane) {
   const uint32_t buf = sm.dq(cw);
   for (uint32_t phase = 0;; phase ^= 1u) {
-    // the next staged dQ, or the end of the consumer's walk (signalled once the last reduction was handed back)
-    while (!mbar_try_wait(sm.dq_full(cw), phase)) {
-      if (mbar_try_wait(sm.dq_done(cw), 0)) {
+    // the next staged dQ, or the end of the consumer's walks (signalled once the last reduction was handed back: by
+    // dq_done, or with WAIT_NS by a tile of -1 through dq_full, so that one hinted wait covers both)
+    long long tile;
+    if constexpr (WAIT_NS != 0) {
+      mbar_wait_for<WAIT_NS>(sm.dq_full(cw), phase);
+      asm volatile("ld.shared.s64 %0, [%1];\n" : "=l"(tile) : "r"(sm.slot(cw) + 8u) : "memory");
+      if (tile < 0) {
         if (lane == 0) bulk_wait_all();
         return;
       }
+    } else {
+      while (!mbar_try_wait(sm.dq_full(cw), phase)) {
+        if (mbar_try_wait(sm.dq_done(cw), 0)) {
+          if (lane == 0) bulk_wait_all();
+          return;
+        }
+      }
+      asm volatile("ld.shared.s64 %0, [%1];\n" : "=l"(tile) : "r"(sm.slot(cw) + 8u) : "memory");
     }
-    long long tile;
-    asm volatile("ld.shared.s64 %0, [%1];\n" : "=l"(tile) : "r"(sm.slot(cw) + 8u) : "memory");
     if (lane == 0) {
       float* dst = a.dq_accum + tile * (BQ * D) + DQ_CHUNK * cw * (DQ_STAGE_BYTES / 4);
       if (a.dq_semaphore != nullptr) {

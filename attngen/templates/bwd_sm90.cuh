@@ -191,7 +191,7 @@ __device__ __forceinline__ void produce_walk(const AttngenBwdArgs& a, const CUte
   for (QStep s = first_q_tile(a, c); s.h < c.h_end; s = following_q_tile(a, c, s)) {
     const uint32_t filled = ring++;
     const int stage = (int)(filled % STAGES);
-    mbar_wait(sm.empty(stage), ((filled / STAGES) & 1u) ^ 1u);
+    mbar_wait_for<WAIT_NS>(sm.empty(stage), ((filled / STAGES) & 1u) ^ 1u);
     if (leader) {
       const uint32_t full = sm.full(stage);
       mbar_arrive_expect_tx(full, 2 * Q_BYTES + STATS_BYTES);
@@ -220,7 +220,7 @@ __device__ __forceinline__ void produce(const AttngenBwdArgs& a, const CUtensorM
   }
   uint32_t ring = 0u;
   for (uint32_t turn = 0;; ++turn) {
-    mbar_wait(sm.tile_full(), turn & 1u);
+    mbar_wait_for<WAIT_NS>(sm.tile_full(), turn & 1u);
     const BwdCta c = take_tile(a, sm.tile(turn & 1u));
     if (c.j < 0) return;
     produce_walk(a, tm_q, tm_do, sm, c, leader, ring);
@@ -242,7 +242,7 @@ __device__ __forceinline__ void load_kv_tiles(const AttngenBwdArgs& a, const CUt
   for (uint32_t turn = 0;; ++turn) {
     int w = blockIdx.x;
     if (turn > 0) {
-      mbar_wait(sm.kv_empty(), (turn - 1u) & 1u);
+      mbar_wait_for<WAIT_NS>(sm.kv_empty(), (turn - 1u) & 1u);
       w = persistent_walks(a) ? atomicAdd(a.tile_counter, 1) + (int)gridDim.x : ntiles;
     }
     BwdCta c = bwd_cta(a, w < ntiles && ordered_walks(a) ? a.tile_order[w] : w);
@@ -629,9 +629,16 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
     }
   }
   if (DKV_STAGED && tid == 0) bulk_wait_all();  // the last tile's stores complete before the CTA exits
-  // the walks are over: once the writer has taken the last staged dQ, it stops
+  // the walks are over: once the writer has taken the last staged dQ, it stops (WAIT_NS: told by a tile of -1 through
+  // dq_full, the one barrier it waits on)
   mbar_wait(sm.dq_empty(cw), (n & 1u) ^ 1u);
-  if (lane == 0) mbar_arrive(sm.dq_done(cw));
+  if constexpr (WAIT_NS != 0) {
+    if (tid == 0) sm.dq_tile(cw)[0] = -1;
+    __syncwarp();
+    if (lane == 0) mbar_arrive(sm.dq_full(cw));
+  } else {
+    if (lane == 0) mbar_arrive(sm.dq_done(cw));
+  }
 }
 
 __global__ void __launch_bounds__(NTHREADS, 1)

@@ -52,6 +52,32 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   }
 }
 
+// try_wait with a suspend-time hint: the thread may stay suspended up to `ns` nanoseconds, woken when the phase
+// completes, so that a wait lasting a whole walk polls the barrier a few times rather than once per default time
+// limit (each poll an issued instruction beside the consumers' on the same scheduler).
+__device__ __forceinline__ bool mbar_try_wait_for(uint32_t bar, uint32_t parity, uint32_t ns) {
+  uint32_t ok;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok)
+      : "r"(bar), "r"(parity), "r"(ns)
+      : "memory");
+  return ok != 0;
+}
+
+// mbar_wait with that hint (NS = 0: mbar_wait itself).
+template <uint32_t NS>
+__device__ __forceinline__ void mbar_wait_for(uint32_t bar, uint32_t parity) {
+  if constexpr (NS == 0) {
+    mbar_wait(bar, parity);
+  } else {
+    while (!mbar_try_wait_for(bar, parity, NS)) {
+    }
+  }
+}
+
 // Named barriers (ids 1..15; 0 is __syncthreads). `nthreads` counts every participating thread (a
 // multiple of 32): sync waits until that many have arrived (itself included), arrive only counts.
 __device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t nthreads) {

@@ -182,7 +182,7 @@ def _sm90_bwd_library(monkeypatch, hd, attn, dtype=torch.bfloat16, **setting):
     return attn.backward_library(dtype, hd, torch.cuda.current_device(), "sm90_bwd")
 
 
-def _grads_per_setting(monkeypatch, hd, shape, settings, make_variant, captured=(), q_offset=0):
+def _grads_per_setting(monkeypatch, hd, shape, settings, make_variant, captured=(), q_offset=0, deterministic=False):
     """(dq, dk, dv) of the sm90 backward at each setting (Sm90BwdTiles fields by name), each from a fresh variant
     and its own library, on the same random inputs (B, Hq, Hkv, Lq, Lk), with poisoned memory before each call;
     with `captured` (the variant's captured tensors), (dq, dk, dv, dcaptured), every tensor's gradient asked for."""
@@ -199,7 +199,7 @@ def _grads_per_setting(monkeypatch, hd, shape, settings, make_variant, captured=
         poison_allocator(256 << 20)
         extra = dict(captured=list(captured), captured_grads=[True] * len(captured)) if captured else {}
         grads[name] = attngen.launch.backward(lib, q, k, v, out, do, lse, q_offset=q_offset,
-                                              params=attn._param_fields(), **extra)
+                                              params=attn._param_fields(), deterministic=deterministic, **extra)
         torch.cuda.synchronize()
     assert len(paths) == len(settings), "two settings loaded one library"
     return grads
@@ -266,6 +266,32 @@ def test_staged_kv_grads_match_register_stores(hd, variant, monkeypatch):
     assert torch.equal(dk, dk0) and torch.equal(dv, dv0)
     assert (dq.float() - dq0.float()).abs().max().item() <= 2 ** -7 * dq0.float().abs().max().item()
     assert (dk[:, :, 3500:] == 0).all() and (dv[:, :, 3500:] == 0).all()  # past the last query (q_idx 3499)
+
+
+@pytest.mark.requires_sm90
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("variant", ["causal", "window", "document", "softcap_causal"])
+def test_wait_hint_matches_no_hint(hd, variant, monkeypatch):
+    """The loader's, producer's and dQ writers' waits with a suspend-time hint and the writers' end told through
+    dq_full (Sm90BwdTiles.wait_ns) against the shipped waits: the same arithmetic, so dK and dV bit for bit, dQ within
+    its fp32 additions' order, and in deterministic mode (the writers wait for their turns) dQ bit for bit too. More
+    work tiles than SMs (persistent CTAs, each writer ending once after many tiles), GQA, kv blocks past the last
+    query, a captured-tensor mask, the split, staged and one-pass rungs."""
+    make = {"causal": lambda: attngen.compile(causal=True),
+            "window": lambda: attngen.compile(window=700),
+            "document": lambda: attngen.compile(mask_mod=_document_ids_mask(4450)),
+            "softcap_causal": lambda: attngen.compile(softcap=30.0, causal=True)}[variant]
+    settings = {0: dict(wait_ns=0), 1: dict(wait_ns=100000)}
+    for deterministic in (False, True):
+        grads = _grads_per_setting(monkeypatch, hd, (2, 8, 4, 1500, 4450), settings, make,
+                                   q_offset=0 if variant == "document" else 2000, deterministic=deterministic)
+        (dq0, dk0, dv0), (dq, dk, dv) = grads[0], grads[1]
+        assert dk0.abs().max().item() > 0 and torch.isfinite(dq).all()
+        assert torch.equal(dk, dk0) and torch.equal(dv, dv0)
+        if deterministic:
+            assert torch.equal(dq, dq0)
+        else:
+            assert (dq.float() - dq0.float()).abs().max().item() <= 2 ** -7 * dq0.float().abs().max().item()
 
 
 def _document_ids_mask(L):
