@@ -436,6 +436,23 @@ def test_sm90_backward_builds_80_query_rows(tmp_path):
         tiles.Sm90BwdTiles(block_q=96)
 
 
+def _clean_rung_ptx(d, spec, t) -> str:
+    """Rung t of spec's sm90 backward built in d with ptxas's report: asserts no spills and its wgmmas not serialized
+    (ptxas serializes all of them around one issued conditionally or in flight over a loop's back edge); the PTX."""
+    from attngen.jit.ninja import ptxas_serialized_wgmma
+    from attngen.jit.toolchain import find_nvcc
+
+    d.mkdir()
+    sources = render.render_sources(spec.variant_inc(), torch.bfloat16, 128, "sm_90a", tiles=t, kernel=SM90_BWD_KERNEL)
+    write_build_ninja(d, sources, "sm_90a", ["-Xptxas", "-v"], library=BWD_LIBRARY_NAME)
+    out = run_ninja(d)
+    assert not ptxas_serialized_wgmma(out, "attngen_bwd_kernel"), f"{t}: wgmmas serialized"
+    assert ptxas_report(out)["spill_bytes"] == 0, f"{t}: spills"
+    return subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
+                           str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True,
+                          check=True).stdout
+
+
 @pytest.mark.requires_nvcc
 def test_sm90_backward_wait_hint_builds_clean(tmp_path):
     """Sm90BwdTiles.wait_ns (on no rung): the tile loader's, the producer's and the dQ writers' waits take a
@@ -443,9 +460,6 @@ def test_sm90_backward_wait_hint_builds_clean(tmp_path):
     the same loop; the consumers' waits keep no hint. Full attention's split rung and the document's staged rung at
     head dim 128 build clean with it (no spills, wgmmas not serialized); without it the PTX has no hinted wait.
     Bad values are refused."""
-    from attngen.jit.ninja import ptxas_serialized_wgmma
-    from attngen.jit.toolchain import find_nvcc
-
     docs = torch.randint(0, 5, (NPOS,), generator=torch.Generator().manual_seed(3)).sort().values.to(torch.int32)
     hinted = re.compile(r"mbarrier\.try_wait\.parity\.shared::cta\.b64 p, \[%r\d+\], %r\d+, %r\d+;")
     for name, attn in (("full", attngen.compile()), ("document", attngen.compile(mask_mod=attngen.document(docs)))):
@@ -453,19 +467,9 @@ def test_sm90_backward_wait_hint_builds_clean(tmp_path):
         first = spec.tile_choices()[0]
         assert first.wait_ns == 0
         for ns in (0, 100000):
-            t = dataclasses.replace(first, wait_ns=ns)
             d = tmp_path / f"{name}{ns}"
-            d.mkdir()
-            sources = render.render_sources(spec.variant_inc(), torch.bfloat16, 128, "sm_90a", tiles=t,
-                                            kernel=SM90_BWD_KERNEL)
-            assert f"constexpr uint32_t WAIT_NS = {ns};" in sources[render.BWD_KERNEL_SOURCE]
-            write_build_ninja(d, sources, "sm_90a", ["-Xptxas", "-v"], library=BWD_LIBRARY_NAME)
-            out = run_ninja(d)
-            assert not ptxas_serialized_wgmma(out, "attngen_bwd_kernel"), f"{name}, wait_ns={ns}: serialized"
-            assert ptxas_report(out)["spill_bytes"] == 0, f"{name}, wait_ns={ns}: spills"
-            ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
-                                  str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True,
-                                 check=True).stdout
+            ptx = _clean_rung_ptx(d, spec, dataclasses.replace(first, wait_ns=ns))
+            assert f"constexpr uint32_t WAIT_NS = {ns};" in (d / render.BWD_KERNEL_SOURCE).read_text()
             # the loader's kv_empty, the producer's tile_full and ring slots, the writers' dq_full: four sites
             assert len(hinted.findall(ptx)) == (4 if ns else 0), (name, ns, len(hinted.findall(ptx)))
     assert not any(r.wait_ns for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd) + tiles.sm90_bwd_ladder(
@@ -483,27 +487,13 @@ def test_sm90_backward_scores_ahead_build_clean(variant, tmp_path):
     serialized (ptxas serializes all of them around one issued conditionally, which is why a walk's last step issues
     one on K's rows); its PTX has one S^T product more per step than each step issuing its own (the walk's first, the
     prologue's). Bad settings are refused."""
-    from attngen.jit.ninja import ptxas_serialized_wgmma
-    from attngen.jit.toolchain import find_nvcc
-
     attn = attngen.compile(causal=variant == "causal")
     spec = attn.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
     first = spec.tile_choices()[0]
     assert first.split_probs and not first.s_ahead and not first.dkv_staged
     kmajor = {}
     for ahead in (2, 0):
-        t = dataclasses.replace(first, s_ahead=ahead)
-        d = tmp_path / f"ahead{ahead}"
-        d.mkdir()
-        sources = render.render_sources(spec.variant_inc(), torch.bfloat16, 128, "sm_90a", tiles=t,
-                                        kernel=SM90_BWD_KERNEL)
-        write_build_ninja(d, sources, "sm_90a", ["-Xptxas", "-v"], library=BWD_LIBRARY_NAME)
-        out = run_ninja(d)
-        assert not ptxas_serialized_wgmma(out, "attngen_bwd_kernel"), f"s_ahead={ahead}: wgmmas serialized"
-        assert ptxas_report(out)["spill_bytes"] == 0, f"s_ahead={ahead}: spills"
-        ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
-                              str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True,
-                             check=True).stdout
+        ptx = _clean_rung_ptx(tmp_path / f"ahead{ahead}", spec, dataclasses.replace(first, s_ahead=ahead))
         # S^T and dP^T are the kernel's only K-major (trans 0, 0) m64n64 products, 8 k16 steps each
         kmajor[ahead] = len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16 \{[^}]*\}, "
                                        r"%rd\d+, %rd\d+, p, 1, 1, 0, 0;", ptx))
