@@ -19,6 +19,8 @@
 //   the gradients of captured tensors the call asks for summed per tile (bwd_grad_sites.cuh) under dQ's product;
 //   with S_AHEAD, the next q-block's S^T issued by this step (under dQ's product or its staging), the walk's first by
 //   a prologue, so that a step begins with its S^T done.
+// With WAIT_NS, the tile loader's, the producer's and the dQ writers' mbarrier waits carry a suspend-time hint, so that
+// they poll a few times per wait rather than once per the hardware's default limit (bwd_dq.cuh: the writers' end).
 // dK is scaled once at a tile's end, dQ in the postprocess. Configuration (Elem, D, BQ, BK, STAGES, kDtypeCode,
 // kArch) and variant.inc come from the including attngen_bwd.cu (templates/attngen_bwd.cu.j2).
 #pragma once
