@@ -173,7 +173,8 @@ def table(rows, bwd_kernel, deterministic: bool = False) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--variants", nargs="+", default=VARIANTS, choices=bf.ANCHORS + LEARNABLE, metavar="NAME")
+    p.add_argument("--variants", nargs="+", default=VARIANTS, choices=bf.ANCHORS + bf.EXTRA + LEARNABLE,
+                   metavar="NAME")
     p.add_argument("--seq", type=int, default=8192)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--heads", type=int, default=16)

@@ -34,6 +34,20 @@ def test_document_anchor_densities():
     assert len(bench_forward.ANCHORS) == len(set(bench_forward.ANCHORS))
 
 
+def test_document_anchor_with_the_probes_int64_ids():
+    """document_i64 is the document anchor with its ids as the anchor probe makes them (torch.randint: int64), the
+    same ids the "document" row converts to int32: the mask reads a tensor of each dtype, of equal values."""
+    ids = {}
+    for key in ("document", "document_i64"):
+        _, mask_mod = bench_forward.make_variant(key, 8192, 16, "cpu")
+        attn = attngen.compile(mask_mod=mask_mod)
+        (captured,) = attn.facts.captured
+        ids[key] = captured.tensor
+    assert ids["document"].dtype == torch.int32 and ids["document_i64"].dtype == torch.int64
+    assert torch.equal(ids["document"].long(), ids["document_i64"])
+    assert bench_forward.LABELS["document_i64"] != bench_forward.LABELS["document"]
+
+
 @pytest.mark.parametrize("key", bench_forward.ISSUE15)
 def test_issue15_variant_traces(key):
     # issue 15 point 4's partial-tile set (--set issue15): plain functions as flex users write them
