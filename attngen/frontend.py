@@ -26,6 +26,7 @@ from .launch import forward, load_bwd_library, load_library, param_fields
 from .mods import Variant, as_mask_mod, compose
 from .reference import _check_offset
 from .sequences import check_bool
+from .summaries import check_value_ranges
 
 _BUILD_LOCK = threading.Lock()
 # bound once: the hot path calls them on every launch (torch.compile recognises the functions themselves)
@@ -88,6 +89,8 @@ class CompiledAttention:
         self._bwd_summaries = _SummaryCache()  # the backward kernel's tiles differ from the forward's
         # checked on the hot path (learned slopes): usually empty, as `_ready` holds variants without captures
         self._captured_tensors = tuple(c.tensor for c in self.facts.captured)
+        if self.facts.summaries:
+            check_value_ranges(self.facts.summaries, {c.name: c.tensor for c in self.facts.captured})
         # the name the autograd custom ops know this object by (they take no Python objects)
         self.op_id = _autograd.register(self)
         if self.facts.summaries and any(t.is_cuda for t in self._captured_tensors):

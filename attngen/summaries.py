@@ -66,6 +66,60 @@ def _equal_range(name, along_kv, which, rank, full=False):
     return compute
 
 
+_INT32 = torch.iinfo(torch.int32)
+
+
+def _wider_than_int32(dtype) -> bool:
+    """Integers some of which int32 cannot hold (int64, uint32, uint64)."""
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return False
+    info = torch.iinfo(dtype)
+    return info.min < _INT32.min or info.max > _INT32.max
+
+
+def out_of_range_message(name, dtype, lo, hi) -> str:
+    return (f"captured tensor {name} ({dtype}) holds values outside int32's range ({lo} .. {hi}); the kernels read "
+            "its per-block minima and maxima as int32, and with such values attngen could not skip its blocks "
+            "soundly. Fix: map the values into int32's range keeping their order and equality, e.g. for document "
+            "ids `ids = torch.unique(ids, sorted=True, return_inverse=True)[1].to(torch.int32)`, and compile the "
+            "variant with that tensor")
+
+
+def check_value_ranges(summaries, tensors) -> None:
+    """Raise InputError when a captured tensor on a GPU that per-block min / max summaries read holds integers outside
+    int32 (the summaries' type in the kernels), once at compile time, where a host sync costs nothing; each
+    recomputation of the summaries checks again without one (_narrowed). A tensor on the CPU feeds no kernel (the
+    reference path needs no summaries); block_map's summaries of it check themselves."""
+    for s in summaries:
+        if s.spec and s.spec[0] == "reduce":
+            t = tensors[s.spec[1]]
+            if t.is_cuda and _wider_than_int32(t.dtype) and t.numel():
+                lo, hi = int(t.min()), int(t.max())
+                if lo < _INT32.min or hi > _INT32.max:
+                    raise InputError(out_of_range_message(s.spec[1], t.dtype, lo, hi))
+
+
+def _narrowed(red, which, name, dtype):
+    """A per-block min or max as the kernels read it (int32, float32), never tighter than the truth: float64 rounded
+    outwards (down for a min, up for a max), integers wider than int32 checked to fit (on the CPU an InputError, on
+    a GPU an asynchronous device assert: no host sync on the call path), since a wrapped or inward-rounded bound
+    could make a tile look empty or full when it is not."""
+    if red.dtype.is_floating_point:
+        f = red.to(torch.float32)
+        if red.dtype == torch.float64:
+            inward = f.double() > red if which == "min" else f.double() < red
+            toward = torch.full_like(f, float("-inf") if which == "min" else float("inf"))
+            f = torch.where(inward, torch.nextafter(f, toward), f)
+        return f
+    if _wider_than_int32(red.dtype) and red.numel():
+        fits = ((red >= _INT32.min) & (red <= _INT32.max)).all()
+        if red.is_cuda:
+            torch._assert_async(fits, out_of_range_message(name, dtype, "?", "?"))
+        elif not bool(fits):
+            raise InputError(out_of_range_message(name, dtype, int(red.min()), int(red.max())))
+    return red.to(torch.int32)
+
+
 def _block_reduce(name, axis, which, rank):
     """Host/GPU-side O(N) computation of a per-block min or max of a captured tensor."""
 
@@ -75,7 +129,6 @@ def _block_reduce(name, axis, which, rank):
         start, length, blk = (QOFF, QLEN, BQ) if axis == "q" else (0, KVLEN, BK)
         bmin, bmax = _blocks_of(t2, start, length, blk)
         red = bmin if which == "min" else bmax
-        dt = torch.int32 if not red.dtype.is_floating_point else torch.float32
-        return red.reshape(-1).to(dt).contiguous()
+        return _narrowed(red.reshape(-1), which, name, t.dtype).contiguous()
 
     return compute
