@@ -66,44 +66,48 @@ def _equal_range(name, along_kv, which, rank, full=False):
     return compute
 
 
-_INT32 = torch.iinfo(torch.int32)
+# Integer values a per-block min / max summary may hold: the kernels read the summaries as int32 and the tile
+# classifier subtracts them (document masks: s2[j] - s1[i]) in int32, so values strictly within +-2^30 keep every
+# difference and a small constant offset from overflowing, and clear of the +-2^30 the printer writes for an unbounded
+# block bound (+-oo).
+_SUMMARY_BOUND = 1 << 30
 
 
-def _wider_than_int32(dtype) -> bool:
-    """Integers some of which int32 cannot hold (int64, uint32, uint64)."""
+def _may_exceed_bound(dtype) -> bool:
+    """Integer dtypes that can hold values outside (-2^30, 2^30) (int32, int64, uint32, uint64)."""
     if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
         return False
     info = torch.iinfo(dtype)
-    return info.min < _INT32.min or info.max > _INT32.max
+    return info.min <= -_SUMMARY_BOUND or info.max >= _SUMMARY_BOUND
 
 
 def out_of_range_message(name, dtype, lo, hi) -> str:
-    return (f"captured tensor {name} ({dtype}) holds values outside int32's range ({lo} .. {hi}); the kernels read "
-            "its per-block minima and maxima as int32, and with such values attngen could not skip its blocks "
-            "soundly. Fix: map the values into int32's range keeping their order and equality, e.g. for document "
-            "ids `ids = torch.unique(ids, sorted=True, return_inverse=True)[1].to(torch.int32)`, and compile the "
-            "variant with that tensor")
+    return (f"captured tensor {name} ({dtype}) holds values outside (-2^30, 2^30) ({lo} .. {hi}); the kernels read "
+            "its per-block minima and maxima as int32 and subtract them, so with such values attngen could not skip "
+            "its blocks soundly. Fix: map the values into that range keeping their order and equality, e.g. for "
+            "document ids `ids = torch.unique(ids, sorted=True, return_inverse=True)[1].to(torch.int32)`, and "
+            "compile the variant with that tensor")
 
 
 def check_value_ranges(summaries, tensors) -> None:
     """Raise InputError when a captured tensor on a GPU that per-block min / max summaries read holds integers outside
-    int32 (the summaries' type in the kernels), once at compile time, where a host sync costs nothing; each
-    recomputation of the summaries checks again without one (_narrowed). A tensor on the CPU feeds no kernel (the
-    reference path needs no summaries); block_map's summaries of it check themselves."""
+    (-2^30, 2^30) (_SUMMARY_BOUND), once at compile time, where a host sync costs nothing; each recomputation of the
+    summaries checks again without one (_narrowed). A tensor on the CPU feeds no kernel (the reference path needs no
+    summaries); block_map's summaries of it check themselves."""
     for s in summaries:
         if s.spec and s.spec[0] == "reduce":
             t = tensors[s.spec[1]]
-            if t.is_cuda and _wider_than_int32(t.dtype) and t.numel():
+            if t.is_cuda and _may_exceed_bound(t.dtype) and t.numel():
                 lo, hi = int(t.min()), int(t.max())
-                if lo < _INT32.min or hi > _INT32.max:
+                if lo <= -_SUMMARY_BOUND or hi >= _SUMMARY_BOUND:
                     raise InputError(out_of_range_message(s.spec[1], t.dtype, lo, hi))
 
 
 def _narrowed(red, which, name, dtype):
     """A per-block min or max as the kernels read it (int32, float32), never tighter than the truth: float64 rounded
-    outwards (down for a min, up for a max), integers wider than int32 checked to fit (on the CPU an InputError, on
-    a GPU an asynchronous device assert: no host sync on the call path), since a wrapped or inward-rounded bound
-    could make a tile look empty or full when it is not."""
+    outwards (down for a min, up for a max), integers checked to lie within +-2^30 (on the CPU an InputError, on a
+    GPU an asynchronous device assert: no host sync on the call path), since a wrapped bound, an overflowing
+    difference of two bounds or an inward-rounded one could make a tile look empty or full when it is not."""
     if red.dtype.is_floating_point:
         f = red.to(torch.float32)
         if red.dtype == torch.float64:
@@ -111,8 +115,8 @@ def _narrowed(red, which, name, dtype):
             toward = torch.full_like(f, float("-inf") if which == "min" else float("inf"))
             f = torch.where(inward, torch.nextafter(f, toward), f)
         return f
-    if _wider_than_int32(red.dtype) and red.numel():
-        fits = ((red >= _INT32.min) & (red <= _INT32.max)).all()
+    if _may_exceed_bound(red.dtype) and red.numel():
+        fits = ((red > -_SUMMARY_BOUND) & (red < _SUMMARY_BOUND)).all()
         if red.is_cuda:
             torch._assert_async(fits, out_of_range_message(name, dtype, "?", "?"))
         elif not bool(fits):

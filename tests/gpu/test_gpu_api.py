@@ -200,15 +200,16 @@ def test_captured_tensor_update_is_seen():
     assert not torch.equal(a, b)
 
 
-def test_int64_ids_outside_int32_are_refused():
-    """Document ids int32 cannot hold: compile refuses them with the fix (the kernels' per-block bounds are int32; a
-    wrapped bound made tiles look full across documents); ids that fit, and the renumbered ones, match float64."""
+def test_ids_outside_the_summary_bound_are_refused():
+    """Document ids outside (-2^30, 2^30): compile refuses them with the fix (the kernels' per-block bounds are int32
+    and the classifier subtracts them; a wrapped bound made tiles look full across documents); ids within it, and the
+    renumbered ones, match float64."""
     base = torch.arange(600, device=DEV) // 150
     q, k, v = (torch.randn(1, 2, 600, 128, device=DEV, dtype=torch.bfloat16) for _ in range(3))
-    with pytest.raises(attngen.InputError, match=r"outside int32's range .*torch\.unique"):
+    with pytest.raises(attngen.InputError, match=r"outside \(-2\^30, 2\^30\) .*torch\.unique"):
         attngen.compile(mask_mod=attngen.document(base + 2 ** 31 - 2), backend=BACKEND)
     fixed = torch.unique(base + 2 ** 31 - 2, sorted=True, return_inverse=True)[1].to(torch.int32)
-    for ids in (base + 2 ** 31 - 5, fixed):
+    for ids in (base + 2 ** 30 - 5, fixed):
         attn = attngen.compile(mask_mod=attngen.document(ids), backend=BACKEND)
         ref, _ = reference64.attention(q, k, v, attn.variant)
         assert (attn(q, k, v).double() - ref).abs().max() < 2e-2
