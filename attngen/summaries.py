@@ -81,26 +81,29 @@ def _may_exceed_bound(dtype) -> bool:
     return info.min <= -_SUMMARY_BOUND or info.max >= _SUMMARY_BOUND
 
 
-def out_of_range_message(name, dtype, lo, hi) -> str:
-    return (f"captured tensor {name} ({dtype}) holds values outside (-2^30, 2^30) ({lo} .. {hi}); the kernels read "
-            "its per-block minima and maxima as int32 and subtract them, so with such values attngen could not skip "
-            "its blocks soundly. Fix: map the values into that range keeping their order and equality, e.g. for "
-            "document ids `ids = torch.unique(ids, sorted=True, return_inverse=True)[1].to(torch.int32)`, and "
-            "compile the variant with that tensor")
+def _within_bound(x: torch.Tensor) -> torch.Tensor:
+    """A 0-d bool tensor: every value of x strictly within +-2^30 (no host sync)."""
+    return ((x > -_SUMMARY_BOUND) & (x < _SUMMARY_BOUND)).all()
+
+
+def out_of_range_message(name, dtype, values=None) -> str:
+    seen = f" ({int(values.min())} .. {int(values.max())})" if values is not None else ""
+    return (f"captured tensor {name} ({dtype}) holds values outside (-2^30, 2^30){seen}; the kernels read its "
+            "per-block minima and maxima as int32 and subtract them, so with such values attngen could not skip its "
+            "blocks soundly. Fix: map the values into that range keeping their order and equality, e.g. for document "
+            "ids `ids = torch.unique(ids, sorted=True, return_inverse=True)[1].to(torch.int32)`, and compile the "
+            "variant with that tensor")
 
 
 def check_value_ranges(summaries, tensors) -> None:
     """Raise InputError when a captured tensor on a GPU that per-block min / max summaries read holds integers outside
-    (-2^30, 2^30) (_SUMMARY_BOUND), once at compile time, where a host sync costs nothing; each recomputation of the
-    summaries checks again without one (_narrowed). A tensor on the CPU feeds no kernel (the reference path needs no
-    summaries); block_map's summaries of it check themselves."""
-    for s in summaries:
-        if s.spec and s.spec[0] == "reduce":
-            t = tensors[s.spec[1]]
-            if t.is_cuda and _may_exceed_bound(t.dtype) and t.numel():
-                lo, hi = int(t.min()), int(t.max())
-                if lo <= -_SUMMARY_BOUND or hi >= _SUMMARY_BOUND:
-                    raise InputError(out_of_range_message(s.spec[1], t.dtype, lo, hi))
+    (-2^30, 2^30) (_SUMMARY_BOUND), once per tensor at compile time, where a host sync costs nothing; each
+    recomputation of the summaries checks again without one (_narrowed). A tensor on the CPU feeds no kernel (the
+    reference path needs no summaries); block_map's summaries of it check themselves."""
+    for name in dict.fromkeys(s.spec[1] for s in summaries if s.spec and s.spec[0] == "reduce"):
+        t = tensors[name]
+        if t.is_cuda and _may_exceed_bound(t.dtype) and t.numel() and not bool(_within_bound(t)):
+            raise InputError(out_of_range_message(name, t.dtype, t))
 
 
 def _narrowed(red, which, name, dtype):
@@ -116,11 +119,11 @@ def _narrowed(red, which, name, dtype):
             f = torch.where(inward, torch.nextafter(f, toward), f)
         return f
     if _may_exceed_bound(red.dtype) and red.numel():
-        fits = ((red > -_SUMMARY_BOUND) & (red < _SUMMARY_BOUND)).all()
+        fits = _within_bound(red)
         if red.is_cuda:
-            torch._assert_async(fits, out_of_range_message(name, dtype, "?", "?"))
+            torch._assert_async(fits, out_of_range_message(name, dtype))
         elif not bool(fits):
-            raise InputError(out_of_range_message(name, dtype, int(red.min()), int(red.max())))
+            raise InputError(out_of_range_message(name, dtype, red))
     return red.to(torch.int32)
 
 

@@ -693,7 +693,7 @@ def compile_table(res) -> str:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", nargs="+", default=None, choices=ANCHORS + ISSUE15 + EXTRA, metavar="NAME",
-                   help=f"variants to time (default: the --set): {' '.join(ANCHORS + ISSUE15)}")
+                   help=f"variants to time (default: the --set): {' '.join(ANCHORS + ISSUE15 + EXTRA)}")
     p.add_argument("--set", default="anchors", choices=sorted(SETS),
                    help="named set of variants when --variants is not given: anchors (default) or issue15")
     p.add_argument("--seq", type=int, default=8192, help="sequence length S (q and kv), default 8192")
