@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Session 36's device calls (scripts/round_s36.sh X on the H200; results in
+# benchmarks/results/2026-12-04-h200-session36/round-X/):
+# A: the GPU tests written last session and not yet run (the wait hint against no hint, ids outside the summaries'
+#    bound refused); then Sm90BwdTiles.wait_ns against the shipped rung, A B C A' (A' the shipped rung under another
+#    name), four rotated rounds: full and causal on the split rung, the document on the staged rung with s_ahead 2.
+# B: energy per step with and without the hint (step_energy.py); the document with int32 and with int64 ids
+#    (bench_training.py: document, document_i64).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/device_step.sh  # environment, $R, run_tests, backward_suites, training_table, pack_results
+S=split_probs=1; T=$S,dkv_staged=1,s_ahead=2
+case "$1" in
+  A)
+    run_tests pending 200 -n 8 tests/gpu/test_bwd_gpu.py tests/gpu/test_gpu_api.py -k "wait_hint or summary_bound"
+    for v in full causal; do
+      timeout 110 python scripts/bwd_tiles_ab.py --rounds 4 --variants $v --set $S $S,wait_ns=100000 \
+        $S,wait_ns=2000 $S,walk_shift=0 2>&1 | tee "$R/bwd_wait_$v.log" | grep -E "TFLOP|rror"
+    done
+    timeout 90 python scripts/bwd_tiles_ab.py --rounds 4 --variants document --set $T $T,wait_ns=100000 \
+      $T,wait_ns=2000 $T,walk_shift=0 2>&1 | tee "$R/bwd_wait_document.log" | grep -E "TFLOP|rror"
+    pack_results ;;
+  B)
+    timeout 200 python scripts/step_energy.py --variants full causal --set $S,wait_ns=100000 --no-flex \
+      2>&1 | tee "$R/energy.log" | grep -E "^\||rror"
+    timeout 200 python benchmarks/bench_training.py --out "$R" --variants document document_i64 \
+      > "$R/training.log" 2>&1; grep -E "^\||rror" "$R/training.log"
+    pack_results ;;
+esac
