@@ -95,6 +95,13 @@ def out_of_range_message(name, dtype, values=None) -> str:
             "variant with that tensor")
 
 
+def device_assert_message(name, dtype) -> str:
+    """out_of_range_message's gist for a device assert, whose message torch caps below 255 characters."""
+    name = name if len(name) <= 40 else name[:37] + "..."
+    return (f"attngen: captured tensor {name} ({dtype}) holds values outside (-2^30, 2^30); remap them keeping order, "
+            "e.g. torch.unique(ids, sorted=True, return_inverse=True)[1].to(torch.int32)")
+
+
 def check_value_ranges(summaries, tensors) -> None:
     """Raise InputError when a captured tensor on a GPU that per-block min / max summaries read holds integers outside
     (-2^30, 2^30) (_SUMMARY_BOUND), once per tensor at compile time, where a host sync costs nothing; each
@@ -121,7 +128,7 @@ def _narrowed(red, which, name, dtype):
     if _may_exceed_bound(red.dtype) and red.numel():
         fits = _within_bound(red)
         if red.is_cuda:
-            torch._assert_async(fits, out_of_range_message(name, dtype))
+            torch._assert_async(fits, device_assert_message(name, dtype))
         elif not bool(fits):
             raise InputError(out_of_range_message(name, dtype, red))
     return red.to(torch.int32)

@@ -7,7 +7,7 @@ import torch
 
 import attngen
 from attngen.blockmap import EMPTY, FULL, block_map
-from attngen.summaries import _narrowed, check_value_ranges
+from attngen.summaries import _narrowed, check_value_ranges, device_assert_message
 
 L, BLK = 512, 64
 BOUND = 2 ** 30
@@ -59,6 +59,14 @@ def test_an_in_place_update_out_of_range_is_caught_when_the_summaries_are_recomp
     ids.add_(2 ** 31 - 2)
     with pytest.raises(attngen.InputError, match=r"outside \(-2\^30, 2\^30\)"):
         block_map(attn, L, L, block=(BLK, BLK))
+
+
+@pytest.mark.parametrize("name", ["t0", "document_ids_of_every_sequence_in_the_packed_batch" * 4])
+def test_the_device_assert_message_fits_torchs_cap(name):
+    """torch's CUDA _assert_async refuses messages of 255 characters or more (the CPU one does not, so only the length
+    can be checked here): a longer one made every GPU call with an int64 captured tensor raise."""
+    message = device_assert_message(name, torch.int64)
+    assert len(message) < 255 and "(-2^30, 2^30)" in message and "torch.unique" in message
 
 
 def test_float64_bounds_round_outwards():
