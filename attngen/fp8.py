@@ -109,7 +109,7 @@ def forward(lib, q, k, v, descales=(None, None, None), *, scale: Optional[float]
     if lib.dtype != FP8:
         raise InputError(f"{lib.path} was built for {lib.dtype}, not for FP8 inputs: compile the variant for "
                          "torch.float8_e4m3fn")
-    dev = _checked_call(lib, q, k, v, params)
+    dev = _checked_call(lib, q, k, v, params, captured, summaries)
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     scale, q_offset = _check_scalars(scale, q_offset, D, Lq, Lk)

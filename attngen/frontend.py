@@ -198,6 +198,8 @@ class CompiledAttention:
                     spec = self.spec(dtype, head_dim, current_arch(device_index), kernel)
                     lib = self._libraries[key] = loader(spec.build_cached())
                     lib.param_count = len(self.facts.params)
+                    lib.captured_count = len(self.facts.captured)
+                    lib.summary_count = len(self.facts.summaries)
         return lib
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: Optional[float] = None,

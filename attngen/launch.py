@@ -97,6 +97,11 @@ class _Library:
     """What the forward and backward libraries share: the handle, what the library was built for
     (AttngenKernelInfo), attngen_error_string."""
 
+    # captured tensors and block summaries its variant reads (set with param_count by CompiledAttention): a launch
+    # passing fewer would hand the kernel null pointers
+    captured_count = 0
+    summary_count = 0
+
     def __init__(self, path: str, handle: ctypes.CDLL, info: AttngenKernelInfo):
         self.path = path
         self.handle = handle
@@ -302,16 +307,29 @@ def _check_qkv(lib: KernelLibrary, q, k, v) -> None:
                              f"pass {name}.contiguous() (or {name}.clone() for a misaligned storage offset)")
 
 
-def _checked_call(lib, q, k, v, params) -> int:
-    """The device of a call of lib on q, k, v, after the checks every entry but forward's fast path makes: runtime
-    parameters passed where lib reads some, q / k / v what lib reads (_check_qkv), a device that runs lib's kernels."""
-    if params is None and lib.param_count:
-        raise _missing_params(lib)
+def _checked_call(lib, q, k, v, params, captured, summaries) -> int:
+    """The device of a call of lib on q, k, v, after the checks every entry but forward's fast path makes: what lib's
+    variant reads passed (_check_variant_inputs), q / k / v what lib reads (_check_qkv), a device that runs lib's
+    kernels."""
+    _check_variant_inputs(lib, params, captured, summaries)
     _check_qkv(lib, q, k, v)
     dev = q.get_device()
     if dev not in _capable_devices:
         _check_capability(dev)
     return dev
+
+
+def _check_variant_inputs(lib, params, captured, summaries) -> None:
+    """Runtime parameters, captured tensors and block summaries passed where lib's variant reads them: without them a
+    kernel would run parameters as 0 and read null pointers."""
+    if params is None and lib.param_count:
+        raise _missing_params(lib)
+    if len(captured) < lib.captured_count or len(summaries) < lib.summary_count:
+        raise InputError(
+            f"{lib.path} reads {lib.captured_count} captured tensor(s) and {lib.summary_count} block summaries, but "
+            f"this launch passed {len(captured)} and {len(summaries)}; pass captured=[c.tensor for c in "
+            "attn.facts.captured] and summaries=[s.compute(...) for s in attn.facts.summaries] (computed for "
+            "lib.block_q / lib.block_k), or call the compiled object, which does")
 
 
 def _missing_params(lib) -> InputError:
@@ -433,8 +451,7 @@ def forward(
     arrays of BlockPredicates.summaries, computed for lib.block_q / lib.block_k. ``out`` / ``lse_out``:
     optional preallocated outputs (out: any strides with a contiguous last dim; lse_out contiguous).
     ``params``: CapturedArgs.iparam + fparam (``param_fields``), None for a variant without runtime parameters."""
-    if params is None and lib.param_count:
-        raise _missing_params(lib)
+    _check_variant_inputs(lib, params, captured, summaries)
     if lib.debug_slot is not None and captured and len(captured) == lib.debug_slot:
         return _forward_debug(lib, q, k, v, captured, dict(scale=scale, q_offset=q_offset, return_lse=return_lse,
                                                            summaries=summaries, out=out, lse_out=lse_out,
@@ -642,7 +659,7 @@ def backward(
     dv, dcaptured) with dcaptured[i] a float32 tensor shaped like captured[i] where asked for, else None.
     ``deterministic``: dQ's additions in a fixed order, so that dq is bit-identical across runs (the sm90 family;
     dk and dv are written once per element by every family)."""
-    dev = _checked_call(lib, q, k, v, params)
+    dev = _checked_call(lib, q, k, v, params, captured, summaries)
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     shape = (B, Hq, Lq, D)

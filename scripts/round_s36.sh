@@ -10,6 +10,11 @@
 # B: with the device assert's message shortened: A's tests again; the document's A/B (A B C A'); energy per step with
 #    and without the hint (step_energy.py, both hints); the document with int32 and with int64 ids
 #    (bench_training.py: document, document_i64).
+#    (B: the bound's test passed; the wait hint's document cases hit an illegal address: the test called
+#    launch.backward without the variant's captured tensors and summaries, which launch now refuses; test fixed.)
+# C: with wait_ns 2000 on every sm90 backward rung: the backward, deterministic and autograd suites (the wait hint's
+#    test fixed), the backward's small cases under memcheck and racecheck; the GPU API tests of captured tensors.
+# D: bench_training.py (rounds rotated) on C's tree; the hint at head dim 64 (full, causal: 0 against 2000, A B A' B').
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests, backward_suites, training_table, pack_results
@@ -32,5 +37,16 @@ case "$1" in
       2>&1 | tee "$R/energy.log" | grep -E "^\||rror"
     timeout 200 python benchmarks/bench_training.py --out "$R" --variants document document_i64 \
       > "$R/training.log" 2>&1; grep -E "^\||rror" "$R/training.log"
+    pack_results ;;
+  C)
+    backward_suites
+    run_tests api 150 -n 8 tests/gpu/test_gpu_api.py -k "summary_bound or captured or document or launch"
+    pack_results ;;
+  D)
+    training_table 300
+    for v in full causal; do
+      timeout 100 python scripts/bwd_tiles_ab.py --rounds 4 --head-dim 64 --variants $v --set $S,wait_ns=0 \
+        $S $S,wait_ns=0,walk_shift=0 $S,walk_shift=0 2>&1 | tee "$R/bwd_wait64_$v.log" | grep -E "TFLOP|rror"
+    done
     pack_results ;;
 esac

@@ -455,7 +455,7 @@ def _clean_rung_ptx(d, spec, t) -> str:
 
 @pytest.mark.requires_nvcc
 def test_sm90_backward_wait_hint_builds_clean(tmp_path):
-    """Sm90BwdTiles.wait_ns (on no rung): the tile loader's, the producer's and the dQ writers' waits take a
+    """Sm90BwdTiles.wait_ns (2000 on every rung): the tile loader's, the producer's and the dQ writers' waits take a
     suspend-time hint, the writers' end comes through dq_full (a tile of -1) instead of a second barrier polled in
     the same loop; the consumers' waits keep no hint. Full attention's split rung and the document's staged rung at
     head dim 128 build clean with it (no spills, wgmmas not serialized); without it the PTX has no hinted wait.
@@ -465,14 +465,14 @@ def test_sm90_backward_wait_hint_builds_clean(tmp_path):
     for name, attn in (("full", attngen.compile()), ("document", attngen.compile(mask_mod=attngen.document(docs)))):
         spec = attn.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
         first = spec.tile_choices()[0]
-        assert first.wait_ns == 0
-        for ns in (0, 100000):
+        assert first.wait_ns == 2000
+        for ns in (0, 2000):
             d = tmp_path / f"{name}{ns}"
             ptx = _clean_rung_ptx(d, spec, dataclasses.replace(first, wait_ns=ns))
             assert f"constexpr uint32_t WAIT_NS = {ns};" in (d / render.BWD_KERNEL_SOURCE).read_text()
             # the loader's kv_empty, the producer's tile_full and ring slots, the writers' dq_full: four sites
             assert len(hinted.findall(ptx)) == (4 if ns else 0), (name, ns, len(hinted.findall(ptx)))
-    assert not any(r.wait_ns for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd) + tiles.sm90_bwd_ladder(
+    assert all(r.wait_ns == 2000 for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd) + tiles.sm90_bwd_ladder(
         hd, has_mask=True) + tiles.sm90_bwd_ladder(hd, has_score_mod=True, has_mask=True))
     for bad in (-1, 10_000_001):
         with pytest.raises(attngen.BuildError, match="wait_ns"):

@@ -238,6 +238,7 @@ class _FakeFp8Library:
     <= 0 refused without score_mod, as the sm90 kernel's attngen_fwd does), writing a marker into out and lse."""
 
     dtype, path, param_count, head_dim = E4M3, "fake-fp8", 0, 128
+    captured_count = summary_count = 0
 
     def __init__(self):
         self.calls = []

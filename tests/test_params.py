@@ -403,6 +403,21 @@ def test_union_of_many_disjuncts_with_parameters_renders_and_stays_sound():
             assert not ((got == EMPTY) & (want != EMPTY)).any() and not ((got == FULL) & (want != FULL)).any()
 
 
+def test_a_direct_launch_without_the_variants_captured_tensors_is_refused():
+    """launch.forward / launch.backward without the captured tensors or block summaries a library's variant reads
+    would hand its kernel null pointers (an illegal address on the GPU): refused before any input check, naming the
+    fix; a debug build's extra captured record is not short of anything."""
+    lib = launch._Library.__new__(launch._Library)
+    lib.path, lib.param_count, lib.captured_count, lib.summary_count = "libattngen_bwd.so", 0, 1, 4
+    x = torch.zeros(1)
+    for captured, summaries in (((), ()), ((x,), ()), ((x,), (x, x, x))):
+        for call in (lambda: launch.forward(lib, x, x, x, captured=captured, summaries=summaries),
+                     lambda: launch.backward(lib, x, x, x, x, x, x, captured=captured, summaries=summaries)):
+            with pytest.raises(attngen.InputError, match=r"reads 1 captured tensor\(s\) and 4 block summaries.*"
+                                                         r"attn\.facts\.captured"):
+                call()
+
+
 def test_a_direct_launch_without_parameter_values_is_refused():
     """launch.forward / launch.backward with params=None on a library whose variant reads parameters would run them
     as 0 (a window of 0 masks everything): refused before any input check, naming the fix."""

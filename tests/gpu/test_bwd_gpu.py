@@ -182,10 +182,12 @@ def _sm90_bwd_library(monkeypatch, hd, attn, dtype=torch.bfloat16, **setting):
     return attn.backward_library(dtype, hd, torch.cuda.current_device(), "sm90_bwd")
 
 
-def _grads_per_setting(monkeypatch, hd, shape, settings, make_variant, captured=(), q_offset=0, deterministic=False):
+def _grads_per_setting(monkeypatch, hd, shape, settings, make_variant, grad_captured=False, q_offset=0,
+                       deterministic=False):
     """(dq, dk, dv) of the sm90 backward at each setting (Sm90BwdTiles fields by name), each from a fresh variant
-    and its own library, on the same random inputs (B, Hq, Hkv, Lq, Lk), with poisoned memory before each call;
-    with `captured` (the variant's captured tensors), (dq, dk, dv, dcaptured), every tensor's gradient asked for."""
+    and its own library, on the same random inputs (B, Hq, Hkv, Lq, Lk), with poisoned memory before each call, the
+    variant's captured tensors and block summaries passed as the frontend passes them; with `grad_captured`,
+    (dq, dk, dv, dcaptured), every captured tensor's gradient asked for."""
     B, Hq, Hkv, Lq, Lk = shape
     gen = torch.Generator(device="cpu").manual_seed(hd)
     q, do = (torch.randn(B, Hq, Lq, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
@@ -197,9 +199,13 @@ def _grads_per_setting(monkeypatch, hd, shape, settings, make_variant, captured=
         paths.add(lib.path)
         out, lse = attn(q, k, v, return_lse=True, q_offset=q_offset)
         poison_allocator(256 << 20)
-        extra = dict(captured=list(captured), captured_grads=[True] * len(captured)) if captured else {}
-        grads[name] = attngen.launch.backward(lib, q, k, v, out, do, lse, q_offset=q_offset,
-                                              params=attn._param_fields(), deterministic=deterministic, **extra)
+        tensors = [c.tensor for c in attn.facts.captured]
+        summaries = [s.compute(dict(zip((c.name for c in attn.facts.captured), tensors)), lib.block_q, lib.block_k,
+                               Lq, Lk, q_offset) for s in attn.facts.summaries]
+        extra = dict(captured_grads=[True] * len(tensors)) if grad_captured else {}
+        grads[name] = attngen.launch.backward(lib, q, k, v, out, do, lse, q_offset=q_offset, captured=tensors,
+                                              summaries=summaries, params=attn._param_fields(),
+                                              deterministic=deterministic, **extra)
         torch.cuda.synchronize()
     assert len(paths) == len(settings), "two settings loaded one library"
     return grads
@@ -410,7 +416,7 @@ def test_relative_walk_matches_score_mod_per_element(hd, mod, monkeypatch):
                 "element": dict(rel_walk=False)}
     grads = _grads_per_setting(monkeypatch, hd, (2, 4, 2, 1100, 2450), settings,
                                lambda: attngen.compile(score_mod=attngen.ScoreMod(fn, f"rel_{mod}"), window=700),
-                               captured=captured, q_offset=130)
+                               grad_captured=bool(captured), q_offset=130)
     names = ("dq", "dk", "dv") + (("dtable",) if captured else ())
     flat = {k: tuple(g[:3]) + (tuple(g[3]) if captured else ()) for k, g in grads.items()}
     for what, g, g1, g0 in zip(names, flat["staged"], flat["walk"], flat["element"]):
