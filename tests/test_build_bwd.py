@@ -456,7 +456,7 @@ def _clean_rung_ptx(d, spec, t) -> str:
 @pytest.mark.requires_nvcc
 def test_sm90_backward_wait_hint_builds_clean(tmp_path):
     """Sm90BwdTiles.wait_ns (2000 on every rung): the tile loader's, the producer's and the dQ writers' waits take a
-    suspend-time hint, the writers' end comes through dq_full (a tile of -1) instead of a second barrier polled in
+    suspend-time hint, the writers' end comes through dq_full (after dq_done) instead of a second barrier polled in
     the same loop; the consumers' waits keep no hint. Full attention's split rung and the document's staged rung at
     head dim 128 build clean with it (no spills, wgmmas not serialized); without it the PTX has no hinted wait.
     Bad values are refused."""

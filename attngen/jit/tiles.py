@@ -191,7 +191,7 @@ class Sm90BwdTiles:
     # issuing its own (docs/performance.md)
     s_ahead: int = 0
     # a suspend-time hint (ns) for the waits off the products' path: the tile loader's for the walk's end, the producer's
-    # for ring slots, the dQ writers' for staged dQ (whose end then comes through the same barrier, a tile of -1).
+    # for ring slots, the dQ writers' for staged dQ (whose end then comes through the same barrier too, after dq_done).
     # Without it a thread polls once per the hardware's default time limit, a whole walk long for the loader, each
     # poll an issued instruction beside the consumers' (0: no hint; SM90_BWD_TILES ships 2000: docs/performance.md)
     wait_ns: int = 0

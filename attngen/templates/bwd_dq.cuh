@@ -68,15 +68,16 @@ __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem&
   const uint32_t buf = sm.dq(cw);
   for (uint32_t phase = 0;; phase ^= 1u) {
     // the next staged dQ, or the end of the consumer's walks (signalled once the last reduction was handed back: by
-    // dq_done, or with WAIT_NS by a tile of -1 through dq_full, so that one hinted wait covers both)
+    // dq_done, and with WAIT_NS then through dq_full too, so that one hinted wait covers both: each consumer warp
+    // arrives on dq_done before dq_full, so a phase of dq_full completed with dq_done's is the end)
     long long tile;
     if constexpr (WAIT_NS != 0) {
       mbar_wait_for<WAIT_NS>(sm.dq_full(cw), phase);
-      asm volatile("ld.shared.s64 %0, [%1];\n" : "=l"(tile) : "r"(sm.slot(cw) + 8u) : "memory");
-      if (tile < 0) {
+      if (mbar_try_wait(sm.dq_done(cw), 0)) {
         if (lane == 0) bulk_wait_all();
         return;
       }
+      asm volatile("ld.shared.s64 %0, [%1];\n" : "=l"(tile) : "r"(sm.slot(cw) + 8u) : "memory");
     } else {
       while (!mbar_try_wait(sm.dq_full(cw), phase)) {
         if (mbar_try_wait(sm.dq_done(cw), 0)) {

@@ -631,16 +631,11 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
     }
   }
   if (DKV_STAGED && tid == 0) bulk_wait_all();  // the last tile's stores complete before the CTA exits
-  // the walks are over: once the writer has taken the last staged dQ, it stops (WAIT_NS: told by a tile of -1 through
-  // dq_full, the one barrier it waits on)
+  // the walks are over: once the writer has taken the last staged dQ, it stops (WAIT_NS: dq_done, then dq_full woken
+  // with no dQ staged, the one barrier it waits on; the slot is not written, so nothing of it races the writer's read)
   mbar_wait(sm.dq_empty(cw), (n & 1u) ^ 1u);
-  if constexpr (WAIT_NS != 0) {
-    if (tid == 0) sm.dq_tile(cw)[0] = -1;
-    __syncwarp();
-    if (lane == 0) mbar_arrive(sm.dq_full(cw));
-  } else {
-    if (lane == 0) mbar_arrive(sm.dq_done(cw));
-  }
+  if (lane == 0) mbar_arrive(sm.dq_done(cw));
+  if (WAIT_NS != 0 && lane == 0) mbar_arrive(sm.dq_full(cw));
 }
 
 __global__ void __launch_bounds__(NTHREADS, 1)
