@@ -20,6 +20,10 @@
 #    The end no longer writes the slot: dq_done, then dq_full.)
 # D: on that tree: the backward's suites and its small cases under memcheck and racecheck; bench_training.py on causal
 #    and full (rounds rotated).
+#    (D: suites 133 passed, memcheck 0 errors, racecheck 0 hazards; but the step 1.8x slower (causal 6.485 ms, full
+#    12.499): the writer's end check after each staging was a try_wait on dq_done, which suspends for its time limit
+#    when the phase is not complete, every staging; now a test_wait.)
+# E: on that tree: causal's split rung with and without the hint (two rounds); the small cases under racecheck.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests, backward_suites, training_table, pack_results
@@ -51,5 +55,10 @@ case "$1" in
     backward_suites
     timeout 130 python benchmarks/bench_training.py --out "$R" --variants causal full > "$R/training.log" 2>&1
     grep -E "^\||rror" "$R/training.log"
+    pack_results ;;
+  E)
+    timeout 60 python scripts/bwd_tiles_ab.py --rounds 2 --variants causal --set $S $S,wait_ns=0 2>&1 \
+      | tee "$R/bwd_wait_causal.log" | grep -E "TFLOP|rror"
+    smoke_backward 40 && sanitize_backward racecheck 100
     pack_results ;;
 esac

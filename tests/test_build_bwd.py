@@ -472,6 +472,9 @@ def test_sm90_backward_wait_hint_builds_clean(tmp_path):
             assert f"constexpr uint32_t WAIT_NS = {ns};" in (d / render.BWD_KERNEL_SOURCE).read_text()
             # the loader's kv_empty, the producer's tile_full and ring slots, the writers' dq_full: four sites
             assert len(hinted.findall(ptx)) == (4 if ns else 0), (name, ns, len(hinted.findall(ptx)))
+            # the writers' end check after each staging tests dq_done without suspending (a try_wait there held every
+            # staging for its time limit: round D of session 36, the step 1.8x slower)
+            assert ptx.count("mbarrier.test_wait.parity") == (1 if ns else 0), (name, ns)
     assert all(r.wait_ns == 2000 for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd) + tiles.sm90_bwd_ladder(
         hd, has_mask=True) + tiles.sm90_bwd_ladder(hd, has_score_mod=True, has_mask=True))
     for bad in (-1, 10_000_001):

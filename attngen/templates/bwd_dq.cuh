@@ -73,7 +73,7 @@ __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem&
     long long tile;
     if constexpr (WAIT_NS != 0) {
       mbar_wait_for<WAIT_NS>(sm.dq_full(cw), phase);
-      if (mbar_try_wait(sm.dq_done(cw), 0)) {
+      if (mbar_test_wait(sm.dq_done(cw), 0)) {  // not try_wait, which would hold every staging for its time limit
         if (lane == 0) bulk_wait_all();
         return;
       }

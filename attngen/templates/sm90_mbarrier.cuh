@@ -45,6 +45,20 @@ __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
   return ok != 0;
 }
 
+// Whether the phase with parity `parity` has completed, without suspending the thread (try_wait may wait out its
+// time limit first).
+__device__ __forceinline__ bool mbar_test_wait(uint32_t bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+
 // Block until the phase with parity `parity` has completed (acquire: data it guards is then visible).
 // try_wait already suspends the thread for a system-dependent time before returning false.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
