@@ -406,7 +406,7 @@ def test_union_of_many_disjuncts_with_parameters_renders_and_stays_sound():
 def test_a_direct_launch_without_the_variants_captured_tensors_is_refused():
     """launch.forward / launch.backward without the captured tensors or block summaries a library's variant reads
     would hand its kernel null pointers (an illegal address on the GPU): refused before any input check, naming the
-    fix; a debug build's extra captured record is not short of anything."""
+    fix."""
     lib = launch._Library.__new__(launch._Library)
     lib.path, lib.param_count, lib.captured_count, lib.summary_count = "libattngen_bwd.so", 0, 1, 4
     x = torch.zeros(1)

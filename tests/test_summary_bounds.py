@@ -64,7 +64,7 @@ def test_an_in_place_update_out_of_range_is_caught_when_the_summaries_are_recomp
 @pytest.mark.parametrize("name", ["t0", "document_ids_of_every_sequence_in_the_packed_batch" * 4])
 def test_the_device_assert_message_fits_torchs_cap(name):
     """torch's CUDA _assert_async refuses messages of 255 characters or more (the CPU one does not, so only the length
-    can be checked here): a longer one made every GPU call with an int64 captured tensor raise."""
+    can be checked here): a longer one made every GPU call with a captured integer tensor raise."""
     message = device_assert_message(name, torch.int64)
     assert len(message) < 255 and "(-2^30, 2^30)" in message and "torch.unique" in message
 
