@@ -196,6 +196,12 @@ class Sm90BwdTiles:
     # poll an issued instruction beside the consumers' (0: no hint; on no rung: 2000 measured 2-3% faster with the
     # writers' end told through their slot, which racecheck flagged; its end protocol now is not yet run on a GPU)
     wait_ns: int = 0
+    # kv blocks 2p and 2p + 1 of a (batch, kv head) on the two CTAs of a cluster, walking their q blocks in step: at each
+    # q block both visit, each consumer sends the half of its dQ that the other adds to global memory into that CTA's
+    # shared memory (distributed shared memory) and adds the half it receives to its own, so that a pair adds one dQ tile
+    # where two CTAs added two (its tiles dealt statically, not ordered; dQ_acc zeroed by the preprocess). Persistent
+    # calls only (deterministic mode launches a CTA per tile, unpaired). (on no rung: not yet run on a GPU)
+    dq_pair: bool = False
 
     def __post_init__(self):
         if self.dq_init not in (0, 1):
@@ -209,6 +215,10 @@ class Sm90BwdTiles:
                              f"dQ's product), got {self.s_ahead}")
         if self.s_ahead and self.dk_last:
             raise BuildError("Sm90BwdTiles.s_ahead and dk_last each put a product under dQ's staging: set one of them")
+        if self.dq_pair and (self.block_q != 64 or self.walk_shift or not self.persistent):
+            raise BuildError("Sm90BwdTiles.dq_pair needs block_q 64, walk_shift 0 (the pair's walks visit their common q "
+                             f"blocks in one order) and persistent CTAs, got block_q {self.block_q}, walk_shift "
+                             f"{self.walk_shift}, persistent {self.persistent}")
         if not 0 <= self.wait_ns <= 10_000_000:
             raise BuildError(f"Sm90BwdTiles.wait_ns must be in [0, 10000000] (a suspend-time hint in ns; 0: none), "
                              f"got {self.wait_ns}")

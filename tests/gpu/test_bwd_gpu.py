@@ -300,6 +300,32 @@ def test_wait_hint_matches_no_hint(hd, variant, monkeypatch):
             assert (dq.float() - dq0.float()).abs().max().item() <= 2 ** -7 * dq0.float().abs().max().item()
 
 
+@pytest.mark.requires_sm90
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("variant", ["full", "causal", "window", "document", "softcap_causal"])
+def test_dq_pair_matches_unpaired(hd, variant, monkeypatch):
+    """kv-block pairs on 2-CTA clusters, each adding half of both CTAs' dQ at the q blocks both visit
+    (Sm90BwdTiles.dq_pair), against a CTA per kv block adding its own: dK and dV bit for bit (each CTA's walk is the
+    same), dQ within its fp32 additions' order; deterministic mode (launched unpaired) bit for bit. An odd count of kv
+    blocks (the last pair's second walks nothing), GQA, walks of different lengths in a pair (causal, window,
+    documents: q blocks only one of the two visits), more pairs than clusters, the split, staged and one-pass rungs."""
+    make = {"full": lambda: attngen.compile(), "causal": lambda: attngen.compile(causal=True),
+            "window": lambda: attngen.compile(window=700),
+            "document": lambda: attngen.compile(mask_mod=_document_ids_mask(4450)),
+            "softcap_causal": lambda: attngen.compile(softcap=30.0, causal=True)}[variant]
+    settings = {False: dict(dq_pair=False), True: dict(dq_pair=True)}
+    for deterministic in (False, True):
+        grads = _grads_per_setting(monkeypatch, hd, (2, 8, 4, 1500, 4450), settings, make,
+                                   q_offset=0 if variant == "document" else 2000, deterministic=deterministic)
+        (dq0, dk0, dv0), (dq, dk, dv) = grads[False], grads[True]
+        assert dk0.abs().max().item() > 0 and torch.isfinite(dq).all()
+        assert torch.equal(dk, dk0) and torch.equal(dv, dv0)
+        if deterministic:
+            assert torch.equal(dq, dq0)
+        else:
+            assert (dq.float() - dq0.float()).abs().max().item() <= 2 ** -7 * dq0.float().abs().max().item()
+
+
 def _document_ids_mask(L):
     """Sorted document ids over L positions, about one document per 250."""
     ids = torch.cumsum(torch.rand(L, generator=torch.Generator().manual_seed(5)) < 0.004, 0).to(DEV)
