@@ -141,7 +141,9 @@ def test_sm90_backward_family_and_tiles():
     assert "launch_bwd_pre<OrderSection>(a, BQ, stream, PDL, ordered_walks(a) ? order_sections(a) : 0)" \
         in headers["bwd_sm90.cuh"]
     assert "a.tile_order[w]" in headers["bwd_sm90.cuh"]
-    assert headers["bwd_sm90.cuh"].count("launch_kernel(PDL, ") == 2  # the main kernel and the postprocess
+    # the main kernel (in clusters of two CTAs when its kv blocks are paired) and the postprocess
+    assert headers["bwd_sm90.cuh"].count("launch_kernel_in_clusters(PDL, ") == 1
+    assert headers["bwd_sm90.cuh"].count("launch_kernel(PDL, ") == 1
 
 
 def test_prebuild_plans_the_backward_each_arch_runs():

@@ -283,21 +283,7 @@ def test_wait_hint_matches_no_hint(hd, variant, monkeypatch):
     its fp32 additions' order, and in deterministic mode (the writers wait for their turns) dQ bit for bit too. More
     work tiles than SMs (persistent CTAs, each writer ending once after many tiles), GQA, kv blocks past the last
     query, a captured-tensor mask, the split, staged and one-pass rungs."""
-    make = {"causal": lambda: attngen.compile(causal=True),
-            "window": lambda: attngen.compile(window=700),
-            "document": lambda: attngen.compile(mask_mod=_document_ids_mask(4450)),
-            "softcap_causal": lambda: attngen.compile(softcap=30.0, causal=True)}[variant]
-    settings = {0: dict(wait_ns=0), 1: dict(wait_ns=100000)}
-    for deterministic in (False, True):
-        grads = _grads_per_setting(monkeypatch, hd, (2, 8, 4, 1500, 4450), settings, make,
-                                   q_offset=0 if variant == "document" else 2000, deterministic=deterministic)
-        (dq0, dk0, dv0), (dq, dk, dv) = grads[0], grads[1]
-        assert dk0.abs().max().item() > 0 and torch.isfinite(dq).all()
-        assert torch.equal(dk, dk0) and torch.equal(dv, dv0)
-        if deterministic:
-            assert torch.equal(dq, dq0)
-        else:
-            assert (dq.float() - dq0.float()).abs().max().item() <= 2 ** -7 * dq0.float().abs().max().item()
+    _assert_setting_keeps_grads(monkeypatch, hd, variant, dict(wait_ns=0), dict(wait_ns=100000))
 
 
 @pytest.mark.requires_sm90
@@ -309,15 +295,21 @@ def test_dq_pair_matches_unpaired(hd, variant, monkeypatch):
     same), dQ within its fp32 additions' order; deterministic mode (launched unpaired) bit for bit. An odd count of kv
     blocks (the last pair's second walks nothing), GQA, walks of different lengths in a pair (causal, window,
     documents: q blocks only one of the two visits), more pairs than clusters, the split, staged and one-pass rungs."""
+    _assert_setting_keeps_grads(monkeypatch, hd, variant, dict(dq_pair=False), dict(dq_pair=True))
+
+
+def _assert_setting_keeps_grads(monkeypatch, hd, variant, before, after):
+    """The sm90 backward at settings `before` and `after` (Sm90BwdTiles fields) on one variant, more work tiles than
+    SMs, GQA, an odd count of kv blocks, kv blocks past the last query: dK and dV bit for bit, dQ within its fp32
+    additions' order, and in deterministic mode dQ bit for bit too."""
     make = {"full": lambda: attngen.compile(), "causal": lambda: attngen.compile(causal=True),
             "window": lambda: attngen.compile(window=700),
             "document": lambda: attngen.compile(mask_mod=_document_ids_mask(4450)),
             "softcap_causal": lambda: attngen.compile(softcap=30.0, causal=True)}[variant]
-    settings = {False: dict(dq_pair=False), True: dict(dq_pair=True)}
     for deterministic in (False, True):
-        grads = _grads_per_setting(monkeypatch, hd, (2, 8, 4, 1500, 4450), settings, make,
+        grads = _grads_per_setting(monkeypatch, hd, (2, 8, 4, 1500, 4450), {0: before, 1: after}, make,
                                    q_offset=0 if variant == "document" else 2000, deterministic=deterministic)
-        (dq0, dk0, dv0), (dq, dk, dv) = grads[False], grads[True]
+        (dq0, dk0, dv0), (dq, dk, dv) = grads[0], grads[1]
         assert dk0.abs().max().item() > 0 and torch.isfinite(dq).all()
         assert torch.equal(dk, dk0) and torch.equal(dv, dv0)
         if deterministic:
