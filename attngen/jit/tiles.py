@@ -228,7 +228,8 @@ class Sm90BwdTiles:
 
     def smem_bytes(self, head_dim: int) -> int:
         """K, V; the Q / dO ring; two dS^T buffers; the row statistics per stage; mbarriers; the consumers' staged
-        dQ (BQ rows of a split of the head dim each, sm90_bwd_layout.cuh); alignment slack. Not counted: the
+        dQ (BQ rows of a split of the head dim each, sm90_bwd_layout.cuh), with dq_pair the halves received and their
+        mbarriers and flags; alignment slack. Not counted: the
         consumers' slots (32 bytes), the work-tile slots (64), the staged dQ's alignment to 128 bytes and a
         variant's gradient bins (up to 26 KB with codegen.GRAD_DIAG_SITES = 3 diagonal sites), which the kernel's
         static_assert checks against the limit at build time."""
@@ -238,7 +239,8 @@ class Sm90BwdTiles:
         dq_n = head_dim // consumers if (head_dim // consumers) % 64 == 0 else head_dim
         return 1024 + 2 * kv + 2 * self.stages * q + 2 * self.block_k * self.block_q * 2 \
             + self.stages * 2 * self.block_q * 4 + 8 * (3 + 2 * self.stages + 3 * consumers) \
-            + consumers * self.block_q * dq_n * 4
+            + consumers * self.block_q * dq_n * 4 \
+            + (consumers * (self.block_q * dq_n * 2 + 16 + 16) if self.dq_pair else 0)
 
 
 # Head dim 256 has no sm90 backward (dK + dV of 64 rows x 256 columns take the consumers' registers): the sm80

@@ -127,6 +127,8 @@ static_assert(OFF_STATS % 16 == 0 && OFF_TURN % 8 == 0 && OFF_TILE % 8 == 0 && O
 static_assert(OFF_DQ % 16 == 0 && DQ_STAGE_BYTES % 16 == 0, "bulk reductions read 16-byte aligned sources");
 static_assert(!DQ_PAIR || (BQ == 64 && NDQ % 8 == 0 && DQ_HALF_BYTES == NDQ / 8 * 128 * 16),
               "DQ_PAIR: BQ 64, each thread's float4s of dQ in two halves, each half a contiguous half of the staging");
+static_assert(!DQ_PAIR || (WALK_SHIFT == 0 && PERSISTENT),
+              "DQ_PAIR: persistent CTAs whose walks are not rotated (a pair meets the q blocks both visit in one order)");
 static_assert(!DKV_STAGED || (OFF_DS % 1024 == 0 && OFF_DQ % 1024 == 0 && DQ_STAGE_BYTES >= 64 * D * 2),
               "DKV_STAGED: 1024-aligned boxes of 64 kv rows in the dS^T buffers and the staged dQ");
 static_assert(GRAD_ROWS == 64 && (kGradDiagSites == 0 || GRAD_ROWS + BQ - 1 <= GRAD_BINS),
