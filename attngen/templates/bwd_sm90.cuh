@@ -768,6 +768,32 @@ AttngenKernelInfo bwd_kernel_info() {
   return {ATTNGEN_BWD_ABI_VERSION, (int)sizeof(AttngenBwdArgs), D, kDtypeCode, BQ, BK, NTHREADS, SMEM_BYTES, kArch};
 }
 
+// DQ_PAIR: how many clusters of two CTAs run at once on device `dev` (a GPC of an odd count of SMs leaves one idle),
+// so that the persistent grid has no cluster waiting for another to finish its share of the statically dealt tiles.
+int resident_pairs(int dev, int sms) {
+  constexpr int kDevices = 64;
+  static int known[kDevices] = {};
+  if (dev >= 0 && dev < kDevices && known[dev] > 0) return known[dev];
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(2 * max(1, sms / 2));
+  config.blockDim = dim3(NTHREADS);
+  config.dynamicSmemBytes = SMEM_BYTES;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, (const void*)attngen_bwd_kernel, &config) != cudaSuccess || n <= 0) {
+    (void)cudaGetLastError();  // no answer: a cluster per two SMs
+    n = max(1, sms / 2);
+  }
+  if (dev >= 0 && dev < kDevices) known[dev] = n;
+  return n;
+}
+
 int launch_bwd(const AttngenBwdArgs& call, cudaStream_t stream) {
   AttngenBwdArgs a = call;
   // then the preprocess zeroes dQ_acc (a pair's halves would need flags of their own)
@@ -794,7 +820,8 @@ int launch_bwd(const AttngenBwdArgs& call, cudaStream_t stream) {
   cudaError_t rc = launch_bwd_pre<OrderSection>(a, BQ, stream, PDL, ordered_walks(a) ? order_sections(a) : 0);
   const int ntiles = num_work_tiles(a);
   if (rc == cudaSuccess && ntiles > 0) {
-    const int grid = paired_walks(a) ? 2 * min(ntiles, max(1, sms / 2)) : persistent_walks(a) ? min(ntiles, sms) : ntiles;
+    const int grid = paired_walks(a) ? 2 * min(ntiles, resident_pairs(dev, sms))
+                                     : persistent_walks(a) ? min(ntiles, sms) : ntiles;
     rc = launch_kernel_in_clusters(PDL, paired_walks(a) ? 2u : 1u, attngen_bwd_kernel, dim3(grid), dim3(NTHREADS),
                                    SMEM_BYTES, stream, a, tm_q, tm_do, tm_k, tm_v, tm_dk, tm_dv);
   }
