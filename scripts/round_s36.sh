@@ -24,6 +24,9 @@
 #    12.499): the writer's end check after each staging was a try_wait on dq_done, which suspends for its time limit
 #    when the phase is not complete, every staging; now a test_wait.)
 # E: on that tree: causal's split rung with and without the hint (two rounds); the small cases under racecheck.
+#    (E: not run, no device time left; the hint went back to no rung.)
+# F (prepared for the next session, not run): the hint's and the kv-block pairs' GPU tests (Sm90BwdTiles.wait_ns,
+#    dq_pair); then full and causal on the split rung, alone, with pairs, with the hint, with both, 4 rotated rounds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests, backward_suites, training_table, pack_results
@@ -60,5 +63,12 @@ case "$1" in
     timeout 60 python scripts/bwd_tiles_ab.py --rounds 2 --variants causal --set $S $S,wait_ns=0 2>&1 \
       | tee "$R/bwd_wait_causal.log" | grep -E "TFLOP|rror"
     smoke_backward 40 && sanitize_backward racecheck 100
+    pack_results ;;
+  F)
+    run_tests pairs 300 -n 8 tests/gpu/test_bwd_gpu.py -k "dq_pair or wait_hint"
+    for v in full causal; do
+      timeout 120 python scripts/bwd_tiles_ab.py --rounds 4 --variants $v --set $S $S,dq_pair=1 $S,wait_ns=2000 \
+        $S,dq_pair=1,wait_ns=2000 2>&1 | tee "$R/bwd_pairs_$v.log" | grep -E "TFLOP|rror"
+    done
     pack_results ;;
 esac
