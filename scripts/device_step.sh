@@ -20,16 +20,20 @@ run_tests() {  # name timeout files...
   grep -E ' FAILED' "$R/tests_$name.log" | head -n 20
   tail -n 3 "$R/tests_$name.log"
 }
-smoke_backward() {  # [timeout]: the backward's small sanitizer cases built, then run once; false when one fails
-  python scripts/sanitize_case.py --build --backward > "$R/build.log" 2>&1
-  timeout "${1:-60}" python scripts/sanitize_case.py --backward > "$R/smoke.log" 2>&1
+smoke_backward() {  # [timeout [sanitize_case.py args...]]: the backward's small sanitizer cases built, then run once;
+  # false when one fails
+  local t=${1:-60}; shift || true
+  python scripts/sanitize_case.py --build --backward "$@" > "$R/build.log" 2>&1
+  timeout "$t" python scripts/sanitize_case.py --backward "$@" > "$R/smoke.log" 2>&1
   tail -n 2 "$R/smoke.log"
   grep -q "SANITIZE CASES DONE ok" "$R/smoke.log"
 }
-sanitize_backward() {  # tool timeout: compute-sanitizer on the backward's small cases (built), its summary lines
-  timeout "$2" compute-sanitizer --tool "$1" --print-limit 20 python scripts/sanitize_case.py --backward \
-    > "$R/$1.log" 2>&1
-  echo "$1 rc=$?"; grep -E "^========= (Error|RACECHECK|ERROR SUMMARY)|SANITIZE" "$R/$1.log" | head -n 8
+sanitize_backward() {  # tool timeout [sanitize_case.py args...]: compute-sanitizer on the backward's small cases (built),
+  # its summary lines
+  local tool=$1 t=$2; shift 2
+  timeout "$t" compute-sanitizer --tool "$tool" --print-limit 20 python scripts/sanitize_case.py --backward "$@" \
+    > "$R/$tool.log" 2>&1
+  echo "$tool rc=$?"; grep -E "^========= (Error|RACECHECK|ERROR SUMMARY)|SANITIZE" "$R/$tool.log" | head -n 8
 }
 ncu_profile() {  # name kernel-regex timeout profile_case.py-args...: $R/ncu-<name>-details.txt, -sass.csv.gz, -hot.txt
   local name=$1 kernel=$2 t=$3; shift 3

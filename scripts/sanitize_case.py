@@ -3,8 +3,10 @@ public API, checked against the float64 reference; with `--backward` also the gr
 learnable table (the backward kernels: sm90 at head dims 64 / 128 on H100/H200, the portable one at 256); with
 `--decode` the KV-cache kernel instead (attn.with_kvcache: paged and contiguous caches, appends, splits and their
 combine). `--build` only fills the kernel cache (run it outside the sanitizer so nvcc is not traced); `--cases`
-keeps the listed cases of the forward / backward list (0-based), for a shorter run.
-Usage: sanitize_case.py [--build] [--backend sm90] [--backward | --decode] [--cases 0 1]"""
+keeps the listed cases of the forward / backward list (0-based), for a shorter run; `--set FIELD=VALUE,...` sets
+fields of jit.tiles.Sm90BwdTiles on every rung of each variant's sm90 backward ladder (an option on no rung, e.g.
+`dq_pair=1`), in the build and the run alike.
+Usage: sanitize_case.py [--build] [--backend sm90] [--backward | --decode] [--cases 0 1] [--set dq_pair=1]"""
 import argparse
 import sys
 
@@ -18,7 +20,17 @@ p.add_argument("--backend", default="auto")
 p.add_argument("--backward", action="store_true")
 p.add_argument("--decode", action="store_true")
 p.add_argument("--cases", type=int, nargs="+", default=None, metavar="N")
+p.add_argument("--set", default="", dest="setting", metavar="FIELD=VALUE,...")
 args = p.parse_args()
+if args.setting:
+    from dataclasses import replace
+
+    import attngen.jit.spec as spec
+    from attngen.jit.tiles import sm90_bwd_ladder
+    from tile_settings import setting_fields  # scripts/, this script's directory
+
+    fields = setting_fields(args.setting)
+    spec.sm90_bwd_ladder = lambda d, **kw: tuple(replace(t, **fields) for t in sm90_bwd_ladder(d, **kw))
 
 
 def decode_cases() -> int:
