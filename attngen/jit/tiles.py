@@ -240,7 +240,8 @@ class Sm90BwdTiles:
         return 1024 + 2 * kv + 2 * self.stages * q + 2 * self.block_k * self.block_q * 2 \
             + self.stages * 2 * self.block_q * 4 + 8 * (3 + 2 * self.stages + 3 * consumers) \
             + consumers * self.block_q * dq_n * 4 \
-            + (consumers * (self.block_q * dq_n * 2 + 16 + 16) if self.dq_pair else 0)
+            + (consumers * (self.block_q * dq_n * 2 + 16 + 16) + (4 * self.stages + 15) // 16 * 16
+               if self.dq_pair else 0)
 
 
 # Head dim 256 has no sm90 backward (dK + dV of 64 rows x 256 columns take the consumers' registers): the sm80

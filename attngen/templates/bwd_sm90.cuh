@@ -214,6 +214,12 @@ __device__ __forceinline__ void produce_walk(const AttngenBwdArgs& a, const CUte
     const uint32_t filled = ring++;
     const int stage = (int)(filled % STAGES);
     mbar_wait_for<WAIT_NS>(sm.empty(stage), ((filled / STAGES) & 1u) ^ 1u);
+    if (paired_walks(a)) {  // DQ_PAIR: whether the other CTA's walk visits this q block too, beside its tiles
+      TileArgs t = c.t;
+      t.h = s.h;
+      const int both = peer_visits(a, t, s.i, c.j);
+      if (leader) sm.peer_stage(stage)[0] = both;  // before the arrival below, which releases it with the copies
+    }
     if (leader) {
       const uint32_t full = sm.full(stage);
       mbar_arrive_expect_tx(full, 2 * Q_BYTES + STATS_BYTES);
@@ -525,14 +531,14 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
       // deterministic mode: thread 0 finds this tile's turn before the products hold registers, and keeps it in
       // shared memory (one register more across the tile spills)
       if (a.dq_semaphore != nullptr && tid == 0) sm.turn(cw)[0] = dq_turn(C, t, s.i, c.j);
-      // DQ_PAIR: thread 0 finds whether the other CTA visits this q block too, read by all after dS^T's barrier
-      if (paired_walks(a) && tid == 0) sm.peer(cw)[n & 1u] = peer_visits(a, t, s.i, c.j);
       const float* lse2 = sm.stats_ptr(stage);
       const float* delta = lse2 + BQ;
 
       float st_here[NS], dp[NS];
       float (&st)[NS] = S_AHEAD ? s_ahead : st_here;  // the other array is never touched
       mbar_wait(sm.full(stage), (n / STAGES) & 1u);
+      // DQ_PAIR: the producer found whether the other CTA's walk visits this q block too
+      const bool shared_step = paired_walks(a) && static_cast<const volatile int*>(sm.peer_stage(stage))[0] != 0;
       wgmma_fence();
       if constexpr (!S_AHEAD) {
         issue_scores_t(st, desc_k, sm.q(stage));
@@ -661,7 +667,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
         }
       }
       int part = -1;  // DQ_PAIR: at a q block both CTAs visit, the half of dQ this one adds (its rank)
-      if (paired_walks(a) && static_cast<const volatile int*>(sm.peer(cw))[n & 1u]) {
+      if (shared_step) {
         part = (int)cluster_ctarank();
         exchange_dq(sm, cw, tid, part, exchanges++, dq);
       }
