@@ -25,9 +25,10 @@
 #    when the phase is not complete, every staging; now a test_wait.)
 # E: on that tree: causal's split rung with and without the hint (two rounds); the small cases under racecheck.
 #    (E: not run, no device time left; the hint went back to no rung.)
-# F (prepared for the next session, not run): the hint's and the kv-block pairs' GPU tests (Sm90BwdTiles.wait_ns,
-#    dq_pair); the backward's small cases with pairs and the hint on every rung, plainly and under memcheck and
-#    racecheck; then full and causal on the split rung, alone, with pairs, with the hint, with both, 4 rotated rounds.
+# F, G (prepared for the next session, not run): F the hint's and the kv-block pairs' GPU tests
+#    (Sm90BwdTiles.wait_ns, dq_pair), the backward's small cases with pairs and the hint on every rung, plainly and
+#    under memcheck and racecheck; G full and causal on the split rung, alone, with pairs, with the hint, with both,
+#    4 rotated rounds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests, backward_suites, training_table, pack_results
@@ -69,6 +70,8 @@ case "$1" in
     run_tests pairs 300 -n 8 tests/gpu/test_bwd_gpu.py -k "dq_pair or wait_hint"
     P=(--set dq_pair=1,wait_ns=2000)
     smoke_backward 60 "${P[@]}" && { sanitize_backward memcheck 90 "${P[@]}"; sanitize_backward racecheck 120 "${P[@]}"; }
+    pack_results ;;
+  G)
     for v in full causal; do
       timeout 120 python scripts/bwd_tiles_ab.py --rounds 4 --variants $v --set $S $S,dq_pair=1 $S,wait_ns=2000 \
         $S,dq_pair=1,wait_ns=2000 2>&1 | tee "$R/bwd_pairs_$v.log" | grep -E "TFLOP|rror"
