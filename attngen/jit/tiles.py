@@ -193,8 +193,8 @@ class Sm90BwdTiles:
     # a suspend-time hint (ns) for the waits off the products' path: the tile loader's for the walk's end, the producer's
     # for ring slots, the dQ writers' for staged dQ (whose end then comes through the same barrier too, after dq_done).
     # Without it a thread polls once per the hardware's default time limit, a whole walk long for the loader, each
-    # poll an issued instruction beside the consumers' (0: no hint; on no rung: 2000 measured 2-3% faster with the
-    # writers' end told through their slot, which racecheck flagged; its end protocol now is not yet run on a GPU)
+    # poll an issued instruction beside the consumers' (0: no hint; on no rung until its end protocol has run on a GPU:
+    # docs/performance.md, session 36)
     wait_ns: int = 0
     # kv blocks 2p and 2p + 1 of a (batch, kv head) on the two CTAs of a cluster, walking their q blocks in step: at each
     # q block both visit, each consumer sends the half of its dQ that the other adds to global memory into that CTA's
@@ -240,7 +240,7 @@ class Sm90BwdTiles:
         return 1024 + 2 * kv + 2 * self.stages * q + 2 * self.block_k * self.block_q * 2 \
             + self.stages * 2 * self.block_q * 4 + 8 * (3 + 2 * self.stages + 3 * consumers) \
             + consumers * self.block_q * dq_n * 4 \
-            + (consumers * (self.block_q * dq_n * 2 + 16 + 16) + (4 * self.stages + 15) // 16 * 16
+            + (consumers * (self.block_q * dq_n * 2 + 16) + (4 * (consumers + self.stages) + 15) // 16 * 16
                if self.dq_pair else 0)
 
 

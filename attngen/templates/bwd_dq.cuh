@@ -70,14 +70,12 @@ __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem&
     // the next staged dQ, or the end of the consumer's walks (signalled once the last reduction was handed back: by
     // dq_done, and with WAIT_NS then through dq_full too, so that one hinted wait covers both: each consumer warp
     // arrives on dq_done before dq_full, so a phase of dq_full completed with dq_done's is the end)
-    long long tile;
     if constexpr (WAIT_NS != 0) {
       mbar_wait_for<WAIT_NS>(sm.dq_full(cw), phase);
       if (mbar_test_wait(sm.dq_done(cw), 0)) {  // not try_wait, which would hold every staging for its time limit
         if (lane == 0) bulk_wait_all();
         return;
       }
-      asm volatile("ld.shared.s64 %0, [%1];\n" : "=l"(tile) : "r"(sm.slot(cw) + 8u) : "memory");
     } else {
       while (!mbar_try_wait(sm.dq_full(cw), phase)) {
         if (mbar_try_wait(sm.dq_done(cw), 0)) {
@@ -85,8 +83,9 @@ __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem&
           return;
         }
       }
-      asm volatile("ld.shared.s64 %0, [%1];\n" : "=l"(tile) : "r"(sm.slot(cw) + 8u) : "memory");
     }
+    long long tile;
+    asm volatile("ld.shared.s64 %0, [%1];\n" : "=l"(tile) : "r"(sm.slot(cw) + 8u) : "memory");
     if (lane == 0) {
       float* dst = a.dq_accum + tile * (BQ * D) + DQ_CHUNK * cw * (DQ_STAGE_BYTES / 4);
       if (a.dq_semaphore != nullptr) {
@@ -111,7 +110,7 @@ __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem&
         store_or_add_dq(a.dq_written + 2 * tile + DQ_CHUNK * cw, dst, buf);
       } else {
         // DQ_PAIR: at a q block both CTAs of the pair visit, the half of the tile this one adds (the sum of both)
-        const int part = DQ_PAIR ? static_cast<const volatile int*>(sm.peer(cw))[2] : -1;
+        const int part = DQ_PAIR ? *sm.dq_part(cw) : -1;
         const uint32_t skip = part < 0 ? 0u : (uint32_t)part * DQ_HALF_BYTES;
         bulk_reduce_add_f32(dst + skip / 4, buf + skip, part < 0 ? DQ_STAGE_BYTES : DQ_HALF_BYTES);
         bulk_commit();

@@ -218,7 +218,7 @@ __device__ __forceinline__ void produce_walk(const AttngenBwdArgs& a, const CUte
       TileArgs t = c.t;
       t.h = s.h;
       const int both = peer_visits(a, t, s.i, c.j);
-      if (leader) sm.peer_stage(stage)[0] = both;  // before the arrival below, which releases it with the copies
+      if (leader) *sm.peer_stage(stage) = both;  // before the arrival below, which releases it with the copies
     }
     if (leader) {
       const uint32_t full = sm.full(stage);
@@ -538,7 +538,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
       float (&st)[NS] = S_AHEAD ? s_ahead : st_here;  // the other array is never touched
       mbar_wait(sm.full(stage), (n / STAGES) & 1u);
       // DQ_PAIR: the producer found whether the other CTA's walk visits this q block too
-      const bool shared_step = paired_walks(a) && static_cast<const volatile int*>(sm.peer_stage(stage))[0] != 0;
+      const bool shared_step = paired_walks(a) && *sm.peer_stage(stage) != 0;
       wgmma_fence();
       if constexpr (!S_AHEAD) {
         issue_scores_t(st, desc_k, sm.q(stage));
@@ -676,7 +676,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
       if (tid == 0) {
         sm.dq_tile(cw)[0] = S_AHEAD ? dq_tile_ahead : dq_tile_of(s);
         if (a.dq_semaphore != nullptr) sm.turn(cw)[1] = sm.turn(cw)[0];
-        if constexpr (DQ_PAIR) sm.peer(cw)[2] = part;
+        if constexpr (DQ_PAIR) *sm.dq_part(cw) = part;
       }
       fence_proxy_async_smem();  // generic stores, read by the bulk reduction (the async proxy)
       __syncwarp();
@@ -780,17 +780,9 @@ int resident_pairs(int dev, int sms) {
   constexpr int kDevices = 64;
   static int known[kDevices] = {};
   if (dev >= 0 && dev < kDevices && known[dev] > 0) return known[dev];
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(2 * max(1, sms / 2));
-  config.blockDim = dim3(NTHREADS);
-  config.dynamicSmemBytes = SMEM_BYTES;
-  config.attrs = attr;
-  config.numAttrs = 1;
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t config = launch_config(attr, false, 2u, dim3(2 * max(1, sms / 2)), dim3(NTHREADS),
+                                                  SMEM_BYTES, nullptr);
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, (const void*)attngen_bwd_kernel, &config) != cudaSuccess || n <= 0) {
     (void)cudaGetLastError();  // no answer: a cluster per two SMs

@@ -26,14 +26,10 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) followed by cudaGetLastError(), with the programmatic-serialization
-// attribute when pdl and in clusters of `cluster` CTAs along x (grid.x a multiple of it; 1: none): the launch's error,
-// else any the runtime held, and the runtime's last error cleared either way (left set, it would surface at the next
-// launch check, torch's among them, as that launch's). launch_kernel: without clusters.
-template <typename... Params, typename... Args>
-cudaError_t launch_kernel_in_clusters(bool pdl, unsigned cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
-                                      size_t smem, cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attr[2];
+// A cudaLaunchKernelEx configuration with the programmatic-serialization attribute when pdl and clusters of `cluster`
+// CTAs along x (grid.x a multiple of it; 1: none); `attr` holds the attributes it points to.
+inline cudaLaunchConfig_t launch_config(cudaLaunchAttribute (&attr)[2], bool pdl, unsigned cluster, dim3 grid,
+                                        dim3 block, size_t smem, cudaStream_t stream) {
   unsigned n = 0;
   if (pdl) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -52,6 +48,17 @@ cudaError_t launch_kernel_in_clusters(bool pdl, unsigned cluster, void (*kernel)
   config.stream = stream;
   config.attrs = attr;
   config.numAttrs = n;
+  return config;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) followed by cudaGetLastError(), launched as launch_config says: the
+// launch's error, else any the runtime held, and the runtime's last error cleared either way (left set, it would
+// surface at the next launch check, torch's among them, as that launch's). launch_kernel: without clusters.
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel_in_clusters(bool pdl, unsigned cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
+                                      size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t config = launch_config(attr, pdl, cluster, grid, block, smem, stream);
   const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, static_cast<Args&&>(args)...);
   const cudaError_t last = cudaGetLastError();
   return launched != cudaSuccess ? launched : last;

@@ -82,9 +82,9 @@ constexpr int REL_WARP_BYTES = (REL_SLOTS * REL_SLOT_BYTES_T + 15) / 16 * 16;
 // walk over; K and V read for the last time in a work tile; the work tile named
 // DQ_PAIR: per consumer, the half of dQ the other CTA sent received / read (bwd_sm90.cuh exchange_dq)
 constexpr int NUM_MBARS = 1 + 2 * STAGES + 3 * NUM_CONSUMERS + 2 + (DQ_PAIR ? 2 * NUM_CONSUMERS : 0);
-// DQ_PAIR: per consumer 16 bytes (the part of the staged dQ its writer adds), per ring stage 4 (whether the other CTA's
+// DQ_PAIR: an int per consumer (the part of the staged dQ its writer adds) and per ring stage (whether the other CTA's
 // walk visits that stage's q block too), and the half of dQ received from the other CTA
-constexpr int PEER_BYTES = DQ_PAIR ? 16 * NUM_CONSUMERS + (4 * STAGES + 15) / 16 * 16 : 0;
+constexpr int PEER_BYTES = DQ_PAIR ? (4 * (NUM_CONSUMERS + STAGES) + 15) / 16 * 16 : 0;
 constexpr int DQ_HALF_BYTES = DQ_STAGE_BYTES / 2;
 constexpr int RECV_BYTES = DQ_PAIR ? NUM_CONSUMERS * DQ_HALF_BYTES : 0;
 // The staged dQ is 128-byte aligned for the bulk reductions; with DKV_STAGED it also holds dV at head dim 128, as
@@ -181,13 +181,15 @@ struct BwdSmem {
   __device__ uint32_t dq_done(int consumer) const { return bar(1 + 2 * STAGES + 2 * NUM_CONSUMERS + consumer); }
   __device__ uint32_t kv_empty() const { return bar(1 + 2 * STAGES + 3 * NUM_CONSUMERS); }
   __device__ uint32_t tile_full() const { return bar(2 + 2 * STAGES + 3 * NUM_CONSUMERS); }
-  // DQ_PAIR: consumer cw's int [2] (the part of the staged dQ its writer adds: -1 all, else the half of that index);
-  // ring stage st's flag (the other CTA visits its q block too, set by the producer with the stage's copies); the
-  // consumer's received half; the other CTA's half of dQ arrived in it (recv_full) and this CTA's half read out of
-  // the other's (recv_empty)
-  __device__ int* peer(int consumer) const { return reinterpret_cast<int*>(ptr + OFF_PEER) + 4 * consumer; }
-  __device__ int* peer_stage(int st) const {
-    return reinterpret_cast<int*>(ptr + OFF_PEER + 16 * NUM_CONSUMERS) + st;
+  // DQ_PAIR: the part of consumer cw's staged dQ its writer adds (-1 all, else the half of that index); ring stage
+  // st's flag (the other CTA visits its q block too, set by the producer with the stage's copies); the consumer's
+  // received half; the other CTA's half of dQ arrived in it (recv_full) and this CTA's half read out of the other's
+  // (recv_empty)
+  __device__ volatile int* dq_part(int consumer) const {
+    return reinterpret_cast<volatile int*>(ptr + OFF_PEER) + consumer;
+  }
+  __device__ volatile int* peer_stage(int st) const {
+    return reinterpret_cast<volatile int*>(ptr + OFF_PEER) + NUM_CONSUMERS + st;
   }
   __device__ uint32_t recv(int consumer) const { return base + OFF_RECV + (uint32_t)(consumer * DQ_HALF_BYTES); }
   __device__ uint32_t recv_full(int consumer) const { return bar(3 + 2 * STAGES + 3 * NUM_CONSUMERS + consumer); }
