@@ -69,7 +69,7 @@ ncu_tail() {  # name timeout profile_case.py-args...: the forward's and the back
 }
 backward_suites() {  # the backward, deterministic and autograd suites, then the backward's small cases, sanitized
   run_tests bwd 330 -n 8 tests/gpu/test_bwd_gpu.py tests/gpu/test_deterministic_gpu.py tests/gpu/test_autograd_gpu.py
-  smoke_backward 100 && { sanitize_backward memcheck 90; sanitize_backward racecheck 120; }
+  smoke_backward 100 && { sanitize_backward memcheck 90; sanitize_backward racecheck 200; }
 }
 training_table() {  # [timeout]: bench_training.py's anchors against flex and cuDNN, its table printed
   timeout "${1:-330}" python benchmarks/bench_training.py --out "$R" > "$R/training.log" 2>&1

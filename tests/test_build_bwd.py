@@ -457,7 +457,7 @@ def _clean_rung_ptx(d, spec, t) -> str:
 
 @pytest.mark.requires_nvcc
 def test_sm90_backward_wait_hint_builds_clean(tmp_path):
-    """Sm90BwdTiles.wait_ns (on no rung): the tile loader's, the producer's and the dQ writers' waits take a
+    """Sm90BwdTiles.wait_ns (2000 on every rung): the tile loader's, the producer's and the dQ writers' waits take a
     suspend-time hint, the writers' end comes through dq_full (after dq_done) instead of a second barrier polled in
     the same loop; the consumers' waits keep no hint. Full attention's split rung and the document's staged rung at
     head dim 128 build clean with it (no spills, wgmmas not serialized); without it the PTX has no hinted wait.
@@ -467,7 +467,7 @@ def test_sm90_backward_wait_hint_builds_clean(tmp_path):
     for name, attn in (("full", attngen.compile()), ("document", attngen.compile(mask_mod=attngen.document(docs)))):
         spec = attn.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
         first = spec.tile_choices()[0]
-        assert first.wait_ns == 0
+        assert first.wait_ns == 2000
         for ns in (0, 2000):
             d = tmp_path / f"{name}{ns}"
             ptx = _clean_rung_ptx(d, spec, dataclasses.replace(first, wait_ns=ns))
@@ -477,7 +477,7 @@ def test_sm90_backward_wait_hint_builds_clean(tmp_path):
             # the writers' end check after each staging tests dq_done without suspending (a try_wait there held every
             # staging for its time limit: round D of session 36, the step 1.8x slower)
             assert ptx.count("mbarrier.test_wait.parity") == (1 if ns else 0), (name, ns)
-    assert not any(r.wait_ns for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd) + tiles.sm90_bwd_ladder(
+    assert all(r.wait_ns == 2000 for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd) + tiles.sm90_bwd_ladder(
         hd, has_mask=True) + tiles.sm90_bwd_ladder(hd, has_score_mod=True, has_mask=True))
     for bad in (-1, 10_000_001):
         with pytest.raises(attngen.BuildError, match="wait_ns"):

@@ -193,8 +193,8 @@ class Sm90BwdTiles:
     # a suspend-time hint (ns) for the waits off the products' path: the tile loader's for the walk's end, the producer's
     # for ring slots, the dQ writers' for staged dQ (whose end then comes through the same barrier too, after dq_done).
     # Without it a thread polls once per the hardware's default time limit, a whole walk long for the loader, each
-    # poll an issued instruction beside the consumers' (0: no hint; on no rung until its end protocol has run on a GPU:
-    # docs/performance.md, session 36)
+    # poll an issued instruction beside the consumers' (0: no hint; 2000 on every rung, SM90_BWD_TILES:
+    # docs/performance.md)
     wait_ns: int = 0
     # kv blocks 2p and 2p + 1 of a (batch, kv head) on the two CTAs of a cluster, walking their q blocks in step: at each
     # q block both visit, each consumer sends the half of its dQ that the other adds to global memory into that CTA's
@@ -246,7 +246,7 @@ class Sm90BwdTiles:
 
 # Head dim 256 has no sm90 backward (dK + dV of 64 rows x 256 columns take the consumers' registers): the sm80
 # backward serves it.
-SM90_BWD_TILES = {64: Sm90BwdTiles(stages=2), 128: Sm90BwdTiles(stages=2)}
+SM90_BWD_TILES = {64: Sm90BwdTiles(stages=2, wait_ns=2000), 128: Sm90BwdTiles(stages=2, wait_ns=2000)}
 
 
 def sm90_bwd_ladder(head_dim: int, has_score_mod: bool = False, has_mask: bool = False,

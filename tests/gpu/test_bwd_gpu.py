@@ -279,7 +279,7 @@ def test_staged_kv_grads_match_register_stores(hd, variant, monkeypatch):
 @pytest.mark.parametrize("variant", ["causal", "window", "document", "softcap_causal"])
 def test_wait_hint_matches_no_hint(hd, variant, monkeypatch):
     """The loader's, producer's and dQ writers' waits with a suspend-time hint and the writers' end told through
-    dq_full (Sm90BwdTiles.wait_ns) against the shipped waits: the same arithmetic, so dK and dV bit for bit, dQ within
+    dq_full (Sm90BwdTiles.wait_ns) against no hint: the same arithmetic, so dK and dV bit for bit, dQ within
     its fp32 additions' order, and in deterministic mode (the writers wait for their turns) dQ bit for bit too. More
     work tiles than SMs (persistent CTAs, each writer ending once after many tiles), GQA, kv blocks past the last
     query, a captured-tensor mask, the split, staged and one-pass rungs."""

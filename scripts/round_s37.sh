@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Session 37's device calls (scripts/round_s37.sh X on the H200; results in
+# benchmarks/results/2026-12-04-h200-session37/round-X/):
+# A: the wait hint's and the kv-block pairs' GPU tests (Sm90BwdTiles.wait_ns with its test_wait end, dq_pair, neither
+#    run on a GPU before); the backward's small cases with the hint on every rung, plainly and under racecheck; with
+#    pairs on every rung, plainly and under memcheck.
+#    (A: 18 passed; the hint's cases ok plainly, racecheck reached the last case in its 110 s, no hazard by then;
+#    the pairs' cases ok plainly, memcheck 0 errors.)
+# B: full and causal on the split rung alone, with pairs, with the hint, with both, 4 rotated rounds; the hint's small
+#    cases under racecheck with a longer limit.
+#    (B: pairs slower, full 9.040 ms against 7.028, causal 5.979 against 3.579; the hint full 6.782, causal 3.577;
+#    the hint's cases under racecheck: 0 hazards.)
+# C: with wait_ns 2000 on every rung (SM90_BWD_TILES): the backward, deterministic and autograd suites, the small
+#    cases plainly and under memcheck and racecheck.
+# D: on that tree: bench_training.py's table of every anchor.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/device_step.sh  # environment, $R, run_tests, smoke_backward, sanitize_backward, pack_results
+S=split_probs=1
+keep() {  # the small cases' logs of one setting under $R/<name>/
+  mkdir -p "$R/$1" && mv "$R"/{build,smoke,memcheck,racecheck}.log "$R/$1/" 2>/dev/null; true
+}
+case "$1" in
+  A)
+    run_tests pairs_hint 220 -n 8 tests/gpu/test_bwd_gpu.py -k "dq_pair or wait_hint"
+    H=(--set wait_ns=2000)
+    smoke_backward 60 "${H[@]}" && sanitize_backward racecheck 110 "${H[@]}"; keep hint
+    P=(--set dq_pair=1)
+    smoke_backward 60 "${P[@]}" && sanitize_backward memcheck 90 "${P[@]}"; keep pairs
+    pack_results ;;
+  B)
+    for v in full causal; do
+      timeout 120 python scripts/bwd_tiles_ab.py --rounds 4 --variants $v --set $S $S,dq_pair=1 $S,wait_ns=2000 \
+        $S,dq_pair=1,wait_ns=2000 2>&1 | tee "$R/bwd_pairs_$v.log" | grep -E "TFLOP|rror"
+    done
+    H=(--set wait_ns=2000)
+    smoke_backward 60 "${H[@]}" && sanitize_backward racecheck 200 "${H[@]}"; keep hint
+    pack_results ;;
+  C)
+    backward_suites
+    pack_results ;;
+  D)
+    training_table 330
+    pack_results ;;
+esac
