@@ -200,7 +200,8 @@ class Sm90BwdTiles:
     # q block both visit, each consumer sends the half of its dQ that the other adds to global memory into that CTA's
     # shared memory (distributed shared memory) and adds the half it receives to its own, so that a pair adds one dQ tile
     # where two CTAs added two (its tiles dealt statically, not ordered; dQ_acc zeroed by the preprocess). Persistent
-    # calls only (deterministic mode launches a CTA per tile, unpaired). (on no rung: not yet run on a GPU)
+    # calls only (deterministic mode launches a CTA per tile, unpaired). (on no rung: slower, the consumers waiting for
+    # each other at every shared q block: docs/performance.md)
     dq_pair: bool = False
 
     def __post_init__(self):

@@ -335,20 +335,22 @@ __device__ __forceinline__ void stage_dq(uint32_t buf, const float (&dq)[NDQ], i
 // DQ_PAIR, the k-th q block both CTAs' walks visit: this consumer's dQ half that the other CTA adds to dQ_acc (not
 // `part`) into that CTA's receive buffer, once it has read the last one (recv_empty); then the half the other CTA
 // sent added to this one's (recv_full), and the buffer handed back. Each thread sends and reads its own float4s at
-// the same places in both CTAs, whose consumers' fragments agree; each thread arrives, so that its own stores and
-// loads are what each arrival orders.
+// the same places in both CTAs, whose consumers' fragments agree. The stores are st.async, counted in bytes on the
+// receiver's recv_full (its thread 0 expects them), so no sender fences; each warp hands the buffer back with one
+// arrival, after its lanes' loads (a release per thread was a GPU-wide fence per thread and exchange).
 __device__ __forceinline__ void exchange_dq(const BwdSmem& sm, int cw, int tid, int part, uint32_t k,
                                             float (&dq)[NDQ]) {
   constexpr int H = NDQ / 8;  // float4s of a thread in one half
   const uint32_t other = (uint32_t)part ^ 1u;
   mbar_wait_cluster(sm.recv_empty(cw), (k & 1u) ^ 1u);
   const uint32_t remote = cluster_map(sm.recv(cw), other);
+  const uint32_t remote_full = cluster_map(sm.recv_full(cw), other);
 #pragma unroll
   for (int v = 0; v < 2 * H; ++v)
     if (v / H != part)
-      st_cluster_v4(remote + (uint32_t)(((v % H) * 128 + tid) * 16), dq[4 * v], dq[4 * v + 1], dq[4 * v + 2],
-                    dq[4 * v + 3]);
-  mbar_arrive_cluster(cluster_map(sm.recv_full(cw), other));
+      st_async_v4(remote + (uint32_t)(((v % H) * 128 + tid) * 16), dq[4 * v], dq[4 * v + 1], dq[4 * v + 2],
+                  dq[4 * v + 3], remote_full);
+  if (tid == 0) mbar_arrive_expect_tx(sm.recv_full(cw), DQ_HALF_BYTES);
   mbar_wait_cluster(sm.recv_full(cw), k & 1u);
 #pragma unroll
   for (int v = 0; v < 2 * H; ++v) {
@@ -364,7 +366,7 @@ __device__ __forceinline__ void exchange_dq(const BwdSmem& sm, int cw, int tid, 
       dq[4 * v + 3] += x3;
     }
   }
-  mbar_arrive_cluster(cluster_map(sm.recv_empty(cw), other));
+  mbar_arrive_cluster_per_warp(cluster_map(sm.recv_empty(cw), other), (uint32_t)tid & 31u);
 }
 
 // A finished dK or dV fragment (times f) to global memory, rows past KVLEN skipped.
@@ -736,8 +738,8 @@ __global__ void __launch_bounds__(NTHREADS, 1)
       mbar_init(sm.dq_empty(cw), 1);  // its writer's lane 0
       mbar_init(sm.dq_done(cw), 4);   // the consumer's warps, once
       if constexpr (DQ_PAIR) {
-        mbar_init(sm.recv_full(cw), 128);   // every thread of the other CTA's consumer cw, per exchange
-        mbar_init(sm.recv_empty(cw), 128);  // the same, once it has read what this one sent
+        mbar_init(sm.recv_full(cw), 1);   // this consumer's thread 0 expecting the other CTA's bytes, per exchange
+        mbar_init(sm.recv_empty(cw), 4);  // each warp of the other CTA's consumer cw, once it has read what this sent
       }
     }
     mbar_init(sm.kv_empty(), 128 * NUM_CONSUMERS + 1);  // every consumer thread and lane 0 of the producer warp, per tile
