@@ -12,7 +12,16 @@
 #    the hint's cases under racecheck: 0 hazards.)
 # C: with wait_ns 2000 on every rung (SM90_BWD_TILES): the backward, deterministic and autograd suites, the small
 #    cases plainly and under memcheck and racecheck.
+#    (C: 143 passed, memcheck 0 errors, racecheck 0 hazards.)
 # D: on that tree: bench_training.py's table of every anchor.
+#    (D: every anchor 1.33x flex or more; causal 538.6 TFLOP/s, full 567.6.)
+# E: Nsight Compute's full set on full attention's backward, the split rung with pairs and without (the shipped
+#    kernel): where the pairs' time goes (grid, stalls at the exchange's waits).
+#    (E: pairs 7.40 ms against 4.62 under the profiler, 66 clusters (132 CTAs); their hottest lines the error barrier
+#    behind a GPU-wide MEMBAR per thread and exchange, from each thread's release.cluster arrival.)
+# F: the pairs with st.async stores counted on the receiver's mbarrier and one arrival per warp: their GPU test, the
+#    small cases, full and causal on the split rung with and without pairs, 4 rotated rounds.
+#    (F: 10 passed, the cases ok; full 7.043 / 8.246 ms, causal 3.605 / 5.325: pairs still slower, on no rung.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests, smoke_backward, sanitize_backward, pack_results
@@ -41,5 +50,17 @@ case "$1" in
     pack_results ;;
   D)
     training_table 330
+    pack_results ;;
+  E)
+    ncu_profile pairs attngen_bwd_kernel 200 full --backward --bwd-set $S,dq_pair=1
+    ncu_profile split attngen_bwd_kernel 200 full --backward --bwd-set $S
+    pack_results ;;
+  F)
+    run_tests pairs 120 -n 8 tests/gpu/test_bwd_gpu.py -k "dq_pair"
+    smoke_backward 50 --set dq_pair=1; keep pairs
+    for v in full causal; do
+      timeout 70 python scripts/bwd_tiles_ab.py --rounds 4 --variants $v --set $S $S,dq_pair=1 2>&1 \
+        | tee "$R/bwd_pairs_$v.log" | grep -E "TFLOP|rror"
+    done
     pack_results ;;
 esac
