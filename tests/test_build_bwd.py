@@ -89,9 +89,10 @@ def test_sm90_backward_family_and_tiles():
     # dK and dV staged first only on the split rung of a mask other than a half plane (a window, documents, a union)
     assert [t.dkv_staged for t in tiles.sm90_bwd_ladder(64, has_mask=True)] == [True, False, False, False]
     # at head dim 128 that rung with each step's S^T issued by the step before
-    assert [(t.dkv_staged, t.s_ahead) for t in tiles.sm90_bwd_ladder(128, has_mask=True)] \
-        == [(True, 2), (False, 0), (False, 0), (False, 0)]
-    assert all(t.split_probs for t in tiles.sm90_bwd_ladder(128, has_mask=True)[:2])
+    # and the split rung again without the waits' suspend-time hint before the one pass
+    assert [(t.dkv_staged, t.s_ahead, t.wait_ns) for t in tiles.sm90_bwd_ladder(128, has_mask=True)] \
+        == [(True, 2, 2000), (False, 0, 2000), (False, 0, 0), (False, 0, 2000), (False, 0, 2000)]
+    assert all(t.split_probs for t in tiles.sm90_bwd_ladder(128, has_mask=True)[:3])
     assert not any(t.dkv_staged for t in tiles.sm90_bwd_ladder(128, has_mask=True, half_plane=True)
                    + tiles.sm90_bwd_ladder(128, has_score_mod=True, has_mask=True) + tiles.sm90_bwd_ladder(128))
     assert attngen.compile(window=64).spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL).tile_choices()[0] \
@@ -207,6 +208,20 @@ def test_sm90_backward_builds_on_wgmma_without_spills(tmp_path):
     # dQ leaves through the staged buffer and one bulk reduction per q-block, not per-thread reductions
     assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in ptx
     assert "red.global.add" not in ptx, "dQ fell back to per-thread reductions (its staging no longer fits)"
+
+
+@pytest.mark.requires_nvcc
+def test_int64_document_ids_build_the_split_rung_without_the_hint(tmp_path):
+    """Documents with int64 ids (torch's default for randint and cumsum) at head dim 128: the staged rung and the split
+    rung with the waits' suspend-time hint spill, and the ladder's next rung is the split rung without the hint (the
+    kernel they were measured on, session 35-36), not the one pass, built clean."""
+    docs = torch.randint(0, 5, (NPOS,), generator=torch.Generator().manual_seed(3)).sort().values
+    assert docs.dtype == torch.int64
+    spec = attngen.compile(mask_mod=attngen.document(docs)).spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
+    t, spill = build_first_without_spills(tmp_path, spec.variant_inc(), torch.bfloat16, 128, "sm_90a",
+                                          spec.tile_choices(), kernel=SM90_BWD_KERNEL)
+    assert spill == 0 and t == spec.tile_choices()[2], t
+    assert t.split_probs and not t.dkv_staged and t.wait_ns == 0
 
 
 @pytest.mark.requires_nvcc
@@ -457,7 +472,7 @@ def _clean_rung_ptx(d, spec, t) -> str:
 
 @pytest.mark.requires_nvcc
 def test_sm90_backward_wait_hint_builds_clean(tmp_path):
-    """Sm90BwdTiles.wait_ns (2000 on every rung): the tile loader's, the producer's and the dQ writers' waits take a
+    """Sm90BwdTiles.wait_ns (2000 on every rung but one): the tile loader's, the producer's and the dQ writers' waits take a
     suspend-time hint, the writers' end comes through dq_full (after dq_done) instead of a second barrier polled in
     the same loop; the consumers' waits keep no hint. Full attention's split rung and the document's staged rung at
     head dim 128 build clean with it (no spills, wgmmas not serialized); without it the PTX has no hinted wait.
@@ -477,8 +492,11 @@ def test_sm90_backward_wait_hint_builds_clean(tmp_path):
             # the writers' end check after each staging tests dq_done without suspending (a try_wait there held every
             # staging for its time limit: round D of session 36, the step 1.8x slower)
             assert ptx.count("mbarrier.test_wait.parity") == (1 if ns else 0), (name, ns)
-    assert all(r.wait_ns == 2000 for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd) + tiles.sm90_bwd_ladder(
-        hd, has_mask=True) + tiles.sm90_bwd_ladder(hd, has_score_mod=True, has_mask=True))
+    # on every rung but one: the split rung of masks at head dim 128, tried again without it (test_sm90_backward_family_and_tiles)
+    rungs = [r for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd) + tiles.sm90_bwd_ladder(hd, has_mask=True)
+             + tiles.sm90_bwd_ladder(hd, has_score_mod=True, has_mask=True)]
+    assert [r for r in rungs if r.wait_ns != 2000] == [dataclasses.replace(tiles.sm90_bwd_ladder(128, has_mask=True)[1],
+                                                                           wait_ns=0)]
     for bad in (-1, 10_000_001):
         with pytest.raises(attngen.BuildError, match="wait_ns"):
             tiles.Sm90BwdTiles(wait_ns=bad)

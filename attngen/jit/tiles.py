@@ -262,7 +262,10 @@ def sm90_bwd_ladder(head_dim: int, has_score_mod: bool = False, has_mask: bool =
     rung first tries each step's S^T issued by the step before (s_ahead 2), which frees the registers that make the
     document's staged rung spill (prefix-LM gained by it, the window was level; at 64 it was level or slower); the
     staged rung without it is not tried after it (documents with int64 ids spill on both: it only lengthened their
-    cold build). Heavy masks
+    cold build). There the split rung is tried again without the waits' suspend-time hint (wait_ns 0) before the one
+    pass: the hint's end arrival keeps a register live through the walks, which made documents with int64 ids spill on
+    the split rung (16 bytes), and that rung without it is the kernel they were measured on (docs/performance.md,
+    session 37). Heavy masks
     spill in both roles (the producer's walk calls the tile classifier, the consumers evaluate mask_mod); the last
     rung moves registers to the producer (NATTEN-2D at head dim 128, a CTA per kv block: 2156 -> 1164 spilled bytes;
     a union of five parts: 80 -> 1008, so it keeps the first). scripts/bwd_ladder_spills.py prints the rung each
@@ -276,9 +279,11 @@ def sm90_bwd_ladder(head_dim: int, has_score_mod: bool = False, has_mask: bool =
         return t, producer_heavy
     split = replace(t, split_probs=True)
     staged = (replace(split, dkv_staged=True),) if has_mask and not half_plane else ()
+    unhinted = ()
     if staged and head_dim == 128:
         staged = (replace(staged[0], s_ahead=2),)
-    return staged + (split, t, producer_heavy)
+        unhinted = (replace(split, wait_ns=0),)
+    return staged + (split,) + unhinted + (t, producer_heavy)
 
 
 # ---------------------------------------------------------------------------------------------- sm90
