@@ -472,9 +472,9 @@ def _clean_rung_ptx(d, spec, t) -> str:
 
 @pytest.mark.requires_nvcc
 def test_sm90_backward_wait_hint_builds_clean(tmp_path):
-    """Sm90BwdTiles.wait_ns (2000 on every rung but one): the tile loader's, the producer's and the dQ writers' waits take a
-    suspend-time hint, the writers' end comes through dq_full (after dq_done) instead of a second barrier polled in
-    the same loop; the consumers' waits keep no hint. Full attention's split rung and the document's staged rung at
+    """Sm90BwdTiles.wait_ns (2000 on every rung but one): the tile loader's, the producer's and the dQ writers' waits
+    take a suspend-time hint, the writers' end comes through dq_full (after dq_done) instead of a second barrier
+    polled in the same loop; the consumers' waits keep no hint. Full attention's split rung and the document's staged rung at
     head dim 128 build clean with it (no spills, wgmmas not serialized); without it the PTX has no hinted wait.
     Bad values are refused."""
     docs = torch.randint(0, 5, (NPOS,), generator=torch.Generator().manual_seed(3)).sort().values.to(torch.int32)
@@ -492,7 +492,8 @@ def test_sm90_backward_wait_hint_builds_clean(tmp_path):
             # the writers' end check after each staging tests dq_done without suspending (a try_wait there held every
             # staging for its time limit: round D of session 36, the step 1.8x slower)
             assert ptx.count("mbarrier.test_wait.parity") == (1 if ns else 0), (name, ns)
-    # on every rung but one: the split rung of masks at head dim 128, tried again without it (test_sm90_backward_family_and_tiles)
+    # on every rung but one: the split rung of masks at head dim 128, tried again without it
+    # (test_sm90_backward_family_and_tiles)
     rungs = [r for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd) + tiles.sm90_bwd_ladder(hd, has_mask=True)
              + tiles.sm90_bwd_ladder(hd, has_score_mod=True, has_mask=True)]
     assert [r for r in rungs if r.wait_ns != 2000] == [dataclasses.replace(tiles.sm90_bwd_ladder(128, has_mask=True)[1],

@@ -193,8 +193,8 @@ class Sm90BwdTiles:
     # a suspend-time hint (ns) for the waits off the products' path: the tile loader's for the walk's end, the producer's
     # for ring slots, the dQ writers' for staged dQ (whose end then comes through the same barrier too, after dq_done).
     # Without it a thread polls once per the hardware's default time limit, a whole walk long for the loader, each
-    # poll an issued instruction beside the consumers' (0: no hint; 2000 on every rung, SM90_BWD_TILES:
-    # docs/performance.md)
+    # poll an issued instruction beside the consumers' (0: no hint; 2000 in SM90_BWD_TILES, so on every rung but the
+    # split rung sm90_bwd_ladder tries again without it: docs/performance.md)
     wait_ns: int = 0
     # kv blocks 2p and 2p + 1 of a (batch, kv head) on the two CTAs of a cluster, walking their q blocks in step: at each
     # q block both visit, each consumer sends the half of its dQ that the other adds to global memory into that CTA's
