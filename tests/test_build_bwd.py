@@ -474,9 +474,9 @@ def _clean_rung_ptx(d, spec, t) -> str:
 def test_sm90_backward_wait_hint_builds_clean(tmp_path):
     """Sm90BwdTiles.wait_ns (2000 on every rung but one): the tile loader's, the producer's and the dQ writers' waits
     take a suspend-time hint, the writers' end comes through dq_full (after dq_done) instead of a second barrier
-    polled in the same loop; the consumers' waits keep no hint. Full attention's split rung and the document's staged rung at
-    head dim 128 build clean with it (no spills, wgmmas not serialized); without it the PTX has no hinted wait.
-    Bad values are refused."""
+    polled in the same loop; the consumers' waits keep no hint. Full attention's split rung and the document's staged
+    rung at head dim 128 build clean with it (no spills, wgmmas not serialized); without it the PTX has no hinted
+    wait. Bad values are refused."""
     docs = torch.randint(0, 5, (NPOS,), generator=torch.Generator().manual_seed(3)).sort().values.to(torch.int32)
     hinted = re.compile(r"mbarrier\.try_wait\.parity\.shared::cta\.b64 p, \[%r\d+\], %r\d+, %r\d+;")
     for name, attn in (("full", attngen.compile()), ("document", attngen.compile(mask_mod=attngen.document(docs)))):
