@@ -3,8 +3,9 @@
 (issue 11: at most 15 s), timed per library, each with the tiles its ladder chose and their spill bytes (the
 library's meta.json). No GPU needed: the libraries are built for --arch.
 
-``--variant`` is a variant spec (attngen.specs), or ``math``: tests/gpu/test_mod_checks_gpu.py's score mod with every
-float function issue 15 added, with causal (the heaviest score mod the GPU suites build). ``--forward-only`` skips
+``--variant`` is a variant spec (attngen.specs), ``full`` (no score mod, no mask), or ``math``:
+tests/gpu/test_mod_checks_gpu.py's score mod with every float function issue 15 added, with causal (the heaviest score
+mod the GPU suites build). ``--forward-only`` skips
 the backward; ``--cross-tile all`` builds the sm90 forward with cross_tile on every rung of its ladder, ``none`` on none
 (default ``ladder``: where jit/tiles.py's ladder has it).
 
@@ -50,6 +51,8 @@ def main(argv=None):
             from test_mod_checks_gpu import math_score
 
             attn = attngen.compile(score_mod=math_score, causal=True)
+        elif args.variant == "full":
+            attn = attngen.compile()
         else:
             variant = parse_variant(args.variant)
             attn = attngen.compile(variant.score_mod, variant.mask_mod)

@@ -95,6 +95,16 @@ def test_sm90_backward_family_and_tiles():
     assert all(t.split_probs for t in tiles.sm90_bwd_ladder(128, has_mask=True)[:3])
     assert not any(t.dkv_staged for t in tiles.sm90_bwd_ladder(128, has_mask=True, half_plane=True)
                    + tiles.sm90_bwd_ladder(128, has_score_mod=True, has_mask=True) + tiles.sm90_bwd_ladder(128))
+    # full attention at head dim 128 first tries 80 q rows per step, dS^T from the packed P^T, S^T a step ahead; no
+    # other ladder has 80 rows
+    assert tiles.sm90_bwd_ladder(128)[0] == dataclasses.replace(tiles.SM90_BWD_TILES[128], split_probs=True,
+                                                                block_q=80, ds_from_packed=True, s_ahead=2)
+    assert tiles.sm90_bwd_ladder(128)[1:] == (
+        dataclasses.replace(tiles.SM90_BWD_TILES[128], split_probs=True), tiles.SM90_BWD_TILES[128],
+        dataclasses.replace(tiles.SM90_BWD_TILES[128], producer_regs=56, consumer_regs=224))
+    assert [(hd, kw) for hd in (64, 128) for kw in ({}, dict(has_mask=True), dict(has_mask=True, half_plane=True),
+                                                    dict(has_score_mod=True))
+            for r in tiles.sm90_bwd_ladder(hd, **kw) if r.block_q == 80 or r.ds_from_packed] == [(128, {})]
     assert attngen.compile(window=64).spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL).tile_choices()[0] \
         == dataclasses.replace(tiles.SM90_BWD_TILES[128], split_probs=True, dkv_staged=True, s_ahead=2)
     assert not attngen.compile(causal=True).spec(torch.bfloat16, 128, "sm_90a",
@@ -185,13 +195,16 @@ def test_sm90_backward_builds_on_wgmma_without_spills(tmp_path):
         # the probabilities split under the products where no score_mod needs the raw score beside dP^T
         assert t.split_probs == (not key.startswith("softcap")), key
         # dK and dV staged for TMA stores only under a mask that is not a half plane, at head dim 128 with each
-        # step's S^T issued by the step before (without it the document's staged rung spills 12 bytes)
+        # step's S^T issued by the step before (without it the document's staged rung spills 12 bytes); so is full
+        # attention's 80-row rung
         assert t.dkv_staged == key.startswith("document"), key
-        assert t.s_ahead == (2 if key == "document_128" else 0), key
+        assert t.s_ahead == (2 if key in ("document_128", "full_128") else 0), key
+        # full attention at head dim 128 at 80 q rows, dS^T from the packed P^T (without it that rung spills)
+        assert (t.block_q, t.ds_from_packed) == ((80, True) if key == "full_128" else (64, False)), key
         assert (tmp_path / key / BWD_LIBRARY_NAME).is_file()
     from attngen.jit.toolchain import find_nvcc
 
-    for key in ("causal_128", "softcap_causal_128"):
+    for key in ("causal_128", "softcap_causal_128", "full_128"):
         d = tmp_path / key
         out = subprocess.run([find_nvcc(), "-std=c++17", "-cubin", "-arch=sm_90a", "-I", str(d), "-Xptxas", "-v",
                               str(d / render.BWD_KERNEL_SOURCE), "-o", str(tmp_path / "k.cubin")],
@@ -513,7 +526,7 @@ def test_sm90_backward_scores_ahead_build_clean(variant, tmp_path):
     prologue's). Bad settings are refused."""
     attn = attngen.compile(causal=variant == "causal")
     spec = attn.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
-    first = spec.tile_choices()[0]
+    first = next(r for r in spec.tile_choices() if r.block_q == 64)  # the split rung at 64 q rows (full: the second)
     assert first.split_probs and not first.s_ahead and not first.dkv_staged
     kmajor = {}
     for ahead in (2, 0):
@@ -522,9 +535,11 @@ def test_sm90_backward_scores_ahead_build_clean(variant, tmp_path):
         kmajor[ahead] = len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.bf16\.bf16 \{[^}]*\}, "
                                        r"%rd\d+, %rd\d+, p, 1, 1, 0, 0;", ptx))
     assert kmajor == {0: 16, 2: 24}, kmajor
-    assert not any(r.s_ahead for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd) + tiles.sm90_bwd_ladder(
+    # on the staged rung of masks at head dim 128 and on full attention's 80-row rung there, nowhere else
+    assert not any(r.s_ahead for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd)[hd == 128:] + tiles.sm90_bwd_ladder(
         hd, has_mask=True, half_plane=True) + tiles.sm90_bwd_ladder(hd, has_score_mod=True, has_mask=True))
     assert [r.s_ahead for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd, has_mask=True) if r.s_ahead] == [2]
+    assert tiles.sm90_bwd_ladder(128)[0].s_ahead == 2 and tiles.sm90_bwd_ladder(128)[0].block_q == 80
     with pytest.raises(attngen.BuildError, match="s_ahead"):
         tiles.Sm90BwdTiles(s_ahead=3)
     with pytest.raises(attngen.BuildError, match="s_ahead and dk_last"):
@@ -548,14 +563,14 @@ def test_bad_tile_setting_is_its_own_error(monkeypatch):
 @pytest.mark.requires_nvcc
 def test_sm90_backward_dq_pair_builds_clean(tmp_path):
     """Sm90BwdTiles.dq_pair (on no rung): kv-block pairs on 2-CTA clusters send each other half of their dQ through
-    distributed shared memory and each adds one half. Full attention's and causal's split rungs at head dim 128 build
-    clean with it (no spills, wgmmas not serialized); its PTX maps the other CTA's shared memory, stores into it with
-    st.async (counted on its mbarrier), arrives on its mbarriers from one lane per warp (a release per thread was a
-    GPU-wide fence each: session 37, round E) and waits with cluster-wide acquire, and without it none of that is
-    there. Settings it cannot take are refused."""
+    distributed shared memory and each adds one half. Full attention's and causal's 64-row split rungs at head dim
+    128 build clean with it (no spills, wgmmas not serialized); its PTX maps the other CTA's shared memory, stores
+    into it with st.async (counted on its mbarrier), arrives on its mbarriers from one lane per warp (a release per
+    thread was a GPU-wide fence each: session 37, round E) and waits with cluster-wide acquire, and without it none of
+    that is there. Settings it cannot take are refused."""
     for name, attn in (("full", attngen.compile()), ("causal", attngen.compile(causal=True))):
         spec = attn.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
-        first = spec.tile_choices()[0]
+        first = next(r for r in spec.tile_choices() if r.block_q == 64)  # pairs need 64 q rows (full: the second rung)
         assert not first.dq_pair
         for pair in (False, True):
             d = tmp_path / f"{name}{int(pair)}"

@@ -203,6 +203,11 @@ class Sm90BwdTiles:
     # calls only (deterministic mode launches a CTA per tile, unpaired). (on no rung: slower, the consumers waiting for
     # each other at every shared q block: docs/performance.md)
     dq_pair: bool = False
+    # with split_probs: dS^T = P^T (dP^T - delta) from P^T as packed for dV's product (Elem, rounded as the eager
+    # implementation rounds its probabilities), so that the fp32 P^T is not live beside dP^T, dK, dV and the packed
+    # fragments: what keeps block_q 80 inside the consumers' registers (128 bytes spilled without it; the first rung
+    # of full attention at head dim 128, sm90_bwd_ladder)
+    ds_from_packed: bool = False
 
     def __post_init__(self):
         if self.dq_init not in (0, 1):
@@ -265,7 +270,10 @@ def sm90_bwd_ladder(head_dim: int, has_score_mod: bool = False, has_mask: bool =
     cold build). There the split rung is tried again without the waits' suspend-time hint (wait_ns 0) before the one
     pass: the hint's end arrival keeps a register live through the walks, which made documents with int64 ids spill on
     the split rung (16 bytes), and that rung without it is the kernel they were measured on (docs/performance.md,
-    session 37). Heavy masks
+    session 37). Full attention at head dim 128 first tries the split rung at 80 q rows per step with dS^T from the
+    packed P^T (ds_from_packed, which keeps those tiles inside the registers) and each step's S^T issued by the step
+    before: FA3's and FA4's tile without a causal mask, 2-3% off its step (docs/performance.md, session 38); masks
+    keep 64 rows (causal-like walks start on the diagonal, and 80 rows spill there). Heavy masks
     spill in both roles (the producer's walk calls the tile classifier, the consumers evaluate mask_mod); the last
     rung moves registers to the producer (NATTEN-2D at head dim 128, a CTA per kv block: 2156 -> 1164 spilled bytes;
     a union of five parts: 80 -> 1008, so it keeps the first). scripts/bwd_ladder_spills.py prints the rung each
@@ -278,6 +286,8 @@ def sm90_bwd_ladder(head_dim: int, has_score_mod: bool = False, has_mask: bool =
     if has_score_mod:
         return t, producer_heavy
     split = replace(t, split_probs=True)
+    if not has_mask and head_dim == 128:
+        return (replace(split, block_q=80, ds_from_packed=True, s_ahead=2), split, t, producer_heavy)
     staged = (replace(split, dkv_staged=True),) if has_mask and not half_plane else ()
     unhinted = ()
     if staged and head_dim == 128:

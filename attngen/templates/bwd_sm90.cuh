@@ -8,9 +8,11 @@
 // q-blocks the mask does not prove EMPTY (block_range_bwd.cuh, over the query heads that share the kv head), its
 // lane 0 loading their Q and dO tiles (TMA, 128-byte swizzle) and row statistics (bulk copies) into a STAGES-deep
 // ring (produce); warps 1 and 2 are the consumers' dQ writers (write_dq, bwd_dq.cuh). Warpgroups 1 and 2 each own
-// 64 kv rows and, per q-block of BQ rows (64; 80 as a tile option at head dim 128, jit/tiles.py), with wgmma:
+// 64 kv rows and, per q-block of BQ rows (64; 80 on full attention's first rung at head dim 128, jit/tiles.py),
+// with wgmma:
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory), then in registers P^T and
-//   dS^T = P^T (dP^T - delta) [* d score_mod / d score] (bwd_probs.cuh, one pass);
+//   dS^T = P^T (dP^T - delta) [* d score_mod / d score] (bwd_probs.cuh, one pass; DS_FROM_PACKED: from P^T as
+//   packed for dV's product, grad_scores_from_packed_t);
 //   dV += P^T dO and dK += dS^T Q (A from registers, B = dO / Q read MN-major);
 //   dS^T to shared memory, then dQ = dS K (dQ^T = K^T dS^T at BQ = 80; both operands MN-major from shared memory),
 //   staged in shared memory
@@ -27,7 +29,7 @@
 
 #include "attngen_common.cuh"
 #include "attngen_bwd_abi.cuh"
-#include "sm80_mma.cuh"   // smem_addr, st_shared_b32, pack2
+#include "sm80_mma.cuh"   // smem_addr, st_shared_b32, pack2, unpack_half
 #include "sm90_mbarrier.cuh"
 #include "sm90_cluster.cuh"
 #include "sm90_tma.cuh"
@@ -369,6 +371,30 @@ __device__ __forceinline__ void exchange_dq(const BwdSmem& sm, int cw, int tid, 
   mbar_arrive_cluster_per_warp(cluster_map(sm.recv_empty(cw), other), (uint32_t)tid & 31u);
 }
 
+// The thread's lane from its special register, read where it is used.
+__device__ __forceinline__ uint32_t lane_now() {
+  uint32_t lane;
+  asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));
+  return lane;
+}
+
+// DS_FROM_PACKED: dS^T = P^T (dP^T - delta) into dp, P^T read from its fragments packed for dV's product (element i
+// of the accumulator is half i % 2 of pa[i / 8][i % 8 / 2], pack_a_frags' order; its column 8 (i / 4) + 2 tig + i % 2),
+// so that the fp32 P^T need not live until dP^T's product is done.
+__device__ __forceinline__ void grad_scores_from_packed_t(float (&dp)[NS], const uint32_t (&pa)[KSTEPS_Q][4],
+                                                          const float* delta, int tig) {
+#pragma unroll
+  for (int nt = 0; nt < NS / 4; ++nt) {
+    const float2 d2 = *reinterpret_cast<const float2*>(delta + nt * 8 + 2 * tig);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int i = 4 * nt + k;
+      const float p = unpack_half<Elem>(pa[i / 8][i % 8 / 2], k & 1);
+      dp[i] = p * (dp[i] - ((k & 1) ? d2.y : d2.x));
+    }
+  }
+}
+
 // A finished dK or dV fragment (times f) to global memory, rows past KVLEN skipped.
 __device__ __forceinline__ void store_kv_grad(void* out, const long long (&st)[3], int b, int kvh, int row0,
                                               int KVLEN, const float (&x)[NKV], float f, int tig) {
@@ -567,8 +593,13 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
         wgmma_commit();
         wgmma_wait<1>();
         fence_regs(dp);
-        grad_scores_t(as_frags(st), as_frags(dp), as_frags(dp), delta, tig);  // dS^T into st (no derivatives read)
-        pack_a_frags<Elem, BQ>(st, da);
+        if constexpr (DS_FROM_PACKED) {
+          grad_scores_from_packed_t(dp, pa, delta, tig);  // dS^T into dp
+          pack_a_frags<Elem, BQ>(dp, da);
+        } else {
+          grad_scores_t(as_frags(st), as_frags(dp), as_frags(dp), delta, tig);  // dS^T into st (no derivatives read)
+          pack_a_frags<Elem, BQ>(st, da);
+        }
         store_ds(ds, da, cw * 64 + r0, tig);
         if constexpr (!kDkLast) {
           wgmma_fence();
@@ -708,8 +739,11 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
   // the walks are over: once the writer has taken the last staged dQ, it stops (WAIT_NS: dq_done, then dq_full woken
   // with no dQ staged, the one barrier it waits on; the slot is not written, so nothing of it races the writer's read)
   mbar_wait(sm.dq_empty(cw), (n & 1u) ^ 1u);
-  if (lane == 0) mbar_arrive(sm.dq_done(cw));
-  if (WAIT_NS != 0 && lane == 0) mbar_arrive(sm.dq_full(cw));
+  // at 80 q rows the lane is read again here: held across the walks, it was the one register spilled (elsewhere it
+  // stays as it was, the kernels' SASS as measured; read again there, it moved spills onto other rungs: session 37)
+  const int end_lane = BQ == 80 ? (int)lane_now() : lane;
+  if (end_lane == 0) mbar_arrive(sm.dq_done(cw));
+  if (WAIT_NS != 0 && end_lane == 0) mbar_arrive(sm.dq_full(cw));
 }
 
 // DQ_PAIR: no thread leaves while the other CTA may still send to or arrive on this one's shared memory.

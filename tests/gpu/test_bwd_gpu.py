@@ -294,8 +294,10 @@ def test_dq_pair_matches_unpaired(hd, variant, monkeypatch):
     (Sm90BwdTiles.dq_pair), against a CTA per kv block adding its own: dK and dV bit for bit (each CTA's walk is the
     same), dQ within its fp32 additions' order; deterministic mode (launched unpaired) bit for bit. An odd count of kv
     blocks (the last pair's second walks nothing), GQA, walks of different lengths in a pair (causal, window,
-    documents: q blocks only one of the two visits), more pairs than clusters, the split, staged and one-pass rungs."""
-    _assert_setting_keeps_grads(monkeypatch, hd, variant, dict(dq_pair=False), dict(dq_pair=True))
+    documents: q blocks only one of the two visits), more pairs than clusters, the split, staged and one-pass rungs
+    (at 64 q rows, which pairs need: full attention's first rung at head dim 128 has 80)."""
+    rows64 = dict(block_q=64, ds_from_packed=False)
+    _assert_setting_keeps_grads(monkeypatch, hd, variant, dict(dq_pair=False, **rows64), dict(dq_pair=True, **rows64))
 
 
 def _assert_setting_keeps_grads(monkeypatch, hd, variant, before, after):
@@ -478,16 +480,19 @@ BQ80_CASES = [
 
 
 @pytest.mark.requires_sm90
+@pytest.mark.parametrize("packed", [False, True], ids=["fp32_p", "packed_p"])
 @pytest.mark.parametrize("case", BQ80_CASES,
                          ids=lambda c: f"{c[0]}-{str(c[1])[6:]}-{c[2]}x{c[3]}x{c[4]}-{c[5]}x{c[6]}+{c[7]}")
-def test_block_q_80_matches_float64(case, monkeypatch):
+def test_block_q_80_matches_float64(case, packed, monkeypatch):
     """80 q rows per step (Sm90BwdTiles.block_q: dQ^T = K^T dS^T, dS^T in 32-byte swizzle rows, a transposed dQ_acc
-    chunk the postprocess reads back) against float64 autograd, judged as test_backward_matches_float64; fully
-    masked rows get zero dq."""
+    chunk the postprocess reads back), dS^T from the fp32 P^T or from P^T as packed for dV's product
+    (ds_from_packed), against float64 autograd, judged as test_backward_matches_float64; fully masked rows get zero
+    dq."""
     name, dt, B, Hq, Hkv, Lq, Lk, q_offset = case
     hd = 128
     attn = make_variant(name)
-    lib = _sm90_bwd_library(monkeypatch, hd, attn, dt, block_q=80, split_probs=True, dkv_staged=False, s_ahead=0)
+    lib = _sm90_bwd_library(monkeypatch, hd, attn, dt, block_q=80, split_probs=True, dkv_staged=False, s_ahead=0,
+                            ds_from_packed=packed)
     assert lib.block_q == 80
     gen = torch.Generator(device="cpu").manual_seed(zlib.crc32(repr(case).encode()) & 0xFFFF)
     q, k, v, do = (torch.randn(*s, generator=gen, dtype=torch.float64)
