@@ -5,7 +5,8 @@
 # ncu_profile: Nsight Compute's full set on one warm launch of scripts/profile_case.py, its details and hot SASS lines.
 # ncu_nvtx: the same for every kernel a script launches inside an NVTX range named "profiled".
 # ncu_tail: the SMs' active cycles of the forward's and backward's main kernels against the elapsed (the grid's tail).
-# backward_suites: the backward's GPU suites and sanitizer cases; training_table: bench_training.py's table.
+# backward_suites: the backward's GPU suites and sanitizer cases; training_table: bench_training.py's table; keep: the
+# small cases' logs of one setting into a folder of their own.
 # pack_results: everything under $OUT in one archive (a call brings back a handful of files).
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 ATTNGEN_CACHE_DIR=/tmp/attngen-cache ATTNGEN_TEST_BUILD_JOBS=14
 # pytest -n: one kernel cache for every worker (tests/conftest.py), so a signature is built once per call
@@ -74,6 +75,9 @@ backward_suites() {  # the backward, deterministic and autograd suites, then the
 training_table() {  # [timeout]: bench_training.py's anchors against flex and cuDNN, its table printed
   timeout "${1:-330}" python benchmarks/bench_training.py --out "$R" > "$R/training.log" 2>&1
   grep -E "^\||rror" "$R/training.log"
+}
+keep() {  # name: the small cases' logs of one setting moved under $R/<name>/ (the next setting's would overwrite them)
+  mkdir -p "$R/$1" && mv "$R"/{build,smoke,memcheck,racecheck}.log "$R/$1/" 2>/dev/null; true
 }
 pack_results() {  # every file under $R into $R/results.tgz (a call brings back only a few files)
   (cd "$R" && tar czf /tmp/results.tgz --exclude=results.tgz . && find . -type f -delete && mv /tmp/results.tgz .)

@@ -24,11 +24,8 @@
 #    (F: 10 passed, the cases ok; full 7.043 / 8.246 ms, causal 3.605 / 5.325: pairs still slower, on no rung.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source scripts/device_step.sh  # environment, $R, run_tests, smoke_backward, sanitize_backward, pack_results
+source scripts/device_step.sh  # environment, $R, run_tests, smoke_backward, sanitize_backward, keep, pack_results
 S=split_probs=1
-keep() {  # the small cases' logs of one setting under $R/<name>/
-  mkdir -p "$R/$1" && mv "$R"/{build,smoke,memcheck,racecheck}.log "$R/$1/" 2>/dev/null; true
-}
 case "$1" in
   A)
     run_tests pairs_hint 220 -n 8 tests/gpu/test_bwd_gpu.py -k "dq_pair or wait_hint"
