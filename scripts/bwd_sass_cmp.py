@@ -2,9 +2,10 @@
 --kernel, another family's: `sm90` builds the forward library, whose second unit is the KV-cache kernel) at head
 dims 64 and 128 from this tree and from REV (a `git worktree` of it, imported in a subprocess), each side into a
 cache of its own, dumps both with cuobjdump and compares the instruction text (addresses and encodings kept; the
-file header and the anonymous namespace's per-source hash in the function names dropped), kernel by kernel: the
-order the kernels lie in the library is where their sources define them, not a difference. scripts/sass_diff.py does this for the forward kernels from their sources; this one goes
-through each tree's whole build (its ladder, codegen and renderer). No GPU needed.
+file header and the anonymous namespace's per-source hash in the function names dropped), kernel by kernel, naming
+the kernels that differ: the order the kernels lie in the library is where their sources define them, not a
+difference. scripts/sass_diff.py does this for the forward kernels from their sources; this one goes through each
+tree's whole build (its ladder, codegen and renderer). No GPU needed.
 
     python scripts/bwd_sass_cmp.py REV [--variants causal document softcap_causal] [--cuobjdump PATH] [--keep DIR]
         [--kernel sm90_bwd]
@@ -79,6 +80,12 @@ def by_kernel(sass: str) -> dict:
     return {n: "\n".join(body) for n, body in kernels.items()}
 
 
+def kernel_name(mangled: str) -> str:
+    """A kernel's own name in its mangled one (attngen_bwd_pre_kernel, ...): after the namespace's attngen_bwd_cu."""
+    tail = mangled[mangled.rfind("attngen_"):]
+    return tail[:tail.find("kernel") + len("kernel")] if "kernel" in tail else mangled
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("rev")
@@ -98,9 +105,11 @@ def main(argv=None):
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False)
     same = True
     for case in cases:
-        equal = by_kernel(before[case]) == by_kernel(after[case])
+        old_k, new_k = by_kernel(before[case]), by_kernel(after[case])
+        equal = old_k == new_k
         same &= equal
-        print(f"{case[0]} hd{case[1]}: {'same SASS' if equal else 'SASS differs'} "
+        differ = sorted({kernel_name(k) for k in old_k.keys() | new_k.keys() if old_k.get(k) != new_k.get(k)})
+        print(f"{case[0]} hd{case[1]}: {'same SASS' if equal else 'SASS differs: ' + ', '.join(differ)} "
               f"({len(after[case].splitlines())} lines here, {len(before[case].splitlines())} at {args.rev})")
         if not equal and args.keep:
             Path(args.keep).mkdir(parents=True, exist_ok=True)

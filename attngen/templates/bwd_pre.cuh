@@ -10,21 +10,11 @@
 #include "attngen_common.cuh"
 #include "attngen_bwd_abi.cuh"
 #include "pdl.cuh"
+#include "sm80_mma.cuh"  // unpack2
 
 namespace {
 
 using namespace attngen;
-
-template <typename T>
-__device__ __forceinline__ float2 unpack2(uint32_t x);
-template <>
-__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t x) {
-  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x));
-}
-template <>
-__device__ __forceinline__ float2 unpack2<__half>(uint32_t x) {
-  return __half22float2(*reinterpret_cast<__half2*>(&x));
-}
 
 __device__ __forceinline__ float dot8(const uint4& x, const uint4& y) {
   const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};

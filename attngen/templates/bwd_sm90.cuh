@@ -29,7 +29,7 @@
 
 #include "attngen_common.cuh"
 #include "attngen_bwd_abi.cuh"
-#include "sm80_mma.cuh"   // smem_addr, st_shared_b32, pack2, unpack_half
+#include "sm80_mma.cuh"   // smem_addr, st_shared_b32, pack2, unpack2
 #include "sm90_mbarrier.cuh"
 #include "sm90_cluster.cuh"
 #include "sm90_tma.cuh"
@@ -378,20 +378,17 @@ __device__ __forceinline__ uint32_t lane_now() {
   return lane;
 }
 
-// DS_FROM_PACKED: dS^T = P^T (dP^T - delta) into dp, P^T read from its fragments packed for dV's product (element i
-// of the accumulator is half i % 2 of pa[i / 8][i % 8 / 2], pack_a_frags' order; its column 8 (i / 4) + 2 tig + i % 2),
-// so that the fp32 P^T need not live until dP^T's product is done.
+// DS_FROM_PACKED: dS^T = P^T (dP^T - delta) into dp, P^T read from its fragments packed for dV's product (elements
+// i, i + 1 of the accumulator, i even, are the pair pa[i / 8][i % 8 / 2], pack_a_frags' order; their columns
+// 8 (i / 4) + 2 tig + {0, 1}), so that the fp32 P^T need not live until dP^T's product is done.
 __device__ __forceinline__ void grad_scores_from_packed_t(float (&dp)[NS], const uint32_t (&pa)[KSTEPS_Q][4],
                                                           const float* delta, int tig) {
 #pragma unroll
-  for (int nt = 0; nt < NS / 4; ++nt) {
-    const float2 d2 = *reinterpret_cast<const float2*>(delta + nt * 8 + 2 * tig);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int i = 4 * nt + k;
-      const float p = unpack_half<Elem>(pa[i / 8][i % 8 / 2], k & 1);
-      dp[i] = p * (dp[i] - ((k & 1) ? d2.y : d2.x));
-    }
+  for (int i = 0; i < NS; i += 2) {
+    const float2 d2 = *reinterpret_cast<const float2*>(delta + i / 4 * 8 + 2 * tig);
+    const float2 p = unpack2<Elem>(pa[i / 8][i % 8 / 2]);
+    dp[i] = p.x * (dp[i] - d2.x);
+    dp[i + 1] = p.y * (dp[i + 1] - d2.y);
   }
 }
 

@@ -88,18 +88,18 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// Half `hi` (0: the low 16 bits) of a pair packed by pack2, as a float.
+// The two halves of a pair packed by pack2 (.x the low 16 bits), as floats.
 template <typename T>
-__device__ __forceinline__ float unpack_half(uint32_t pair, int hi);
+__device__ __forceinline__ float2 unpack2(uint32_t x);
 
 template <>
-__device__ __forceinline__ float unpack_half<__nv_bfloat16>(uint32_t pair, int hi) {
-  return __uint_as_float(hi ? pair & 0xffff0000u : pair << 16);  // a bf16 is the high half of its float
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t x) {
+  return make_float2(__uint_as_float(x << 16), __uint_as_float(x & 0xffff0000u));  // a bf16 is its float's high half
 }
 
 template <>
-__device__ __forceinline__ float unpack_half<__half>(uint32_t pair, int hi) {
-  return __half2float(__ushort_as_half((unsigned short)(hi ? pair >> 16 : pair & 0xffffu)));
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t x) {
+  return __half22float2(*reinterpret_cast<__half2*>(&x));
 }
 
 }  // namespace attngen
