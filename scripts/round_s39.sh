@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Session 39's device calls (scripts/round_s39.sh X on the H200; results in
+# benchmarks/results/2026-12-04-h200-session39/round-X/):
+# A: where the step's joules go: scripts/bwd_energy_ablation.py (each part of the backward taken out in a copy of the
+#    tree, full and causal, step_energy.py beside cuDNN); causal's split rung against s_ahead 2 and against 80 q rows
+#    with the packed P^T and s_ahead 2 (built clean on the CPU in session 38, never measured), 6 rotated rounds.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/device_step.sh  # environment, $R, run_tests, smoke_backward, sanitize_backward, keep, pack_results
+S=split_probs=1
+case "$1" in
+  A)
+    timeout 330 python scripts/bwd_energy_ablation.py --variants causal full --work /tmp/ablation \
+      > "$R/ablation.log" 2>&1; grep -E "^\| [a-z_]+ \| (causal|full)|^\[build|rror" "$R/ablation.log"
+    timeout 150 python scripts/bwd_tiles_ab.py --rounds 6 --variants causal --set $S $S,s_ahead=2 \
+      $S,block_q=80,ds_from_packed=1,s_ahead=2 2>&1 | tee "$R/bwd_causal_ab.log" | grep -E "TFLOP|rror|diff"
+    pack_results ;;
+esac
