@@ -17,6 +17,13 @@ Ablations (each a change of `ABLATIONS`' (file, old text, new text); the old tex
     ds_store    dS^T not stored to shared memory (dQ's product reads what is there)
     exp         P = exp2(y) replaced by one multiply of y (no MUFU.EX2; P of a similar magnitude, wrong)
     dk_product  no dK += dS^T Q product (dK zero): one register-operand product's share
+    stage_half  dq_add, and the consumers stage half of dQ's floats (the same steps, half the bytes)
+    stage_nofence  dq_add, and no proxy fence between the staging stores and the writer's hand-over
+    ds_bar      the consumers' barrier before dQ's product (both consumers' dS^T written) per consumer instead of
+                across both, so that the two warpgroups do not run in step (dQ reads the other's half unfinished)
+
+--set: attngen at other sm90 backward settings too in each copy (step_energy.py's, bwd_tiles_ab.py's syntax), built
+with the copies.
 """
 import argparse
 import re
@@ -43,6 +50,12 @@ ABLATIONS = {
     "dq_product": [DQ_ADD, STAGE_DQ, DQ_PRODUCT],
     "ds_store": [("bwd_sm90.cuh", "store_ds(ds, da, cw * 64 + r0, tig);", "fence_regs(da);", 0)],
     "exp": [("bwd_probs.cuh", "x = keep ? fast_exp2(y) : 0.f;", "x = keep ? y * 1e-5f : 0.f;", 0)],
+    "stage_half": [DQ_ADD, ("bwd_sm90.cuh", "    if (part < 0 || v / (NDQ / 8) == part)\n", "    if (v < NDQ / 8)\n", 1)],
+    "stage_nofence": [DQ_ADD, ("bwd_sm90.cuh",
+                               "      fence_proxy_async_smem();  // generic stores, read by the bulk reduction (the async proxy)\n",
+                               "", 1)],
+    "ds_bar": [("bwd_sm90.cuh", "if (DQ_SPLIT_D) named_bar_sync(BAR_DS, 128 * NUM_CONSUMERS);",
+                "if (DQ_SPLIT_D) named_bar_sync(BAR_DS + cw, 128);", 1)],
     "dk_product": [("bwd_sm90.cuh",
                     "wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dk, da, make_smem_desc_sw128(sm.q(stage), Q_BLOCK_BYTES, 1024));",
                     "fence_regs(da);", 0)],
@@ -51,13 +64,20 @@ ABLATIONS = {
 BUILD = """
 import sys
 sys.path.insert(0, "benchmarks")
+sys.path.insert(0, "scripts")
 import torch
+import attngen.jit.spec as spec
 import bench_forward as bf
-for key in sys.argv[1:]:
+from tile_settings import bwd_rung_ladder
+settings, keys = sys.argv[1].split(), sys.argv[2:]
+shipped = spec.sm90_bwd_ladder
+for key in keys:
     score_mod, mask_mod = bf.make_variant(key, 8192, 16, "cpu")
     attn = bf.make_attngen(score_mod, mask_mod)
-    for kernel in ("sm90", "sm90_bwd"):
-        attn.spec(torch.bfloat16, 128, "sm_90a", kernel).build_cached()
+    attn.spec(torch.bfloat16, 128, "sm_90a", "sm90").build_cached()
+    for ladder in [shipped] + [bwd_rung_ladder(s) for s in settings]:
+        spec.sm90_bwd_ladder = ladder
+        attn.spec(torch.bfloat16, 128, "sm_90a", "sm90_bwd").build_cached()
 """
 
 
@@ -106,10 +126,11 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=1.5)
     p.add_argument("--build-only", action="store_true")
+    p.add_argument("--set", nargs="*", default=[], dest="settings", metavar="FIELD=VALUE")
     args = p.parse_args(argv)
     work = Path(args.work)
     trees = {name: make_copy(name, work) for name in args.ablations}
-    builds = {name: subprocess.Popen([sys.executable, "-c", BUILD, *args.variants], cwd=tree,
+    builds = {name: subprocess.Popen([sys.executable, "-c", BUILD, " ".join(args.settings), *args.variants], cwd=tree,
                                      env=env_for(tree, work, name), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
               for name, tree in trees.items()}
@@ -127,7 +148,8 @@ def main(argv=None):
         if name in failed:
             continue
         run = subprocess.run([sys.executable, "scripts/step_energy.py", "--no-flex", "--variants", *args.variants,
-                              "--rounds", str(args.rounds), "--seconds", str(args.seconds)], cwd=tree,
+                              "--rounds", str(args.rounds), "--seconds", str(args.seconds),
+                              *(["--set", *args.settings] if args.settings else [])], cwd=tree,
                              env=env_for(tree, work, name), capture_output=True, text=True)
         print(f"[{name}] rc={run.returncode}\n{run.stdout.strip()}", flush=True)
         if run.returncode != 0:
@@ -135,17 +157,17 @@ def main(argv=None):
             continue
         results[name] = rows_of(run.stdout)
     base = {(v, i): (ms, j) for v, i, ms, j in results.get("base", [])}
-    print("\n| ablation | variant | attngen ms | attngen J | cuDNN ms (same process) | ms vs base | J vs base |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| ablation | variant | implementation | ms | J | cuDNN ms (same process) | ms vs base | J vs base |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, rows in results.items():
         sdpa = {v: ms for v, i, ms, _ in rows if i.startswith("sdpa")}
         for v, i, ms, j in rows:
-            if i != "attngen":
+            if not i.startswith("attngen"):
                 continue
             b = base.get((v, i))
             dms = f"{(ms / b[0] - 1) * 100:+.1f}%" if b else "-"
             dj = f"{(j / b[1] - 1) * 100:+.1f}%" if b and j and b[1] else "-"
-            print(f"| {name} | {v} | {ms:.3f} | {j if j is not None else '-'} | {sdpa.get(v, '-')} | {dms} | {dj} |")
+            print(f"| {name} | {v} | {i} | {ms:.3f} | {j if j is not None else '-'} | {sdpa.get(v, '-')} | {dms} | {dj} |")
     return 0
 
 

@@ -4,6 +4,11 @@
 # A: where the step's joules go: scripts/bwd_energy_ablation.py (each part of the backward taken out in a copy of the
 #    tree, full and causal, step_energy.py beside cuDNN); causal's split rung against s_ahead 2 and against 80 q rows
 #    with the packed P^T and s_ahead 2 (built clean on the CPU in session 38, never measured), 6 rotated rounds.
+#    (A: taking out the dQ writers' additions saved 5.3% / 5.1% of causal's / full's step, the consumers' staging as
+#    well 15.9% / 21.0%, dQ's product as well nothing more; dS^T's stores 1.5% / 1.1%, the exponentials 2.4% / 2.6%,
+#    dK's product 7.6% / 7.1%. Causal: split 3.569 ms, + s_ahead 2 3.585, 80 rows + packed + s_ahead 2 3.549.)
+# B: why the staging costs: half its bytes, no proxy fence after it, and the consumers' barrier before dQ's product per
+#    consumer (the two warpgroups out of step), each beside the shipped ladder and split + s_ahead 2.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests, smoke_backward, sanitize_backward, keep, pack_results
@@ -14,5 +19,10 @@ case "$1" in
       > "$R/ablation.log" 2>&1; grep -E "^\| [a-z_]+ \| (causal|full)|^\[build|rror" "$R/ablation.log"
     timeout 150 python scripts/bwd_tiles_ab.py --rounds 6 --variants causal --set $S $S,s_ahead=2 \
       $S,block_q=80,ds_from_packed=1,s_ahead=2 2>&1 | tee "$R/bwd_causal_ab.log" | grep -E "TFLOP|rror|diff"
+    pack_results ;;
+  B)
+    timeout 420 python scripts/bwd_energy_ablation.py --variants causal full --work /tmp/ablation \
+      --ablations base dq_add stage_half stage_nofence dq_stage ds_bar --set $S,s_ahead=2 \
+      > "$R/ablation.log" 2>&1; grep -E "^\| [a-z_]+ \| (causal|full)|^\[build|rror" "$R/ablation.log"
     pack_results ;;
 esac
