@@ -18,6 +18,8 @@ Ablations (each a change of `ABLATIONS`' (file, old text, new text); the old tex
     exp         P = exp2(y) replaced by one multiply of y (no MUFU.EX2; P of a similar magnitude, wrong)
     dk_product  no dK += dS^T Q product (dK zero): one register-operand product's share
     stage_half  dq_add, and the consumers stage half of dQ's floats (the same steps, half the bytes)
+    dq_half     the consumers stage half of dQ's floats and the writers add half the bytes (first stores as well): the
+                dQ path of a design whose partial sums cover twice the kv rows (a 2-CTA cluster exchanging dS)
     stage_nofence  dq_add, and no proxy fence between the staging stores and the writer's hand-over
     ds_bar      the consumers' barrier before dQ's product (both consumers' dS^T written) per consumer instead of
                 across both, so that the two warpgroups do not run in step (dQ reads the other's half unfinished)
@@ -42,6 +44,7 @@ DQ_PRODUCT = ("bwd_sm90.cuh",
               "      wgmma_ss_mnmajor<Elem, DQ_T ? BQ : DQ_N, DQ_KSTEPS, 2048, DS_SW32 ? 512 : 2048>(dq, DQ_T ? desc_kt : desc_ds,\n"
               "                                                                                      DQ_T ? desc_ds : desc_kt);\n",
               "      (void)desc_ds;\n#pragma unroll\n      for (int x = 0; x < NDQ; ++x) dq[x] = 0.f;\n", 1)
+STAGE_HALF = ("bwd_sm90.cuh", "    if (part < 0 || v / (NDQ / 8) == part)\n", "    if (v < NDQ / 8)\n", 1)
 # (file under attngen/templates, old, new, occurrences: an exact count, or 0 for "at least one")
 ABLATIONS = {
     "base": [],
@@ -50,7 +53,11 @@ ABLATIONS = {
     "dq_product": [DQ_ADD, STAGE_DQ, DQ_PRODUCT],
     "ds_store": [("bwd_sm90.cuh", "store_ds(ds, da, cw * 64 + r0, tig);", "fence_regs(da);", 0)],
     "exp": [("bwd_probs.cuh", "x = keep ? fast_exp2(y) : 0.f;", "x = keep ? y * 1e-5f : 0.f;", 0)],
-    "stage_half": [DQ_ADD, ("bwd_sm90.cuh", "    if (part < 0 || v / (NDQ / 8) == part)\n", "    if (v < NDQ / 8)\n", 1)],
+    "stage_half": [DQ_ADD, STAGE_HALF],
+    "dq_half": [STAGE_HALF,
+                ("bwd_dq.cuh", "    bulk_store(dst, buf, DQ_STAGE_BYTES);\n", "    bulk_store(dst, buf, DQ_STAGE_BYTES / 2);\n", 1),
+                ("bwd_dq.cuh", "  bulk_reduce_add_f32(dst, buf, DQ_STAGE_BYTES);\n",
+                 "  bulk_reduce_add_f32(dst, buf, DQ_STAGE_BYTES / 2);\n", 0)],
     "stage_nofence": [DQ_ADD, ("bwd_sm90.cuh",
                                "      fence_proxy_async_smem();  // generic stores, read by the bulk reduction (the async proxy)\n",
                                "", 1)],

@@ -3,7 +3,8 @@ as `gpu_round.sh profile` writes it; .csv or .csv.gz): each line's share of all 
 instructions before it (what a wait follows); with --opcodes, instead, the warp instructions executed per opcode and
 each opcode's share of the stall samples; with --waits, the warp instructions executed in mbarrier try_wait polling
 loops (the TRYWAIT, the branch back after it, a YIELD before it run as often), per barrier operand, and their share of
-all. Usage: python scripts/ncu_hot_lines.py FILE [--top N] [--opcodes | --waits]"""
+all; with --match REGEX, every line whose instruction matches, in address order, with its share and their sum.
+Usage: python scripts/ncu_hot_lines.py FILE [--top N] [--opcodes | --waits | --match REGEX]"""
 import argparse
 import csv
 import gzip
@@ -16,6 +17,7 @@ p.add_argument("file")
 p.add_argument("--top", type=int, default=20)
 p.add_argument("--opcodes", action="store_true", help="instructions executed and stall share per opcode")
 p.add_argument("--waits", action="store_true", help="instructions executed in try_wait polling loops, per barrier")
+p.add_argument("--match", help="every line whose instruction matches this regex, and their summed share")
 args = p.parse_args()
 raw = gzip.open(args.file, "rt") if args.file.endswith(".gz") else open(args.file)
 rows = list(csv.reader(io.StringIO(raw.read())))
@@ -36,6 +38,13 @@ if args.waits:
           f"({100 * sum(x[0] for x in loops) / n:.1f}%)")
     for instr, runs, bar, a in sorted(loops, reverse=True)[: args.top]:
         print(f"{a} [{bar}] polls {runs:>10d}  loop instructions {instr:>10d} ({100 * instr / n:4.1f}%)")
+    raise SystemExit
+if args.match:
+    hits = [r for r in data if re.search(args.match, r[src])]
+    for r in hits:
+        print(f"{r[addr][-5:]} {100 * float(r[samples] or 0) / total:5.2f}%  executed {r[executed]:>7}  "
+              f"{r[src].strip()[:70]}")
+    print(f"{len(hits)} lines, {100 * sum(float(r[samples] or 0) for r in hits) / total:.2f}% of the stall samples")
     raise SystemExit
 if args.opcodes:
     runs, stalls = Counter(), Counter()

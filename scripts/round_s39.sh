@@ -7,8 +7,10 @@
 #    (A: taking out the dQ writers' additions saved 5.3% / 5.1% of causal's / full's step, the consumers' staging as
 #    well 15.9% / 21.0%, dQ's product as well nothing more; dS^T's stores 1.5% / 1.1%, the exponentials 2.4% / 2.6%,
 #    dK's product 7.6% / 7.1%. Causal: split 3.569 ms, + s_ahead 2 3.585, 80 rows + packed + s_ahead 2 3.549.)
-# B: why the staging costs: half its bytes, no proxy fence after it, and the consumers' barrier before dQ's product per
-#    consumer (the two warpgroups out of step), each beside the shipped ladder and split + s_ahead 2.
+# B: why the staging costs: half its bytes (with and without the writers' additions, the latter halved too: the dQ
+#    path of a 2-CTA design exchanging dS), no proxy fence after it, and the consumers' barrier before dQ's product
+#    per consumer (the two warpgroups out of step).
+#    (B: not run in session 39: the machine stopped answering during the first try, and none was lent after it.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests, smoke_backward, sanitize_backward, keep, pack_results
@@ -22,7 +24,7 @@ case "$1" in
     pack_results ;;
   B)
     timeout 420 python scripts/bwd_energy_ablation.py --variants causal full --work /tmp/ablation \
-      --ablations base dq_add stage_half stage_nofence dq_stage ds_bar --set $S,s_ahead=2 \
+      --ablations base dq_add stage_half dq_half stage_nofence dq_stage ds_bar \
       > "$R/ablation.log" 2>&1; grep -E "^\| [a-z_]+ \| (causal|full)|^\[build|rror" "$R/ablation.log"
     pack_results ;;
 esac
