@@ -7,13 +7,14 @@ part cost nothing, an upper bound on what making it cheaper can buy. Under the c
 and its time move together; the cuDNN rows of each process show the run-to-run drift. Needs a GPU, except --build-only.
 
     python scripts/bwd_energy_ablation.py [--ablations base dq_add ...] [--variants causal full] [--work DIR]
-        [--rounds 3] [--seconds 1.5] [--build-only]
+        [--rounds 3] [--seconds 1.5] [--build-only] [--cuobjdump PATH]
 
 Ablations (each a change of `ABLATIONS`' (file, old text, new text); the old text must occur where the entry says):
     base        none: the copy as it is, so the copies' drift against each other shows
     dq_add      the dQ writers hand the staged dQ back without adding it to dQ_acc (no bulk store or reduction)
     dq_stage    dq_add, and the consumers do not stage dQ in shared memory
     dq_product  dq_stage, and no dQ = dS K product (dQ zero)
+    dq_product_only  no dQ = dS K product (dQ zero, staged and added as usual)
     ds_store    dS^T not stored to shared memory (dQ's product reads what is there)
     exp         P = exp2(y) replaced by one multiply of y (no MUFU.EX2; P of a similar magnitude, wrong)
     dk_product  no dK += dS^T Q product (dK zero): one register-operand product's share
@@ -37,7 +38,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 T = "attngen/templates/"
 
-STAGE_DQ = ("bwd_sm90.cuh", "      stage_dq(sm.dq(cw), dq, tid, part);\n", "      fence_regs(dq);\n", 1)
+# the stores skipped at run time (the scale is never 0), not compiled out: with dQ's accumulator unread ptxas drops
+# dQ's product too (session 39's round A ran that form, so its dq_stage measured dq_product)
+STAGE_DQ = ("bwd_sm90.cuh", "      stage_dq(sm.dq(cw), dq, tid, part);\n",
+            "      if (a.scale == 0.f) stage_dq(sm.dq(cw), dq, tid, part);\n", 1)
 DQ_ADD = ("bwd_dq.cuh", "        store_or_add_dq(a.dq_written + 2 * tile + DQ_CHUNK * cw, dst, buf);\n",
           "        (void)dst;\n", 1)
 DQ_PRODUCT = ("bwd_sm90.cuh",
@@ -51,6 +55,7 @@ ABLATIONS = {
     "dq_add": [DQ_ADD],
     "dq_stage": [DQ_ADD, STAGE_DQ],
     "dq_product": [DQ_ADD, STAGE_DQ, DQ_PRODUCT],
+    "dq_product_only": [DQ_PRODUCT],
     "ds_store": [("bwd_sm90.cuh", "store_ds(ds, da, cw * 64 + r0, tig);", "fence_regs(da);", 0)],
     "exp": [("bwd_probs.cuh", "x = keep ? fast_exp2(y) : 0.f;", "x = keep ? y * 1e-5f : 0.f;", 0)],
     "stage_half": [DQ_ADD, STAGE_HALF],
@@ -86,6 +91,13 @@ for key in keys:
         spec.sm90_bwd_ladder = ladder
         attn.spec(torch.bfloat16, 128, "sm_90a", "sm90_bwd").build_cached()
 """
+
+
+def hgmma_count(lib: Path, cuobjdump: str) -> int:
+    """HGMMA instructions in the backward's main kernel of `lib` (an ablation must not lose products it keeps)."""
+    out = subprocess.run([cuobjdump, "--dump-sass", str(lib)], capture_output=True, text=True, check=True).stdout
+    body = out.split("attngen_bwd_kernel", 1)[1].split("Function :", 1)[0] if "attngen_bwd_kernel" in out else ""
+    return sum("HGMMA" in line for line in body.splitlines())
 
 
 def make_copy(name: str, work: Path) -> Path:
@@ -133,6 +145,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=1.5)
     p.add_argument("--build-only", action="store_true")
+    p.add_argument("--cuobjdump", default=shutil.which("cuobjdump"),
+                   help="prints each build's HGMMA count (default: cuobjdump on PATH; needs nvdisasm beside it)")
     p.add_argument("--set", nargs="*", default=[], dest="settings", metavar="FIELD=VALUE")
     args = p.parse_args(argv)
     work = Path(args.work)
@@ -148,6 +162,10 @@ def main(argv=None):
         if proc.returncode != 0:
             print(out[-3000:])
             failed.append(name)
+        elif args.cuobjdump:
+            libs = sorted((work / f"cache-{name}" / "entries").glob("*sm90_bwd*/libattngen_bwd.so"))
+            print(f"  HGMMA in the main kernel: " + ", ".join(f"{lib.parent.name.split('_bf16')[0]} "
+                                                          f"{hgmma_count(lib, args.cuobjdump)}" for lib in libs))
     if args.build_only:
         return 1 if failed else 0
     results = {}

@@ -4,12 +4,14 @@
 # A: where the step's joules go: scripts/bwd_energy_ablation.py (each part of the backward taken out in a copy of the
 #    tree, full and causal, step_energy.py beside cuDNN); causal's split rung against s_ahead 2 and against 80 q rows
 #    with the packed P^T and s_ahead 2 (built clean on the CPU in session 38, never measured), 6 rotated rounds.
-#    (A: taking out the dQ writers' additions saved 5.3% / 5.1% of causal's / full's step, the consumers' staging as
-#    well 15.9% / 21.0%, dQ's product as well nothing more; dS^T's stores 1.5% / 1.1%, the exponentials 2.4% / 2.6%,
-#    dK's product 7.6% / 7.1%. Causal: split 3.569 ms, + s_ahead 2 3.585, 80 rows + packed + s_ahead 2 3.549.)
-# B: why the staging costs: half its bytes (with and without the writers' additions, the latter halved too: the dQ
-#    path of a 2-CTA design exchanging dS), no proxy fence after it, and the consumers' barrier before dQ's product
-#    per consumer (the two warpgroups out of step).
+#    (A: taking out the dQ writers' additions saved 5.3% / 5.1% of causal's / full's step; those, the consumers'
+#    staging and dQ's product 15.9% / 21.0% (dq_stage lost dQ's product to ptxas as well, so it ran dq_product's
+#    kernel); dS^T's stores 1.5% / 1.1%, the exponentials 2.4% / 2.6%, dK's product 7.6% / 7.1%. Causal: split
+#    3.569 ms, + s_ahead 2 3.585, 80 rows + packed + s_ahead 2 3.549.)
+# B: the staging alone (its stores skipped at run time, dQ's product kept) and dQ's product alone; half the staged
+#    bytes (with and without the writers' additions, the latter halved too: the dQ path of a 2-CTA design exchanging
+#    dS); no proxy fence after the staging; the consumers' barrier before dQ's product per consumer (the two
+#    warpgroups out of step). Each build's HGMMA count printed (an ablation must keep the products it keeps).
 #    (B: not run in session 39: the machine stopped answering during the first try, and none was lent after it.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +26,7 @@ case "$1" in
     pack_results ;;
   B)
     timeout 420 python scripts/bwd_energy_ablation.py --variants causal full --work /tmp/ablation \
-      --ablations base dq_add stage_half dq_half stage_nofence dq_stage ds_bar \
-      > "$R/ablation.log" 2>&1; grep -E "^\| [a-z_]+ \| (causal|full)|^\[build|rror" "$R/ablation.log"
+      --ablations base dq_add dq_stage dq_product_only stage_half dq_half stage_nofence ds_bar \
+      > "$R/ablation.log" 2>&1; grep -E "^\| [a-z_]+ \| (causal|full)|^\[build|HGMMA|rror" "$R/ablation.log"
     pack_results ;;
 esac
