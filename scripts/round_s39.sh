@@ -13,6 +13,9 @@
 #    dS); no proxy fence after the staging; the consumers' barrier before dQ's product per consumer (the two
 #    warpgroups out of step). Each build's HGMMA count printed (an ablation must keep the products it keeps).
 #    (B: not run in session 39: the machine stopped answering during the first try, and none was lent after it.)
+# C: the backward, deterministic and autograd suites and the small cases under memcheck and racecheck on the landed
+#    tree (session 38's preprocess widens bf16 pairs by shifts, built on the CPU only; no kernel changed since).
+#    (C: not run in session 39.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/device_step.sh  # environment, $R, run_tests, smoke_backward, sanitize_backward, keep, pack_results
@@ -28,5 +31,8 @@ case "$1" in
     timeout 420 python scripts/bwd_energy_ablation.py --variants causal full --work /tmp/ablation \
       --ablations base dq_add dq_stage dq_product_only stage_half dq_half stage_nofence ds_bar \
       > "$R/ablation.log" 2>&1; grep -E "^\| [a-z_]+ \| (causal|full)|^\[build|HGMMA|rror" "$R/ablation.log"
+    pack_results ;;
+  C)
+    backward_suites
     pack_results ;;
 esac
