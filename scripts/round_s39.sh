@@ -22,7 +22,9 @@ source scripts/device_step.sh  # environment, $R, run_tests, smoke_backward, san
 S=split_probs=1
 case "$1" in
   A)
+    # (its dq_stage then compiled dQ's product out; the script's dq_stage keeps it now)
     timeout 330 python scripts/bwd_energy_ablation.py --variants causal full --work /tmp/ablation \
+      --ablations base dq_add dq_stage dq_product ds_store exp dk_product \
       > "$R/ablation.log" 2>&1; grep -E "^\| [a-z_]+ \| (causal|full)|^\[build|rror" "$R/ablation.log"
     timeout 150 python scripts/bwd_tiles_ab.py --rounds 6 --variants causal --set $S $S,s_ahead=2 \
       $S,block_q=80,ds_from_packed=1,s_ahead=2 2>&1 | tee "$R/bwd_causal_ab.log" | grep -E "TFLOP|rror|diff"
