@@ -100,8 +100,23 @@ def hgmma_count(lib: Path, cuobjdump: str) -> int:
     return sum("HGMMA" in line for line in body.splitlines())
 
 
+def ablated_templates(name: str, templates: Path = ROOT / T) -> dict:
+    """{template file name: its text with the ablation's changes made}, from the templates at `templates`; raises
+    ValueError where an old text does not occur as often as its entry says (the template changed)."""
+    texts = {}
+    for file, old, new, count in ABLATIONS[name]:
+        text = texts.get(file, (templates / file).read_text())
+        found = text.count(old)
+        if (count and found != count) or found == 0:
+            raise ValueError(f"ablation {name}: {file} has {found} occurrences of {old.strip()[:60]!r}, expected "
+                             f"{count or 'at least 1'}: the template changed, update ABLATIONS")
+        texts[file] = text.replace(old, new)
+    return texts
+
+
 def make_copy(name: str, work: Path) -> Path:
     """A copy of the tree (package, scripts, benchmarks' code) under work/name with the ablation's changes made."""
+    changed = ablated_templates(name)
     tree = work / name
     if tree.exists():
         shutil.rmtree(tree)
@@ -109,14 +124,8 @@ def make_copy(name: str, work: Path) -> Path:
     shutil.copytree(ROOT / "attngen", tree / "attngen", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "scripts", tree / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "benchmarks", tree / "benchmarks", ignore=shutil.ignore_patterns("results", "__pycache__"))
-    for file, old, new, count in ABLATIONS[name]:
-        path = tree / T / file
-        text = path.read_text()
-        found = text.count(old)
-        if (count and found != count) or found == 0:
-            raise SystemExit(f"ablation {name}: {file} has {found} occurrences of {old.strip()[:60]!r}, expected "
-                             f"{count or 'at least 1'}: the template changed, update ABLATIONS")
-        path.write_text(text.replace(old, new))
+    for file, text in changed.items():
+        (tree / T / file).write_text(text)
     return tree
 
 
@@ -150,7 +159,10 @@ def main(argv=None):
     p.add_argument("--set", nargs="*", default=[], dest="settings", metavar="FIELD=VALUE")
     args = p.parse_args(argv)
     work = Path(args.work)
-    trees = {name: make_copy(name, work) for name in args.ablations}
+    try:
+        trees = {name: make_copy(name, work) for name in args.ablations}
+    except ValueError as e:
+        raise SystemExit(str(e))
     builds = {name: subprocess.Popen([sys.executable, "-c", BUILD, " ".join(args.settings), *args.variants], cwd=tree,
                                      env=env_for(tree, work, name), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
