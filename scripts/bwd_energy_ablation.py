@@ -12,7 +12,8 @@ and its time move together; the cuDNN rows of each process show the run-to-run d
 Ablations (each a change of `ABLATIONS`' (file, old text, new text); the old text must occur where the entry says):
     base        none: the copy as it is, so the copies' drift against each other shows
     dq_add      the dQ writers hand the staged dQ back without adding it to dQ_acc (no bulk store or reduction)
-    dq_stage    dq_add, and the consumers do not stage dQ in shared memory
+    dq_stage    dq_add, and the consumers do not stage dQ in shared memory (the stores skipped at run time, so that
+                dQ's product stays: --cuobjdump's HGMMA counts show which products a build kept)
     dq_product  dq_stage, and no dQ = dS K product (dQ zero)
     dq_product_only  no dQ = dS K product (dQ zero, staged and added as usual)
     ds_store    dS^T not stored to shared memory (dQ's product reads what is there)
