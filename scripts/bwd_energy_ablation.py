@@ -30,6 +30,7 @@ Ablations (each a change of `ABLATIONS`' (file, old text, new text); the old tex
 with the copies.
 """
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -131,8 +132,6 @@ def make_copy(name: str, work: Path) -> Path:
 
 
 def env_for(tree: Path, work: Path, name: str) -> dict:
-    import os
-
     return dict(os.environ, PYTHONPATH=str(tree), ATTNGEN_CACHE_DIR=str(work / f"cache-{name}"))
 
 
