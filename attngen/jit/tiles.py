@@ -208,6 +208,16 @@ class Sm90BwdTiles:
     # fragments: what keeps block_q 80 inside the consumers' registers (128 bytes spilled without it; the first rung
     # of full attention at head dim 128, sm90_bwd_ladder)
     ds_from_packed: bool = False
+    # a warp's dS^T fragments of a q step stored to shared memory with one stmatrix (four 8 x 8 matrices) instead of
+    # four 32-bit stores per thread (bwd_sm90.cuh store_ds: the same bytes at the same places; FA4's sm90 backward
+    # stores dS so). On no rung until measured (docs/performance.md, session 40)
+    ds_stmatrix: bool = False
+    # with split_probs, bf16 inputs: dS^T = P^T (dP^T - delta) multiplied as bf16 pairs (mul.rn.bf16x2) from P^T as
+    # packed for dV's product and dP^T - delta rounded to bf16 once (the eager implementation rounds dP^T itself
+    # before subtracting), straight into dK's packed fragments: two instructions per pair where unpacking, two
+    # products and packing took five (bwd_sm90.cuh grad_scores_mul_packed_t; fp16 keeps the fp32 products, whose
+    # range it needs). On no rung until measured (docs/performance.md, session 40)
+    ds_mul_packed: bool = False
 
     def __post_init__(self):
         if self.dq_init not in (0, 1):
@@ -225,6 +235,9 @@ class Sm90BwdTiles:
             raise BuildError("Sm90BwdTiles.dq_pair needs block_q 64, walk_shift 0 (the pair's walks visit their common q "
                              f"blocks in one order) and persistent CTAs, got block_q {self.block_q}, walk_shift "
                              f"{self.walk_shift}, persistent {self.persistent}")
+        if self.ds_mul_packed and not self.split_probs:
+            raise BuildError("Sm90BwdTiles.ds_mul_packed multiplies P^T as packed for dV's product, which only the "
+                             "split pass packs before dS^T: set split_probs=True with it")
         if not 0 <= self.wait_ns <= 10_000_000:
             raise BuildError(f"Sm90BwdTiles.wait_ns must be in [0, 10000000] (a suspend-time hint in ns; 0: none), "
                              f"got {self.wait_ns}")

@@ -301,24 +301,32 @@ __device__ __forceinline__ float (&as_frags(float (&x)[M]))[1][M / 4][4] {
   return *reinterpret_cast<float(*)[1][M / 4][4]>(&x);
 }
 
-// dS^T (this thread's A fragments of the k16 steps over q) into buffer `ds`, row = kv row of the tile. BQ = 64: 128
-// bytes of q columns, 16-byte chunk c of row r at chunk c ^ (r % 8) (the 128-byte swizzle the MN-major descriptor
+// The byte offset in a dS^T buffer of row `row` (kv row of the tile), 16-byte chunk `chunk` of q step kk's 16 columns.
+// BQ = 64: 128 bytes of q columns, chunk c of row r at chunk c ^ (r % 8) (the 128-byte swizzle the MN-major descriptor
 // of dQ = dS K reads). DS_SW32: step kk's 16 q columns in column block kk (rows of 32 bytes), chunk c of row r at
-// c ^ (r / 4 % 2) (sm90_bwd_layout.cuh). Fragment k of a step: rows r0 / r0 + 8, columns 16 kk + 2 tig (+ 8).
+// c ^ (r / 4 % 2) (sm90_bwd_layout.cuh).
+__device__ __forceinline__ uint32_t ds_chunk_offset(int row, int kk, int chunk) {
+  if constexpr (DS_SW32) return (uint32_t)(kk * DS_T_LBO + row * 32 + ((chunk ^ ((row >> 2) & 1)) << 4));
+  else return (uint32_t)(row * 128 + (((2 * kk + chunk) ^ (row & 7)) << 4));
+}
+
+// dS^T (this thread's A fragments of the k16 steps over q) into buffer `ds` (ds_chunk_offset's layout). Fragment r of
+// a step: rows r0 (+ 8 for odd r), columns 16 kk + 8 (r / 2) + 2 tig and + 1. DS_STMATRIX: a step's four fragments
+// are the four 8 x 8 matrices of one stmatrix (the accumulator layout it takes), lane L naming row L % 8 of matrix
+// L / 8, so a warp stores a step with one instruction instead of four.
 __device__ __forceinline__ void store_ds(uint32_t ds, const uint32_t (&f)[KSTEPS_Q][4], int r0, int tig) {
+  if constexpr (DS_STMATRIX) {
+    const int g = r0 & 7;  // r0 = the warp's first row (a multiple of 8) + lane / 4
+    const int m = (4 * g + tig) >> 3;  // the matrix this lane names: rows + 8 (m & 1), chunk + (m >> 1)
+    const int row = r0 - g + 8 * (m & 1) + ((4 * g + tig) & 7);
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS_Q; ++kk) stmatrix_x4(ds + ds_chunk_offset(row, kk, m >> 1), f[kk]);
+    return;
+  }
 #pragma unroll
   for (int kk = 0; kk < KSTEPS_Q; ++kk) {
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int row = r0 + (r & 1) * 8;
-      if constexpr (DS_SW32) {
-        const int chunk = r >> 1;
-        st_shared_b32(ds + kk * DS_T_LBO + row * 32 + ((chunk ^ ((row >> 2) & 1)) << 4) + tig * 4, f[kk][r]);
-      } else {
-        const int chunk = 2 * kk + (r >> 1);  // 16-byte chunk: 8 q columns
-        st_shared_b32(ds + row * 128 + ((chunk ^ (row & 7)) << 4) + tig * 4, f[kk][r]);
-      }
-    }
+    for (int r = 0; r < 4; ++r) st_shared_b32(ds + ds_chunk_offset(r0 + (r & 1) * 8, kk, r >> 1) + tig * 4, f[kk][r]);
   }
 }
 
@@ -392,6 +400,22 @@ __device__ __forceinline__ void grad_scores_from_packed_t(float (&dp)[NS], const
   }
 }
 
+// DS_MUL_PACKED (bf16): dS^T = P^T (dP^T - delta) multiplied as bf16 pairs straight into dK's A fragments `da`:
+// dP^T - delta in fp32, rounded to bf16 once (the eager implementation rounds dP^T itself before subtracting), times
+// P^T as packed for dV's product (the pair order of grad_scores_from_packed_t): a pack and a mul.rn.bf16x2 per pair
+// where unpacking P^T, two multiplies and packing dS^T took five instructions. bf16 only (kDsMulPacked): fp16's range
+// would overflow dP^T - delta where P^T is small.
+__device__ __forceinline__ void grad_scores_mul_packed_t(uint32_t (&da)[KSTEPS_Q][4], const float (&dp)[NS],
+                                                        const uint32_t (&pa)[KSTEPS_Q][4], const float* delta,
+                                                        int tig) {
+#pragma unroll
+  for (int i = 0; i < NS; i += 2) {
+    const float2 d2 = *reinterpret_cast<const float2*>(delta + i / 4 * 8 + 2 * tig);
+    const uint32_t d = pack2<Elem>(dp[i] - d2.x, dp[i + 1] - d2.y);
+    asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(da[i / 8][i % 8 / 2]) : "r"(pa[i / 8][i % 8 / 2]), "r"(d));
+  }
+}
+
 // A finished dK or dV fragment (times f) to global memory, rows past KVLEN skipped.
 __device__ __forceinline__ void store_kv_grad(void* out, const long long (&st)[3], int b, int kvh, int row0,
                                               int KVLEN, const float (&x)[NKV], float f, int tig) {
@@ -411,6 +435,8 @@ __device__ __forceinline__ void store_kv_grad(void* out, const long long (&st)[3
 // SPLIT_PROBS where the probabilities need neither a score_mod's derivative nor its gradient sites, which the one
 // pass takes from the raw score beside dP^T.
 constexpr bool kSplitProbs = SPLIT_PROBS && !ATTNGEN_HAS_SCORE_MOD && kGradSites == 0;
+// DS_MUL_PACKED with the split, bf16 only (grad_scores_mul_packed_t; fp16 keeps the fp32 products).
+constexpr bool kDsMulPacked = kSplitProbs && DS_MUL_PACKED && kDtypeCode == 1;
 // DK_LAST (with the split): dK's product issued after dQ's, and dQ staged while it runs.
 constexpr bool kDkLast = kSplitProbs && DK_LAST;
 // S_AHEAD (Sm90BwdTiles.s_ahead): each step issues the next q-block's S^T = K Q^T, 1 once dQ's product is done (under
@@ -590,7 +616,9 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
         wgmma_commit();
         wgmma_wait<1>();
         fence_regs(dp);
-        if constexpr (DS_FROM_PACKED) {
+        if constexpr (kDsMulPacked) {
+          grad_scores_mul_packed_t(da, dp, pa, delta, tig);
+        } else if constexpr (DS_FROM_PACKED) {
           grad_scores_from_packed_t(dp, pa, delta, tig);  // dS^T into dp
           pack_a_frags<Elem, BQ>(dp, da);
         } else {

@@ -488,12 +488,18 @@ def test_block_q_80_matches_float64(case, packed, monkeypatch):
     chunk the postprocess reads back), dS^T from the fp32 P^T or from P^T as packed for dV's product
     (ds_from_packed), against float64 autograd, judged as test_backward_matches_float64; fully masked rows get zero
     dq."""
+    assert _setting_matches_float64(monkeypatch, case, dict(block_q=80, split_probs=True, dkv_staged=False, s_ahead=0,
+                                                            ds_from_packed=packed)) == 80
+
+
+def _setting_matches_float64(monkeypatch, case, setting):
+    """The sm90 backward at head dim 128 built with `setting` (Sm90BwdTiles fields) on case (variant, dtype, B, Hq,
+    Hkv, Lq, Lk, q_offset), against float64 autograd as test_backward_matches_float64 judges it, a deterministic run
+    too (two of them bit-identical); fully masked rows get zero dq. Returns the library's block_q."""
     name, dt, B, Hq, Hkv, Lq, Lk, q_offset = case
     hd = 128
     attn = make_variant(name)
-    lib = _sm90_bwd_library(monkeypatch, hd, attn, dt, block_q=80, split_probs=True, dkv_staged=False, s_ahead=0,
-                            ds_from_packed=packed)
-    assert lib.block_q == 80
+    lib = _sm90_bwd_library(monkeypatch, hd, attn, dt, **setting)
     gen = torch.Generator(device="cpu").manual_seed(zlib.crc32(repr(case).encode()) & 0xFFFF)
     q, k, v, do = (torch.randn(*s, generator=gen, dtype=torch.float64)
                    for s in ((B, Hq, Lq, hd), (B, Hkv, Lk, hd), (B, Hkv, Lk, hd), (B, Hq, Lq, hd)))
@@ -515,3 +521,33 @@ def test_block_q_80_matches_float64(case, packed, monkeypatch):
     if name == "document_masked_rows":
         rows = torch.arange(Lq, device=DEV) + q_offset < 40
         assert (runs[0][0][:, :, rows] == 0).all(), "fully masked rows must get zero dq"
+    return lib.block_q
+
+
+# (variant, dtype, B, Hq, Hkv, Lq, Lk, q_offset)
+DS_STORE_CASES = [
+    ("full", torch.bfloat16, 2, 4, 2, 200, 200, 0),
+    ("full", torch.bfloat16, 2, 8, 4, 2000, 4450, 0),
+    ("full", torch.float16, 1, 4, 1, 333, 517, 0),  # ds_mul_packed: fp16 keeps the fp32 products
+    ("causal", torch.bfloat16, 2, 4, 2, 77, 300, 150),
+    ("sliding_window", torch.bfloat16, 1, 2, 1, 700, 700, 0),
+    ("document_masked_rows", torch.bfloat16, 1, 4, 4, 512, 512, 0),
+]
+BOTH = dict(ds_stmatrix=True, ds_mul_packed=True)
+# both at 64 and 80 q rows on every case; each alone on full attention at 80 rows and causal at 64
+DS_STORE_RUNS = [(c, bq, BOTH) for c in DS_STORE_CASES for bq in (64, 80)] + [
+    (c, bq, f) for f in (dict(ds_stmatrix=True), dict(ds_mul_packed=True))
+    for c, bq in ((DS_STORE_CASES[0], 80), (DS_STORE_CASES[3], 64))]
+
+
+@pytest.mark.requires_sm90
+@pytest.mark.parametrize("case,block_q,fields", DS_STORE_RUNS,
+                         ids=lambda x: x if isinstance(x, int) else "+".join(x) if isinstance(x, dict) else
+                         f"{x[0]}-{str(x[1])[6:]}-{x[2]}x{x[3]}x{x[4]}-{x[5]}x{x[6]}+{x[7]}")
+def test_ds_stores_and_packed_multiply_match_float64(case, block_q, fields, monkeypatch):
+    """dS^T stored with stmatrix (Sm90BwdTiles.ds_stmatrix) and multiplied as bf16 pairs (ds_mul_packed) on the split
+    rung with S^T a step ahead (on which causal's packed multiply builds clean), at 64 q rows and at 80 (full
+    attention's first rung, dS^T in 32-byte swizzle rows), against float64 autograd as test_backward_matches_float64
+    judges it."""
+    rung = dict(block_q=block_q, split_probs=True, dkv_staged=False, s_ahead=2, ds_from_packed=block_q == 80)
+    assert _setting_matches_float64(monkeypatch, case, {**rung, **fields}) == block_q

@@ -1,0 +1,100 @@
+"""Instructions per step of an attention kernel's main loop, from SASS text (cuobjdump -sass of one kernel, or the
+files scripts/sm90_op_counts.py --sass-dir writes), side by side for several kernels: the innermost loop (a backward
+branch and its target) holding at least --min-hgmma HGMMA, its opcodes counted (predicates dropped, modifiers kept).
+Branch targets may be addresses (cuobjdump) or labels (nvdisasm's `(.L_x_12)`). A loop holding paths of which a step
+takes one (a masked and an unmasked exponential, say) counts them all; --skip drops a range of addresses from one
+file's count, so the table can show the path a step takes. No GPU needed.
+
+    python scripts/sass_loop_ops.py ours.sass theirs.sass [--names ours FA4] [--skip 0:0x19e0-0x25c0] [--top 40]
+
+--skip I:START-END (hex, END exclusive) applies to the I-th file; it may be given more than once.
+"""
+import argparse
+import re
+from collections import Counter
+
+INSN = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+
+
+def parse(text: str) -> tuple[list[tuple[int, str]], dict[str, int]]:
+    """(address, instruction text) in order, and each label's address (the next instruction's)."""
+    insns, labels, pending = [], {}, []
+    for line in text.splitlines():
+        lm = LABEL.match(line)
+        if lm:
+            pending.append(lm.group(1))
+            continue
+        m = INSN.match(line)
+        if m:
+            addr = int(m.group(1), 16)
+            labels.update((p, addr) for p in pending)
+            pending = []
+            insns.append((addr, m.group(2)))
+    return insns, labels
+
+
+def opcode(text: str) -> str:
+    return re.sub(r"^@!?U?P[T0-9]+\s+", "", text).split()[0]
+
+
+def innermost_loop(insns, labels, min_hgmma: int) -> tuple[int, int]:
+    """[start, end] addresses of the smallest loop (backward branch) holding at least min_hgmma HGMMA."""
+    loops = []
+    for addr, text in insns:
+        if not opcode(text).startswith("BRA"):
+            continue
+        hexed = re.search(r"(0x[0-9a-f]+)\s*$", text)
+        named = re.search(r"\((\.L_x_\d+)\)", text)
+        target = int(hexed.group(1), 16) if hexed else labels.get(named.group(1)) if named else None
+        if target is None or target >= addr:
+            continue
+        body = [t for a, t in insns if target <= a <= addr]
+        if sum(opcode(t).startswith("HGMMA") for t in body) >= min_hgmma:
+            loops.append((len(body), target, addr))
+    if not loops:
+        raise SystemExit(f"no loop holds {min_hgmma} HGMMA")
+    _, start, end = min(loops)
+    return start, end
+
+
+def loop_ops(text: str, min_hgmma: int, skips=()) -> tuple[tuple[int, int], Counter]:
+    insns, labels = parse(text)
+    start, end = innermost_loop(insns, labels, min_hgmma)
+    kept = [t for a, t in insns if start <= a <= end and not any(lo <= a < hi for lo, hi in skips)]
+    return (start, end), Counter(opcode(t) for t in kept)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sass", nargs="+")
+    p.add_argument("--names", nargs="+")
+    p.add_argument("--skip", action="append", default=[], metavar="I:START-END")
+    p.add_argument("--min-hgmma", type=int, default=20)
+    p.add_argument("--top", type=int, default=40, help="rows of opcodes (most frequent over all files first)")
+    args = p.parse_args(argv)
+    names = args.names or args.sass
+    if len(names) != len(args.sass):
+        p.error("--names needs one name per file")
+    skips = {i: [] for i in range(len(args.sass))}
+    for s in args.skip:
+        m = re.fullmatch(r"(\d+):(0x[0-9a-f]+)-(0x[0-9a-f]+)", s)
+        if not m or int(m.group(1)) >= len(args.sass):
+            p.error(f"--skip {s!r}: expected I:0xSTART-0xEND with I a file's index")
+        skips[int(m.group(1))].append((int(m.group(2), 16), int(m.group(3), 16)))
+    counts = []
+    for i, path in enumerate(args.sass):
+        with open(path) as f:
+            (start, end), c = loop_ops(f.read(), args.min_hgmma, skips[i])
+        counts.append(c)
+        print(f"{names[i]}: loop {start:#x}-{end:#x}" + "".join(f", skipping {lo:#x}-{hi:#x}" for lo, hi in skips[i]))
+    print("| opcode | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    print("| all | " + " | ".join(str(sum(c.values())) for c in counts) + " |")
+    total = sum(counts, Counter())
+    for op, _ in total.most_common(args.top):
+        print(f"| {op} | " + " | ".join(str(c[op]) for c in counts) + " |")
+
+
+if __name__ == "__main__":
+    main()
