@@ -7,7 +7,10 @@ file's count, so the table can show the path a step takes. No GPU needed.
 
     python scripts/sass_loop_ops.py ours.sass theirs.sass [--names ours FA4] [--skip 0:0x19e0-0x25c0] [--top 40]
 
---skip I:START-END (hex, END exclusive) applies to the I-th file; it may be given more than once.
+--skip I:START-END (hex, END exclusive) applies to the I-th file; it may be given more than once. --attngen I finds the
+two ranges an interior step of attngen's sm90 backward does not take, in the I-th file: the block its first
+reconvergence (BSSY) guards at the loop's top (the deterministic mode's turn, skipped by a forward branch) and the
+paths laid out after the unmasked exponentials' unconditional branch up to its target (masked and bounded tiles).
 """
 import argparse
 import re
@@ -44,9 +47,7 @@ def innermost_loop(insns, labels, min_hgmma: int) -> tuple[int, int]:
     for addr, text in insns:
         if not opcode(text).startswith("BRA"):
             continue
-        hexed = re.search(r"(0x[0-9a-f]+)\s*$", text)
-        named = re.search(r"\((\.L_x_\d+)\)", text)
-        target = int(hexed.group(1), 16) if hexed else labels.get(named.group(1)) if named else None
+        target = branch_target(text, labels)
         if target is None or target >= addr:
             continue
         body = [t for a, t in insns if target <= a <= addr]
@@ -56,6 +57,26 @@ def innermost_loop(insns, labels, min_hgmma: int) -> tuple[int, int]:
         raise SystemExit(f"no loop holds {min_hgmma} HGMMA")
     _, start, end = min(loops)
     return start, end
+
+
+def branch_target(text: str, labels) -> int | None:
+    hexed = re.search(r"(0x[0-9a-f]+)\s*$", text)
+    named = re.search(r"\((\.L_x_\d+)\)", text)
+    return int(hexed.group(1), 16) if hexed else labels.get(named.group(1)) if named else None
+
+
+def attngen_skips(text: str, min_hgmma: int) -> list[tuple[int, int]]:
+    """The deterministic-mode block and the masked / bounded paths of attngen's sm90 backward step (--attngen)."""
+    insns, labels = parse(text)
+    start, end = innermost_loop(insns, labels, min_hgmma)
+    body = [(a, t) for a, t in insns if start <= a <= end]
+    bssy = next(k for k, (a, t) in enumerate(body) if opcode(t) == "BSSY")
+    sync = int(re.search(r"(0x[0-9a-f]+)\s*$", body[bssy][1]).group(1), 16)
+    det = next(k for k in range(bssy, len(body)) if body[k][1].startswith("@") and opcode(body[k][1]) == "BRA"
+               and branch_target(body[k][1], labels) == sync - 0x10)
+    first_exp = next(k for k, (a, t) in enumerate(body) if opcode(t) == "MUFU.EX2")
+    join = next(k for k in range(first_exp, len(body)) if body[k][1].startswith("BRA"))
+    return [(body[det][0] + 0x10, sync - 0x10), (body[join][0] + 0x10, branch_target(body[join][1], labels))]
 
 
 def loop_ops(text: str, min_hgmma: int, skips=()) -> tuple[tuple[int, int], Counter]:
@@ -70,6 +91,8 @@ def main(argv=None):
     p.add_argument("sass", nargs="+")
     p.add_argument("--names", nargs="+")
     p.add_argument("--skip", action="append", default=[], metavar="I:START-END")
+    p.add_argument("--attngen", type=int, action="append", default=[], metavar="I",
+                   help="skip the paths an interior step of attngen's sm90 backward does not take, in the I-th file")
     p.add_argument("--min-hgmma", type=int, default=20)
     p.add_argument("--top", type=int, default=40, help="rows of opcodes (most frequent over all files first)")
     args = p.parse_args(argv)
@@ -85,7 +108,10 @@ def main(argv=None):
     counts = []
     for i, path in enumerate(args.sass):
         with open(path) as f:
-            (start, end), c = loop_ops(f.read(), args.min_hgmma, skips[i])
+            text = f.read()
+        if i in args.attngen:
+            skips[i] += attngen_skips(text, args.min_hgmma)
+        (start, end), c = loop_ops(text, args.min_hgmma, skips[i])
         counts.append(c)
         print(f"{names[i]}: loop {start:#x}-{end:#x}" + "".join(f", skipping {lo:#x}-{hi:#x}" for lo, hi in skips[i]))
     print("| opcode | " + " | ".join(names) + " |")

@@ -590,17 +590,18 @@ def test_sm90_backward_dq_pair_builds_clean(tmp_path):
 @pytest.mark.requires_nvcc
 def test_sm90_backward_ds_stmatrix_and_packed_multiply_build_clean(tmp_path):
     """dS^T stored with stmatrix (Sm90BwdTiles.ds_stmatrix) and multiplied as bf16 pairs (ds_mul_packed), on no rung:
-    full attention's 80-row rung and causal's split rung with S^T a step ahead build clean with both (no spills,
-    wgmmas not serialized), their PTX stores dS^T with stmatrix and multiplies with mul.rn.bf16x2, which the shipped
-    rungs do not; an fp16 build keeps the fp32 products. ds_mul_packed without the split pass is refused."""
+    full attention's 80-row rung and causal's split rung build clean with both (no spills, wgmmas not serialized;
+    causal's spilled 648 bytes while P^T was packed after its masked paths joined), their PTX stores dS^T with
+    stmatrix and multiplies with mul.rn.bf16x2, which the shipped rungs do not; an fp16 build keeps the fp32 products.
+    ds_mul_packed without the split pass is refused."""
     from attngen.jit.toolchain import find_nvcc
 
     for name, attn in (("full", attngen.compile()), ("causal", attngen.compile(causal=True))):
         spec = attn.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
         first = spec.tile_choices()[0]
         assert not (first.ds_stmatrix or first.ds_mul_packed)
-        rung = first if name == "full" else dataclasses.replace(first, s_ahead=2)
-        ptx = _clean_rung_ptx(tmp_path / name, spec, dataclasses.replace(rung, ds_stmatrix=True, ds_mul_packed=True))
+        assert first.split_probs
+        ptx = _clean_rung_ptx(tmp_path / name, spec, dataclasses.replace(first, ds_stmatrix=True, ds_mul_packed=True))
         assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx and "mul.rn.bf16x2" in ptx, name
     shipped = [r for hd in (64, 128) for kw in ({}, dict(has_mask=True), dict(has_mask=True, half_plane=True),
                                                 dict(has_score_mod=True)) for r in tiles.sm90_bwd_ladder(hd, **kw)]

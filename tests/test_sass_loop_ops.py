@@ -43,3 +43,26 @@ def test_labels_and_skipped_ranges():
 def test_no_loop_with_enough_products():
     with pytest.raises(SystemExit, match="no loop holds 3 HGMMA"):
         loop_ops.loop_ops(sass(BODY), min_hgmma=3)
+
+
+def test_attngen_skips_find_the_deterministic_block_and_the_masked_paths():
+    """--attngen: the block the loop's first BSSY guards (a forward branch to its BSYNC) and the paths after the
+    unmasked exponentials' unconditional branch, up to where it goes."""
+    body = ["MOV R1, R2",                                   # 0x00
+            "BSSY B0, 0x50",                                 # 0x10 loop top: the deterministic block's reconvergence
+            "@P0 BRA 0x40",                                  # 0x20 not deterministic: to the BSYNC
+            "STS [UR8+0x100], R9",                           # 0x30 the turn (skipped)
+            "BSYNC B0",                                      # 0x40
+            "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT",  # 0x50
+            "@P1 BRA 0x90",                                  # 0x60 masked: to its path
+            "MUFU.EX2 R5, R5",                               # 0x70 unmasked exponentials
+            "BRA 0xb0",                                      # 0x80 to the join
+            "FSEL R6, R6, RZ, P2",                           # 0x90 masked path (skipped)
+            "@!P2 MUFU.EX2 R6, R6",                          # 0xa0
+            "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24",  # 0xb0 join
+            "@P3 BRA 0x10",                                  # 0xc0
+            "EXIT"]
+    text = sass(body)
+    assert loop_ops.attngen_skips(text, 2) == [(0x30, 0x40), (0x90, 0xb0)]
+    _, c = loop_ops.loop_ops(text, 2, loop_ops.attngen_skips(text, 2))
+    assert sum(c.values()) == 9 and c["FSEL"] == 0 and c["STS"] == 0 and c["MUFU.EX2"] == 1

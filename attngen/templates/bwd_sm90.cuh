@@ -609,8 +609,13 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
         wgmma_wait<1>();
         fence_regs(st);
         // (without a score_mod probs_t writes no derivatives: its second array is st itself, unread)
-        probs_t_for(masked, bounds, as_frags(st), as_frags(st), scale, C, hc, cc, kv0, q0, t, lse2, tig);
-        pack_a_frags<Elem, BQ>(st, pa);
+        if constexpr (kDsMulPacked) {  // nothing reads the fp32 P^T once packed: packed on each path
+          probs_t_for_then(masked, bounds, [&] { pack_a_frags<Elem, BQ>(st, pa); }, as_frags(st), as_frags(st), scale,
+                           C, hc, cc, kv0, q0, t, lse2, tig);
+        } else {
+          probs_t_for(masked, bounds, as_frags(st), as_frags(st), scale, C, hc, cc, kv0, q0, t, lse2, tig);
+          pack_a_frags<Elem, BQ>(st, pa);
+        }
         wgmma_fence();
         wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dv, pa, make_smem_desc_sw128(sm.dout(stage), Q_BLOCK_BYTES, 1024));
         wgmma_commit();

@@ -546,8 +546,8 @@ DS_STORE_RUNS = [(c, bq, BOTH) for c in DS_STORE_CASES for bq in (64, 80)] + [
                          f"{x[0]}-{str(x[1])[6:]}-{x[2]}x{x[3]}x{x[4]}-{x[5]}x{x[6]}+{x[7]}")
 def test_ds_stores_and_packed_multiply_match_float64(case, block_q, fields, monkeypatch):
     """dS^T stored with stmatrix (Sm90BwdTiles.ds_stmatrix) and multiplied as bf16 pairs (ds_mul_packed) on the split
-    rung with S^T a step ahead (on which causal's packed multiply builds clean), at 64 q rows and at 80 (full
-    attention's first rung, dS^T in 32-byte swizzle rows), against float64 autograd as test_backward_matches_float64
-    judges it."""
-    rung = dict(block_q=block_q, split_probs=True, dkv_staged=False, s_ahead=2, ds_from_packed=block_q == 80)
+    rung at 64 q rows (causal's) and at 80 (full attention's first rung: dS^T in 32-byte swizzle rows, from the packed
+    P^T, S^T a step ahead), against float64 autograd as test_backward_matches_float64 judges it."""
+    bq80 = block_q == 80
+    rung = dict(block_q=block_q, split_probs=True, dkv_staged=False, s_ahead=2 if bq80 else 0, ds_from_packed=bq80)
     assert _setting_matches_float64(monkeypatch, case, {**rung, **fields}) == block_q
