@@ -534,10 +534,13 @@ DS_STORE_CASES = [
     ("document_masked_rows", torch.bfloat16, 1, 4, 4, 512, 512, 0),
 ]
 BOTH = dict(ds_stmatrix=True, ds_mul_packed=True)
-# both at 64 and 80 q rows on every case; each alone on full attention at 80 rows and causal at 64
+# both at 64 and 80 q rows on every case; each alone on full attention at 80 rows and causal at 64; the stores on the
+# one pass of score_mod variants (which the packed multiply leaves alone)
 DS_STORE_RUNS = [(c, bq, BOTH) for c in DS_STORE_CASES for bq in (64, 80)] + [
     (c, bq, f) for f in (dict(ds_stmatrix=True), dict(ds_mul_packed=True))
-    for c, bq in ((DS_STORE_CASES[0], 80), (DS_STORE_CASES[3], 64))]
+    for c, bq in ((DS_STORE_CASES[0], 80), (DS_STORE_CASES[3], 64))] + [
+    (("softcap_causal", torch.bfloat16, 2, 4, 2, 200, 200, 0), 64, BOTH),
+    (("alibi", torch.float16, 1, 2, 2, 300, 257, 0), 64, BOTH)]
 
 
 @pytest.mark.requires_sm90
@@ -547,7 +550,8 @@ DS_STORE_RUNS = [(c, bq, BOTH) for c in DS_STORE_CASES for bq in (64, 80)] + [
 def test_ds_stores_and_packed_multiply_match_float64(case, block_q, fields, monkeypatch):
     """dS^T stored with stmatrix (Sm90BwdTiles.ds_stmatrix) and multiplied as bf16 pairs (ds_mul_packed) on the split
     rung at 64 q rows (causal's) and at 80 (full attention's first rung: dS^T in 32-byte swizzle rows, from the packed
-    P^T, S^T a step ahead), against float64 autograd as test_backward_matches_float64 judges it."""
+    P^T, S^T a step ahead), and the stores on the one pass of score_mod variants, against float64 autograd as
+    test_backward_matches_float64 judges it."""
     bq80 = block_q == 80
     rung = dict(block_q=block_q, split_probs=True, dkv_staged=False, s_ahead=2 if bq80 else 0, ds_from_packed=bq80)
     assert _setting_matches_float64(monkeypatch, case, {**rung, **fields}) == block_q
