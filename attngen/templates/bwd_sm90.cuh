@@ -12,9 +12,10 @@
 // with wgmma:
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory), then in registers P^T and
 //   dS^T = P^T (dP^T - delta) [* d score_mod / d score] (bwd_probs.cuh, one pass; DS_FROM_PACKED: from P^T as
-//   packed for dV's product, grad_scores_from_packed_t);
+//   packed for dV's product, grad_scores_from_packed_t; DS_MUL_PACKED: multiplied as bf16 pairs,
+//   grad_scores_mul_packed_t);
 //   dV += P^T dO and dK += dS^T Q (A from registers, B = dO / Q read MN-major);
-//   dS^T to shared memory, then dQ = dS K (dQ^T = K^T dS^T at BQ = 80; both operands MN-major from shared memory),
+//   dS^T to shared memory (DS_STMATRIX: with stmatrix), then dQ = dS K (dQ^T = K^T dS^T at BQ = 80; both operands MN-major from shared memory),
 //   staged in shared memory
 //   for warp 1 + consumer of warpgroup 0 to add to the fp32 dQ_acc with one bulk reduction;
 //   sm90_bwd_layout.cuh says how dQ is split;
