@@ -3,7 +3,7 @@
 # benchmarks/results/<date>-h200-session40/round-X/). Session 40 had no device lent: every round is prepared, none run.
 # D: dS^T stored with stmatrix and multiplied as bf16 pairs (Sm90BwdTiles.ds_stmatrix / ds_mul_packed, on no rung;
 #    built clean on the CPU; with both, an interior step issues at most 469 instructions where full attention's shipped
-#    rung issues 556 and causal's 465 where 516: benchmarks/results/2026-12-04-cpu-session40/): their GPU test against
+#    rung issues 556 and causal's 466 where 516: benchmarks/results/2026-12-04-cpu-session40/): their GPU test against
 #    float64 first, then the step A/B'd on full attention's 80-row rung and causal's split rung, 6 rotated rounds,
 #    then joules per step beside cuDNN.
 # C: the backward, deterministic and autograd suites (the new test among them) and the small cases under memcheck and

@@ -9,8 +9,9 @@ file's count, so the table can show the path a step takes. No GPU needed.
 
 --skip I:START-END (hex, END exclusive) applies to the I-th file; it may be given more than once. --attngen I finds the
 two ranges an interior step of attngen's sm90 backward does not take, in the I-th file: the block its first
-reconvergence (BSSY) guards at the loop's top (the deterministic mode's turn, skipped by a forward branch) and the
-paths laid out after the unmasked exponentials' unconditional branch up to its target (masked and bounded tiles).
+reconvergence (BSSY) guards at the loop's top (the deterministic mode's turn, skipped by a forward branch) and, from
+the unmasked exponentials to the next product, what each unconditional forward branch jumps over (the paths of masked
+and bounded tiles).
 """
 import argparse
 import re
@@ -74,9 +75,18 @@ def attngen_skips(text: str, min_hgmma: int) -> list[tuple[int, int]]:
     sync = int(re.search(r"(0x[0-9a-f]+)\s*$", body[bssy][1]).group(1), 16)
     det = next(k for k in range(bssy, len(body)) if body[k][1].startswith("@") and opcode(body[k][1]) == "BRA"
                and branch_target(body[k][1], labels) == sync - 0x10)
-    first_exp = next(k for k, (a, t) in enumerate(body) if opcode(t) == "MUFU.EX2")
-    join = next(k for k in range(first_exp, len(body)) if body[k][1].startswith("BRA"))
-    return [(body[det][0] + 0x10, sync - 0x10), (body[join][0] + 0x10, branch_target(body[join][1], labels))]
+    skips = [(body[det][0] + 0x10, sync - 0x10)]
+    # from the unmasked exponentials, each unconditional forward branch before the next product jumps over paths the
+    # step does not take (masked or bounded tiles), to a join
+    k = next(k for k, (a, t) in enumerate(body) if opcode(t) == "MUFU.EX2")
+    index = {a: i for i, (a, _) in enumerate(body)}
+    while True:
+        k = next(i for i in range(k, len(body)) if opcode(body[i][1]).startswith("HGMMA") or body[i][1].startswith("BRA"))
+        target = branch_target(body[k][1], labels) if body[k][1].startswith("BRA") else None
+        if target is None or target <= body[k][0]:
+            return skips
+        skips.append((body[k][0] + 0x10, target))
+        k = index[target]
 
 
 def loop_ops(text: str, min_hgmma: int, skips=()) -> tuple[tuple[int, int], Counter]:

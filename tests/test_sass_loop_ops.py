@@ -66,3 +66,31 @@ def test_attngen_skips_find_the_deterministic_block_and_the_masked_paths():
     assert loop_ops.attngen_skips(text, 2) == [(0x30, 0x40), (0x90, 0xb0)]
     _, c = loop_ops.loop_ops(text, 2, loop_ops.attngen_skips(text, 2))
     assert sum(c.values()) == 9 and c["FSEL"] == 0 and c["STS"] == 0 and c["MUFU.EX2"] == 1
+
+
+def test_attngen_skips_follow_each_join_up_to_the_next_product():
+    """P^T packed on each of the masked / unmasked sides: the unmasked exponentials branch over the bounded path to
+    their side's packing, which branches over the masked side to the join; both jumps are skipped, and nothing after
+    the next product."""
+    body = ["BSSY B0, 0x40",                                 # 0x00 loop top
+            "@P0 BRA 0x30",                                  # 0x10
+            "STS [UR8+0x100], R9",                           # 0x20 the deterministic turn (skipped)
+            "BSYNC B0",                                      # 0x30
+            "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT",  # 0x40
+            "@P1 BRA 0xc0",                                  # 0x50 to the masked side
+            "@P2 BRA 0x90",                                  # 0x60 to the bounded path
+            "MUFU.EX2 R5, R5",                               # 0x70 unmasked, unbounded
+            "BRA 0xa0",                                      # 0x80 to this side's packing
+            "@!P5 MUFU.EX2 R5, R5",                          # 0x90 bounded (skipped)
+            "F2FP.BF16.F32.PACK_AB R8, R5, R5",              # 0xa0 packing
+            "BRA 0xe0",                                      # 0xb0 to the join
+            "@!P3 MUFU.EX2 R6, R6",                          # 0xc0 masked side (skipped)
+            "F2FP.BF16.F32.PACK_AB R8, R6, R6",              # 0xd0
+            "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24",  # 0xe0 join: dV's product
+            "@P4 BRA 0x0",                                   # 0xf0
+            "EXIT"]
+    text = sass(body)
+    skips = loop_ops.attngen_skips(text, 2)
+    assert skips == [(0x20, 0x30), (0x90, 0xa0), (0xc0, 0xe0)]
+    _, c = loop_ops.loop_ops(text, 2, skips)
+    assert sum(c.values()) == 12 and c["MUFU.EX2"] == 1 and c["F2FP.BF16.F32.PACK_AB"] == 1

@@ -234,40 +234,27 @@ ATTNGEN_DEV_INLINE void probs_t(float (&s)[MT][NT][4], float (&g)[MT][NT][4], fl
 }
 
 // probs_t with MASK (the tile is not known FULL) and BOUNDS (it reaches past either end) known only at run time: one
-// specialisation per pair, so that FULL tiles inside the bounds evaluate neither.
-template <bool GRADS = false, bool REL = false, bool REL_STAGED = false, class... Args>
-ATTNGEN_DEV_INLINE void probs_t_for(bool masked, bool bounds, Args&&... args) {
-  if (masked) {
-    if (bounds) probs_t<true, true, GRADS, REL, REL_STAGED>(args...);
-    else probs_t<true, false, GRADS, REL, REL_STAGED>(args...);
-  } else {
-    if (bounds) probs_t<false, true, GRADS, REL, REL_STAGED>(args...);
-    else probs_t<false, false, GRADS, REL, REL_STAGED>(args...);
-  }
-}
-
-// probs_t_for with `then` (a callable) run on each of the four paths right after probs_t, so that only what it leaves
-// is live where the paths join: bwd_sm90.cuh's DS_MUL_PACKED packs P^T there, whose fp32 tile is dead once packed
-// (packed after the join, it was held in local memory across the masked paths: 648 bytes spilled on causal's rung).
+// specialisation per pair, so that FULL tiles inside the bounds evaluate neither; `then` (a callable) runs on each of
+// the four paths right after probs_t, so that only what it leaves is live where the paths join (bwd_sm90.cuh's
+// DS_MUL_PACKED packs P^T there, whose fp32 tile is dead once packed: packed after the join, it was held in local
+// memory across the masked paths, 648 bytes spilled on causal's rung).
 template <bool GRADS = false, bool REL = false, bool REL_STAGED = false, class Then, class... Args>
 ATTNGEN_DEV_INLINE void probs_t_for_then(bool masked, bool bounds, Then&& then, Args&&... args) {
   if (masked) {
-    if (bounds) {
-      probs_t<true, true, GRADS, REL, REL_STAGED>(args...);
-      then();
-    } else {
-      probs_t<true, false, GRADS, REL, REL_STAGED>(args...);
-      then();
-    }
+    if (bounds) probs_t<true, true, GRADS, REL, REL_STAGED>(args...);
+    else probs_t<true, false, GRADS, REL, REL_STAGED>(args...);
+    then();
   } else {
-    if (bounds) {
-      probs_t<false, true, GRADS, REL, REL_STAGED>(args...);
-      then();
-    } else {
-      probs_t<false, false, GRADS, REL, REL_STAGED>(args...);
-      then();
-    }
+    if (bounds) probs_t<false, true, GRADS, REL, REL_STAGED>(args...);
+    else probs_t<false, false, GRADS, REL, REL_STAGED>(args...);
+    then();
   }
+}
+
+// probs_t_for_then with nothing after probs_t.
+template <bool GRADS = false, bool REL = false, bool REL_STAGED = false, class... Args>
+ATTNGEN_DEV_INLINE void probs_t_for(bool masked, bool bounds, Args&&... args) {
+  probs_t_for_then<GRADS, REL, REL_STAGED>(masked, bounds, [] {}, static_cast<Args&&>(args)...);
 }
 
 // P^T -> dS^T in place: dS = P (dP - delta) (times d score_mod / d score with a score_mod), delta per q
