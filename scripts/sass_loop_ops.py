@@ -66,13 +66,11 @@ def branch_target(text: str, labels) -> int | None:
     return int(hexed.group(1), 16) if hexed else labels.get(named.group(1)) if named else None
 
 
-def attngen_skips(text: str, min_hgmma: int) -> list[tuple[int, int]]:
-    """The deterministic-mode block and the masked / bounded paths of attngen's sm90 backward step (--attngen)."""
-    insns, labels = parse(text)
-    start, end = innermost_loop(insns, labels, min_hgmma)
-    body = [(a, t) for a, t in insns if start <= a <= end]
+def attngen_skips(body, labels) -> list[tuple[int, int]]:
+    """The deterministic-mode block and the masked / bounded paths of attngen's sm90 backward step (--attngen), in the
+    loop's (address, instruction) list."""
     bssy = next(k for k, (a, t) in enumerate(body) if opcode(t) == "BSSY")
-    sync = int(re.search(r"(0x[0-9a-f]+)\s*$", body[bssy][1]).group(1), 16)
+    sync = branch_target(body[bssy][1], labels)
     det = next(k for k in range(bssy, len(body)) if body[k][1].startswith("@") and opcode(body[k][1]) == "BRA"
                and branch_target(body[k][1], labels) == sync - 0x10)
     skips = [(body[det][0] + 0x10, sync - 0x10)]
@@ -81,7 +79,8 @@ def attngen_skips(text: str, min_hgmma: int) -> list[tuple[int, int]]:
     k = next(k for k, (a, t) in enumerate(body) if opcode(t) == "MUFU.EX2")
     index = {a: i for i, (a, _) in enumerate(body)}
     while True:
-        k = next(i for i in range(k, len(body)) if opcode(body[i][1]).startswith("HGMMA") or body[i][1].startswith("BRA"))
+        k = next(i for i in range(k, len(body))
+                 if opcode(body[i][1]).startswith("HGMMA") or body[i][1].startswith("BRA"))
         target = branch_target(body[k][1], labels) if body[k][1].startswith("BRA") else None
         if target is None or target <= body[k][0]:
             return skips
@@ -89,11 +88,15 @@ def attngen_skips(text: str, min_hgmma: int) -> list[tuple[int, int]]:
         k = index[target]
 
 
-def loop_ops(text: str, min_hgmma: int, skips=()) -> tuple[tuple[int, int], Counter]:
+def loop_ops(text: str, min_hgmma: int, skips=(), attngen: bool = False):
+    """((start, end) of the step loop, its opcode counts, the ranges skipped: `skips` and with `attngen` those of
+    attngen_skips)."""
     insns, labels = parse(text)
     start, end = innermost_loop(insns, labels, min_hgmma)
-    kept = [t for a, t in insns if start <= a <= end and not any(lo <= a < hi for lo, hi in skips)]
-    return (start, end), Counter(opcode(t) for t in kept)
+    body = [(a, t) for a, t in insns if start <= a <= end]
+    skips = list(skips) + (attngen_skips(body, labels) if attngen else [])
+    kept = [t for a, t in body if not any(lo <= a < hi for lo, hi in skips)]
+    return (start, end), Counter(opcode(t) for t in kept), skips
 
 
 def main(argv=None):
@@ -119,11 +122,9 @@ def main(argv=None):
     for i, path in enumerate(args.sass):
         with open(path) as f:
             text = f.read()
-        if i in args.attngen:
-            skips[i] += attngen_skips(text, args.min_hgmma)
-        (start, end), c = loop_ops(text, args.min_hgmma, skips[i])
+        (start, end), c, skipped = loop_ops(text, args.min_hgmma, skips[i], attngen=i in args.attngen)
         counts.append(c)
-        print(f"{names[i]}: loop {start:#x}-{end:#x}" + "".join(f", skipping {lo:#x}-{hi:#x}" for lo, hi in skips[i]))
+        print(f"{names[i]}: loop {start:#x}-{end:#x}" + "".join(f", skipping {lo:#x}-{hi:#x}" for lo, hi in skipped))
     print("| opcode | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
     print("| all | " + " | ".join(str(sum(c.values())) for c in counts) + " |")

@@ -28,14 +28,14 @@ BODY = ["MOV R1, R2", "IADD3 R3, R3, 0x1, RZ", "HGMMA.64x64x16.F32.BF16 R24, gde
 
 
 def test_innermost_loop_with_addresses():
-    (start, end), c = loop_ops.loop_ops(sass(BODY), min_hgmma=2)
+    (start, end), c, _ = loop_ops.loop_ops(sass(BODY), min_hgmma=2)
     assert (start, end) == (0x20, 0x80)
     assert sum(c.values()) == 7 and c["HGMMA.64x64x16.F32.BF16"] == 2 and c["BRA"] == 2 and c["MUFU.EX2"] == 2
 
 
 def test_labels_and_skipped_ranges():
     text = sass([t.replace("BRA 0x20", "BRA `(.L_x_1)") for t in BODY], labels={2: ".L_x_1"})
-    (start, end), c = loop_ops.loop_ops(text, min_hgmma=2, skips=[(0x40, 0x60)])
+    (start, end), c, _ = loop_ops.loop_ops(text, min_hgmma=2, skips=[(0x40, 0x60)])
     assert (start, end) == (0x20, 0x80)
     assert sum(c.values()) == 5 and c["FSEL"] == 0 and c["MUFU.EX2"] == 1  # the masked path's two left out
 
@@ -63,8 +63,8 @@ def test_attngen_skips_find_the_deterministic_block_and_the_masked_paths():
             "@P3 BRA 0x10",                                  # 0xc0
             "EXIT"]
     text = sass(body)
-    assert loop_ops.attngen_skips(text, 2) == [(0x30, 0x40), (0x90, 0xb0)]
-    _, c = loop_ops.loop_ops(text, 2, loop_ops.attngen_skips(text, 2))
+    _, c, skips = loop_ops.loop_ops(text, 2, attngen=True)
+    assert skips == [(0x30, 0x40), (0x90, 0xb0)]
     assert sum(c.values()) == 9 and c["FSEL"] == 0 and c["STS"] == 0 and c["MUFU.EX2"] == 1
 
 
@@ -90,7 +90,6 @@ def test_attngen_skips_follow_each_join_up_to_the_next_product():
             "@P4 BRA 0x0",                                   # 0xf0
             "EXIT"]
     text = sass(body)
-    skips = loop_ops.attngen_skips(text, 2)
+    _, c, skips = loop_ops.loop_ops(text, 2, attngen=True)
     assert skips == [(0x20, 0x30), (0x90, 0xa0), (0xc0, 0xe0)]
-    _, c = loop_ops.loop_ops(text, 2, skips)
     assert sum(c.values()) == 12 and c["MUFU.EX2"] == 1 and c["F2FP.BF16.F32.PACK_AB"] == 1

@@ -234,10 +234,10 @@ ATTNGEN_DEV_INLINE void probs_t(float (&s)[MT][NT][4], float (&g)[MT][NT][4], fl
 }
 
 // probs_t with MASK (the tile is not known FULL) and BOUNDS (it reaches past either end) known only at run time: one
-// specialisation per pair, so that FULL tiles inside the bounds evaluate neither; `then` (a callable) runs on each of
-// the four paths right after probs_t, so that only what it leaves is live where the paths join (bwd_sm90.cuh's
-// DS_MUL_PACKED packs P^T there, whose fp32 tile is dead once packed: packed after the join, it was held in local
-// memory across the masked paths, 648 bytes spilled on causal's rung).
+// specialisation per pair, so that FULL tiles inside the bounds evaluate neither; `then` (a callable) runs on the
+// masked and on the unmasked side right after probs_t, so that only what it leaves is live where the sides join
+// (bwd_sm90.cuh's DS_MUL_PACKED packs P^T there, whose fp32 tile is dead once packed: packed after the join, it was
+// held in local memory across the masked paths, 648 bytes spilled on causal's rung).
 template <bool GRADS = false, bool REL = false, bool REL_STAGED = false, class Then, class... Args>
 ATTNGEN_DEV_INLINE void probs_t_for_then(bool masked, bool bounds, Then&& then, Args&&... args) {
   if (masked) {

@@ -15,8 +15,8 @@
 //   packed for dV's product, grad_scores_from_packed_t; DS_MUL_PACKED: multiplied as bf16 pairs,
 //   grad_scores_mul_packed_t);
 //   dV += P^T dO and dK += dS^T Q (A from registers, B = dO / Q read MN-major);
-//   dS^T to shared memory (DS_STMATRIX: with stmatrix), then dQ = dS K (dQ^T = K^T dS^T at BQ = 80; both operands MN-major from shared memory),
-//   staged in shared memory
+//   dS^T to shared memory (DS_STMATRIX: with stmatrix), then dQ = dS K (dQ^T = K^T dS^T at BQ = 80; both operands
+//   MN-major from shared memory), staged in shared memory
 //   for warp 1 + consumer of warpgroup 0 to add to the fp32 dQ_acc with one bulk reduction;
 //   sm90_bwd_layout.cuh says how dQ is split;
 //   the gradients of captured tensors the call asks for summed per tile (bwd_grad_sites.cuh) under dQ's product;
@@ -610,7 +610,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
         wgmma_wait<1>();
         fence_regs(st);
         // (without a score_mod probs_t writes no derivatives: its second array is st itself, unread)
-        if constexpr (kDsMulPacked) {  // nothing reads the fp32 P^T once packed: packed on each path
+        if constexpr (kDsMulPacked) {  // nothing reads the fp32 P^T once packed: packed on each side
           probs_t_for_then(masked, bounds, [&] { pack_a_frags<Elem, BQ>(st, pa); }, as_frags(st), as_frags(st), scale,
                            C, hc, cc, kv0, q0, t, lse2, tig);
         } else {
