@@ -1,4 +1,4 @@
-"""How many of the sm90 backward's dQ reductions kv-block pairs would merge (Sm90BwdTiles.dq_pair): per anchor, the
+"""How many of the sm90 backward's dQ reductions kv-block pairs would merge (wip/dq-pair.patch): per anchor, the
 (q block, kv block) steps the backward walks (tiles of its block map not EMPTY, at its BQ x BK), and how many q blocks
 both kv blocks 2p and 2p + 1 of a head visit (one reduction for the two instead of two). Read from attngen.block_map
 on the CPU, the anchors as bench_forward.py builds them; no GPU needed.

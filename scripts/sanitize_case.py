@@ -5,8 +5,8 @@ learnable table (the backward kernels: sm90 at head dims 64 / 128 on H100/H200, 
 combine). `--build` only fills the kernel cache (run it outside the sanitizer so nvcc is not traced); `--cases`
 keeps the listed cases of the forward / backward list (0-based), for a shorter run; `--set FIELD=VALUE,...` sets
 fields of jit.tiles.Sm90BwdTiles on every rung of each variant's sm90 backward ladder (an option on no rung, e.g.
-`dq_pair=1`), in the build and the run alike.
-Usage: sanitize_case.py [--build] [--backend sm90] [--backward | --decode] [--cases 0 1] [--set dq_pair=1]"""
+`ds_stmatrix=1`), in the build and the run alike.
+Usage: sanitize_case.py [--build] [--backend sm90] [--backward | --decode] [--cases 0 1] [--set ds_stmatrix=1]"""
 import argparse
 import sys
 

@@ -152,9 +152,8 @@ def test_sm90_backward_family_and_tiles():
     assert "launch_bwd_pre<OrderSection>(a, BQ, stream, PDL, ordered_walks(a) ? order_sections(a) : 0)" \
         in headers["bwd_sm90.cuh"]
     assert "a.tile_order[w]" in headers["bwd_sm90.cuh"]
-    # the main kernel (in clusters of two CTAs when its kv blocks are paired) and the postprocess
-    assert headers["bwd_sm90.cuh"].count("launch_kernel_in_clusters(PDL, ") == 1
-    assert headers["bwd_sm90.cuh"].count("launch_kernel(PDL, ") == 1
+    # the main kernel and the postprocess
+    assert headers["bwd_sm90.cuh"].count("launch_kernel(PDL, ") == 2
 
 
 def test_prebuild_plans_the_backward_each_arch_runs():
@@ -558,33 +557,6 @@ def test_bad_tile_setting_is_its_own_error(monkeypatch):
     with pytest.raises(attngen.BuildError, match="s_ahead and dk_last") as err:
         s.build_cached()
     assert "nvcc" not in str(err.value)
-
-
-@pytest.mark.requires_nvcc
-def test_sm90_backward_dq_pair_builds_clean(tmp_path):
-    """Sm90BwdTiles.dq_pair (on no rung): kv-block pairs on 2-CTA clusters send each other half of their dQ through
-    distributed shared memory and each adds one half. Full attention's and causal's 64-row split rungs at head dim
-    128 build clean with it (no spills, wgmmas not serialized); its PTX maps the other CTA's shared memory, stores
-    into it with st.async (counted on its mbarrier), arrives on its mbarriers from one lane per warp (a release per
-    thread was a GPU-wide fence each: session 37, round E) and waits with cluster-wide acquire, and without it none of
-    that is there. Settings it cannot take are refused."""
-    for name, attn in (("full", attngen.compile()), ("causal", attngen.compile(causal=True))):
-        spec = attn.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
-        first = next(r for r in spec.tile_choices() if r.block_q == 64)  # pairs need 64 q rows (full: the second rung)
-        assert not first.dq_pair
-        for pair in (False, True):
-            d = tmp_path / f"{name}{int(pair)}"
-            ptx = _clean_rung_ptx(d, spec, dataclasses.replace(first, dq_pair=pair))
-            assert f"constexpr bool DQ_PAIR = {int(pair)};" in (d / render.BWD_KERNEL_SOURCE).read_text()
-            for op in ("mapa.shared::cluster", "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32",
-                       "mbarrier.arrive.release.cluster.shared::cluster.b64",
-                       "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64", "barrier.cluster.arrive"):
-                assert (op in ptx) == pair, (name, pair, op)
-            arrivals = re.findall(r"^\s*(@\w+\s+)?mbarrier\.arrive\.release\.cluster", ptx, re.M)
-            assert len(arrivals) == (1 if pair else 0) and all(g.strip() == "@p" for g in arrivals), (name, arrivals)
-    for bad in (dict(block_q=80), dict(walk_shift=1), dict(persistent=False)):
-        with pytest.raises(attngen.BuildError, match="dq_pair"):
-            tiles.Sm90BwdTiles(dq_pair=True, **bad)
 
 
 @pytest.mark.requires_nvcc

@@ -108,7 +108,7 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
                       persistent=int(t.persistent), sections=int(t.sections), order=int(t.order),
                       dq_init=t.dq_init, rel_walk=int(t.rel_walk), rel_stage=int(t.rel_stage), pdl=int(t.pdl),
                       split_probs=int(t.split_probs), dk_last=int(t.dk_last), dkv_staged=int(t.dkv_staged),
-                      s_ahead=t.s_ahead, wait_ns=t.wait_ns, dq_pair=int(t.dq_pair),
+                      s_ahead=t.s_ahead, wait_ns=t.wait_ns,
                       ds_from_packed=int(t.ds_from_packed), ds_stmatrix=int(t.ds_stmatrix),
                       ds_mul_packed=int(t.ds_mul_packed), arch_number=90)
         text = _render(BWD_KERNEL_TEMPLATE, template_dir, **params)

@@ -196,13 +196,6 @@ class Sm90BwdTiles:
     # poll an issued instruction beside the consumers' (0: no hint; 2000 in SM90_BWD_TILES, so on every rung but the
     # split rung sm90_bwd_ladder tries again without it: docs/performance.md)
     wait_ns: int = 0
-    # kv blocks 2p and 2p + 1 of a (batch, kv head) on the two CTAs of a cluster, walking their q blocks in step: at each
-    # q block both visit, each consumer sends the half of its dQ that the other adds to global memory into that CTA's
-    # shared memory (distributed shared memory) and adds the half it receives to its own, so that a pair adds one dQ tile
-    # where two CTAs added two (its tiles dealt statically, not ordered; dQ_acc zeroed by the preprocess). Persistent
-    # calls only (deterministic mode launches a CTA per tile, unpaired). (on no rung: slower, the consumers waiting for
-    # each other at every shared q block: docs/performance.md)
-    dq_pair: bool = False
     # with split_probs: dS^T = P^T (dP^T - delta) from P^T as packed for dV's product (Elem, rounded as the eager
     # implementation rounds its probabilities), so that the fp32 P^T is not live beside dP^T, dK, dV and the packed
     # fragments: what keeps block_q 80 inside the consumers' registers (128 bytes spilled without it; the first rung
@@ -231,10 +224,6 @@ class Sm90BwdTiles:
                              f"dQ's product), got {self.s_ahead}")
         if self.s_ahead and self.dk_last:
             raise BuildError("Sm90BwdTiles.s_ahead and dk_last each put a product under dQ's staging: set one of them")
-        if self.dq_pair and (self.block_q != 64 or self.walk_shift or not self.persistent):
-            raise BuildError("Sm90BwdTiles.dq_pair needs block_q 64, walk_shift 0 (the pair's walks visit their common q "
-                             f"blocks in one order) and persistent CTAs, got block_q {self.block_q}, walk_shift "
-                             f"{self.walk_shift}, persistent {self.persistent}")
         if self.ds_mul_packed and not self.split_probs:
             raise BuildError("Sm90BwdTiles.ds_mul_packed multiplies P^T as packed for dV's product, which only the "
                              "split pass packs before dS^T: set split_probs=True with it")
@@ -247,20 +236,17 @@ class Sm90BwdTiles:
 
     def smem_bytes(self, head_dim: int) -> int:
         """K, V; the Q / dO ring; two dS^T buffers; the row statistics per stage; mbarriers; the consumers' staged
-        dQ (BQ rows of a split of the head dim each, sm90_bwd_layout.cuh), with dq_pair the halves received and their
-        mbarriers and flags; alignment slack. Not counted: the
-        consumers' slots (32 bytes), the work-tile slots (64), the staged dQ's alignment to 128 bytes and a
-        variant's gradient bins (up to 26 KB with codegen.GRAD_DIAG_SITES = 3 diagonal sites), which the kernel's
-        static_assert checks against the limit at build time."""
+        dQ (BQ rows of a split of the head dim each, sm90_bwd_layout.cuh); alignment slack. Not counted: the consumers'
+        slots (32 bytes), the work-tile slots (64), the staged dQ's alignment to 128 bytes and a variant's gradient bins
+        (up to 26 KB with codegen.GRAD_DIAG_SITES = 3 diagonal sites), which the kernel's static_assert checks against
+        the limit at build time."""
         kv = self.block_k * head_dim * 2
         q = self.block_q * head_dim * 2
         consumers = self.block_k // 64
         dq_n = head_dim // consumers if (head_dim // consumers) % 64 == 0 else head_dim
         return 1024 + 2 * kv + 2 * self.stages * q + 2 * self.block_k * self.block_q * 2 \
             + self.stages * 2 * self.block_q * 4 + 8 * (3 + 2 * self.stages + 3 * consumers) \
-            + consumers * self.block_q * dq_n * 4 \
-            + (consumers * (self.block_q * dq_n * 2 + 16) + (4 * (consumers + self.stages) + 15) // 16 * 16
-               if self.dq_pair else 0)
+            + consumers * self.block_q * dq_n * 4
 
 
 # Head dim 256 has no sm90 backward (dK + dV of 64 rows x 256 columns take the consumers' registers): the sm80

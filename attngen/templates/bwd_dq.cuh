@@ -109,10 +109,7 @@ __device__ __forceinline__ void write_dq(const AttngenBwdArgs& a, const BwdSmem&
       } else if (a.dq_written != nullptr) {
         store_or_add_dq(a.dq_written + 2 * tile + DQ_CHUNK * cw, dst, buf);
       } else {
-        // DQ_PAIR: at a q block both CTAs of the pair visit, the half of the tile this one adds (the sum of both)
-        const int part = DQ_PAIR ? *sm.dq_part(cw) : -1;
-        const uint32_t skip = part < 0 ? 0u : (uint32_t)part * DQ_HALF_BYTES;
-        bulk_reduce_add_f32(dst + skip / 4, buf + skip, part < 0 ? DQ_STAGE_BYTES : DQ_HALF_BYTES);
+        bulk_reduce_add_f32(dst, buf, DQ_STAGE_BYTES);
         bulk_commit();
         bulk_wait_read<0>();
       }

@@ -32,7 +32,6 @@
 #include "attngen_bwd_abi.cuh"
 #include "sm80_mma.cuh"   // smem_addr, st_shared_b32, pack2, unpack2
 #include "sm90_mbarrier.cuh"
-#include "sm90_cluster.cuh"
 #include "sm90_tma.cuh"
 #include "sm90_wgmma.cuh"
 #include "sm90_bwd_layout.cuh"
@@ -67,16 +66,8 @@ __host__ __device__ __forceinline__ bool persistent_walks(const AttngenBwdArgs& 
   return PERSISTENT && a.tile_counter != nullptr && a.dq_semaphore == nullptr;
 }
 
-// DQ_PAIR on a persistent call: a work tile is a pair of kv blocks (2p, 2p + 1), one on each CTA of a 2-CTA cluster
-// (launch_bwd launches them so), dealt to the clusters in launch order without the counter (both CTAs take the same
-// tiles in the same order); the two add their dQ once per q block both walks visit (exchange_dq).
-__host__ __device__ __forceinline__ bool paired_walks(const AttngenBwdArgs& a) { return DQ_PAIR && persistent_walks(a); }
-
-// Work tiles per (batch, kv head): its kv blocks, or their pairs.
-__host__ __device__ __forceinline__ int tile_blocks(const AttngenBwdArgs& a) {
-  const int nkb = (a.Lk + BK - 1) / BK;
-  return paired_walks(a) ? (nkb + 1) / 2 : nkb;
-}
+// Work tiles per (batch, kv head): its kv blocks.
+__host__ __device__ __forceinline__ int tile_blocks(const AttngenBwdArgs& a) { return (a.Lk + BK - 1) / BK; }
 
 __host__ __device__ __forceinline__ int num_work_tiles(const AttngenBwdArgs& a) { return tile_blocks(a) * a.Hkv * a.B; }
 
@@ -132,17 +123,7 @@ __device__ __forceinline__ BwdCta bwd_cta(const AttngenBwdArgs& a, int w) {
   c.h_end = (c.kvh + 1) * group;
   set_call_fields(a, c);
   c.t.h = c.kvh * group;
-  if (paired_walks(a)) {  // this CTA's kv block of the pair; the second past Lk walks nothing
-    c.j = 2 * st.block + (int)cluster_ctarank();
-    if (c.j * BK >= a.Lk) c.h_end = c.t.h;
-  }
   return c;
-}
-
-// DQ_PAIR: whether the other CTA of the pair (kv block j ^ 1) visits q block i of query head t.h.
-__device__ __forceinline__ bool peer_visits(const AttngenBwdArgs& a, const TileArgs& t, int i, int j) {
-  const int other = j ^ 1;
-  return other * BK < a.Lk && q_tile_visited<BQ, BK>(a.captured, t, i, other);
 }
 
 // The walk is rotated by WALK_SHIFT (block_range_bwd.cuh walk_rotation), except in deterministic mode, whose
@@ -169,7 +150,7 @@ __device__ __forceinline__ QStep following_q_tile(const AttngenBwdArgs& a, const
 constexpr int kOrderMax = 1024;
 
 __host__ __device__ __forceinline__ bool ordered_walks(const AttngenBwdArgs& a) {
-  return ORDER && a.tile_order != nullptr && a.dq_semaphore == nullptr && !paired_walks(a);
+  return ORDER && a.tile_order != nullptr && a.dq_semaphore == nullptr;
 }
 
 // Sections to sort, one preprocess block each (none without kv blocks: section_pairs divides by their count).
@@ -217,12 +198,6 @@ __device__ __forceinline__ void produce_walk(const AttngenBwdArgs& a, const CUte
     const uint32_t filled = ring++;
     const int stage = (int)(filled % STAGES);
     mbar_wait_for<WAIT_NS>(sm.empty(stage), ((filled / STAGES) & 1u) ^ 1u);
-    if (paired_walks(a)) {  // DQ_PAIR: whether the other CTA's walk visits this q block too, beside its tiles
-      TileArgs t = c.t;
-      t.h = s.h;
-      const int both = peer_visits(a, t, s.i, c.j);
-      if (leader) *sm.peer_stage(stage) = both;  // before the arrival below, which releases it with the copies
-    }
     if (leader) {
       const uint32_t full = sm.full(stage);
       mbar_arrive_expect_tx(full, 2 * Q_BYTES + STATS_BYTES);
@@ -271,10 +246,10 @@ __device__ __forceinline__ void load_kv_tiles(const AttngenBwdArgs& a, const CUt
                                               const BwdSmem& sm) {
   const int ntiles = num_work_tiles(a);
   for (uint32_t turn = 0;; ++turn) {
-    int w = paired_walks(a) ? (int)(blockIdx.x / 2 + turn * (gridDim.x / 2)) : (int)blockIdx.x;
+    int w = (int)blockIdx.x;
     if (turn > 0) {
       mbar_wait_for<WAIT_NS>(sm.kv_empty(), (turn - 1u) & 1u);
-      if (!paired_walks(a)) w = persistent_walks(a) ? atomicAdd(a.tile_counter, 1) + (int)gridDim.x : ntiles;
+      w = persistent_walks(a) ? atomicAdd(a.tile_counter, 1) + (int)gridDim.x : ntiles;
     }
     BwdCta c = bwd_cta(a, w < ntiles && ordered_walks(a) ? a.tile_order[w] : w);
     if (w >= ntiles) c.j = -1;
@@ -332,52 +307,13 @@ __device__ __forceinline__ void store_ds(uint32_t ds, const uint32_t (&f)[KSTEPS
 }
 
 // This consumer's dQ fragment into its staging buffer in the accumulator's thread order (sm90_bwd_layout.cuh):
-// each warp stores 512 contiguous bytes per float4, so no two lanes share a bank group. DQ_PAIR's `part` >= 0: only
-// the float4s of that half (the first or last NDQ / 8 of each thread), in their places.
-__device__ __forceinline__ void stage_dq(uint32_t buf, const float (&dq)[NDQ], int tid, int part = -1) {
+// each warp stores 512 contiguous bytes per float4, so no two lanes share a bank group.
+__device__ __forceinline__ void stage_dq(uint32_t buf, const float (&dq)[NDQ], int tid) {
 #pragma unroll
   for (int v = 0; v < NDQ / 4; ++v)
-    if (part < 0 || v / (NDQ / 8) == part)
-      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(buf + (uint32_t)((v * 128 + tid) * 16)),
-                   "f"(dq[4 * v]), "f"(dq[4 * v + 1]), "f"(dq[4 * v + 2]), "f"(dq[4 * v + 3])
-                   : "memory");
-}
-
-// DQ_PAIR, the k-th q block both CTAs' walks visit: this consumer's dQ half that the other CTA adds to dQ_acc (not
-// `part`) into that CTA's receive buffer, once it has read the last one (recv_empty); then the half the other CTA
-// sent added to this one's (recv_full), and the buffer handed back. Each thread sends and reads its own float4s at
-// the same places in both CTAs, whose consumers' fragments agree. The stores are st.async, counted in bytes on the
-// receiver's recv_full (its thread 0 expects them), so no sender fences; each warp hands the buffer back with one
-// arrival, after its lanes' loads (a release per thread was a GPU-wide fence per thread and exchange).
-__device__ __forceinline__ void exchange_dq(const BwdSmem& sm, int cw, int tid, int part, uint32_t k,
-                                            float (&dq)[NDQ]) {
-  constexpr int H = NDQ / 8;  // float4s of a thread in one half
-  const uint32_t other = (uint32_t)part ^ 1u;
-  mbar_wait_cluster(sm.recv_empty(cw), (k & 1u) ^ 1u);
-  const uint32_t remote = cluster_map(sm.recv(cw), other);
-  const uint32_t remote_full = cluster_map(sm.recv_full(cw), other);
-#pragma unroll
-  for (int v = 0; v < 2 * H; ++v)
-    if (v / H != part)
-      st_async_v4(remote + (uint32_t)(((v % H) * 128 + tid) * 16), dq[4 * v], dq[4 * v + 1], dq[4 * v + 2],
-                  dq[4 * v + 3], remote_full);
-  if (tid == 0) mbar_arrive_expect_tx(sm.recv_full(cw), DQ_HALF_BYTES);
-  mbar_wait_cluster(sm.recv_full(cw), k & 1u);
-#pragma unroll
-  for (int v = 0; v < 2 * H; ++v) {
-    if (v / H == part) {
-      float x0, x1, x2, x3;
-      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=f"(x0), "=f"(x1), "=f"(x2), "=f"(x3)
-                   : "r"(sm.recv(cw) + (uint32_t)(((v % H) * 128 + tid) * 16))
-                   : "memory");
-      dq[4 * v] += x0;
-      dq[4 * v + 1] += x1;
-      dq[4 * v + 2] += x2;
-      dq[4 * v + 3] += x3;
-    }
-  }
-  mbar_arrive_cluster_per_warp(cluster_map(sm.recv_empty(cw), other), (uint32_t)tid & 31u);
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(buf + (uint32_t)((v * 128 + tid) * 16)),
+                 "f"(dq[4 * v]), "f"(dq[4 * v + 1]), "f"(dq[4 * v + 2]), "f"(dq[4 * v + 3])
+                 : "memory");
 }
 
 // The thread's lane from its special register, read where it is used.
@@ -530,7 +466,6 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
   // q-blocks done over the CTA's tiles: the ring slot (n % STAGES, its phase n / STAGES % 2), the dS^T buffer and the
   // staged dQ's hand-over parity (n % 2), all from one register
   uint32_t n = 0;
-  uint32_t exchanges = 0;  // DQ_PAIR: q blocks both CTAs' walks visited, over the CTA's tiles (exchange_dq's k)
   bool staged = false;  // DKV_STAGED: the last tile's dK / dV stores may still read shared memory
   for (int turn = 0;; ++turn) {  // the CTA's work tiles, as the tile loader names them
     mbar_wait(sm.bar_kv(), (uint32_t)turn & 1u);
@@ -589,8 +524,6 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
       float st_here[NS], dp[NS];
       float (&st)[NS] = S_AHEAD ? s_ahead : st_here;  // the other array is never touched
       mbar_wait(sm.full(stage), (n / STAGES) & 1u);
-      // DQ_PAIR: the producer found whether the other CTA's walk visits this q block too
-      const bool shared_step = paired_walks(a) && *sm.peer_stage(stage) != 0;
       wgmma_fence();
       if constexpr (!S_AHEAD) {
         issue_scores_t(st, desc_k, sm.q(stage));
@@ -730,17 +663,11 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
           fence_regs(dq);
         }
       }
-      int part = -1;  // DQ_PAIR: at a q block both CTAs visit, the half of dQ this one adds (its rank)
-      if (shared_step) {
-        part = (int)cluster_ctarank();
-        exchange_dq(sm, cw, tid, part, exchanges++, dq);
-      }
       mbar_wait(sm.dq_empty(cw), (n & 1u) ^ 1u);  // the writer's last reduction has read the buffer
-      stage_dq(sm.dq(cw), dq, tid, part);
+      stage_dq(sm.dq(cw), dq, tid);
       if (tid == 0) {
         sm.dq_tile(cw)[0] = S_AHEAD ? dq_tile_ahead : dq_tile_of(s);
         if (a.dq_semaphore != nullptr) sm.turn(cw)[1] = sm.turn(cw)[0];
-        if constexpr (DQ_PAIR) *sm.dq_part(cw) = part;
       }
       fence_proxy_async_smem();  // generic stores, read by the bulk reduction (the async proxy)
       __syncwarp();
@@ -777,11 +704,6 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
   if (WAIT_NS != 0 && end_lane == 0) mbar_arrive(sm.dq_full(cw));
 }
 
-// DQ_PAIR: no thread leaves while the other CTA may still send to or arrive on this one's shared memory.
-__device__ __forceinline__ void leave_pair(const AttngenBwdArgs& a) {
-  if (paired_walks(a)) cluster_sync();
-}
-
 __global__ void __launch_bounds__(NTHREADS, 1)
     attngen_bwd_kernel(const __grid_constant__ AttngenBwdArgs a, const __grid_constant__ CUtensorMap tm_q,
                        const __grid_constant__ CUtensorMap tm_do, const __grid_constant__ CUtensorMap tm_k,
@@ -802,10 +724,6 @@ __global__ void __launch_bounds__(NTHREADS, 1)
       mbar_init(sm.dq_full(cw), 4);   // one arrival per warp of the consumer
       mbar_init(sm.dq_empty(cw), 1);  // its writer's lane 0
       mbar_init(sm.dq_done(cw), 4);   // the consumer's warps, once
-      if constexpr (DQ_PAIR) {
-        mbar_init(sm.recv_full(cw), 1);   // this consumer's thread 0 expecting the other CTA's bytes, per exchange
-        mbar_init(sm.recv_empty(cw), 4);  // each warp of the other CTA's consumer cw, once it has read what this sent
-      }
     }
     mbar_init(sm.kv_empty(), 128 * NUM_CONSUMERS + 1);  // every consumer thread and lane 0 of the producer warp, per tile
     mbar_init(sm.tile_full(), 1);                   // the tile loader, once per work tile
@@ -814,7 +732,6 @@ __global__ void __launch_bounds__(NTHREADS, 1)
   pdl_launch_dependents<PDL>();
   pdl_wait<PDL>();  // the preprocess's delta, lse and flags (PDL: launched while it drains)
   __syncthreads();
-  if (paired_walks(a)) cluster_sync();  // the other CTA's mbarriers initialised before any arrival on them
 
   const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
   if (wg == 0) {
@@ -822,17 +739,14 @@ __global__ void __launch_bounds__(NTHREADS, 1)
     const int warp = __shfl_sync(0xffffffffu, (int)threadIdx.x / 32, 0);
     if (warp >= 1 && warp <= NUM_CONSUMERS) {
       write_dq(a, sm, warp - 1, (int)threadIdx.x & 31);
-      leave_pair(a);
       return;
     }
     if (warp == 0) produce(a, tm_q, tm_do, sm, (int)threadIdx.x & 31);
     else if (threadIdx.x == 32 * (NUM_CONSUMERS + 1)) load_kv_tiles(a, tm_k, tm_v, sm);
-    leave_pair(a);
     return;
   }
   setmaxnreg_inc<CONSUMER_REGS>();
   consume(a, &tm_dk, &tm_dv, sm, wg);
-  leave_pair(a);
 }
 
 // ------------------------------------------------------------------------------------------- host side
@@ -841,28 +755,10 @@ AttngenKernelInfo bwd_kernel_info() {
   return {ATTNGEN_BWD_ABI_VERSION, (int)sizeof(AttngenBwdArgs), D, kDtypeCode, BQ, BK, NTHREADS, SMEM_BYTES, kArch};
 }
 
-// DQ_PAIR: how many clusters of two CTAs run at once on device `dev` (a GPC of an odd count of SMs leaves one idle),
-// so that the persistent grid has no cluster waiting for another to finish its share of the statically dealt tiles.
-int resident_pairs(int dev, int sms) {
-  constexpr int kDevices = 64;
-  static int known[kDevices] = {};
-  if (dev >= 0 && dev < kDevices && known[dev] > 0) return known[dev];
-  cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t config = launch_config(attr, false, 2u, dim3(2 * max(1, sms / 2)), dim3(NTHREADS),
-                                                  SMEM_BYTES, nullptr);
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, (const void*)attngen_bwd_kernel, &config) != cudaSuccess || n <= 0) {
-    (void)cudaGetLastError();  // no answer: a cluster per two SMs
-    n = max(1, sms / 2);
-  }
-  if (dev >= 0 && dev < kDevices) known[dev] = n;
-  return n;
-}
-
 int launch_bwd(const AttngenBwdArgs& call, cudaStream_t stream) {
   AttngenBwdArgs a = call;
-  // then the preprocess zeroes dQ_acc (a pair's halves would need flags of their own)
-  if (DQ_INIT == 0 || a.dq_semaphore != nullptr || paired_walks(a)) a.dq_written = nullptr;
+  // then the preprocess zeroes dQ_acc
+  if (DQ_INIT == 0 || a.dq_semaphore != nullptr) a.dq_written = nullptr;
   int dev = 0, sms = 0;
   const cudaError_t err = prepare_device(attngen_bwd_kernel, SMEM_BYTES, dev, sms);  // before the driver calls
   if (err != cudaSuccess) return (int)err;
@@ -885,10 +781,9 @@ int launch_bwd(const AttngenBwdArgs& call, cudaStream_t stream) {
   cudaError_t rc = launch_bwd_pre<OrderSection>(a, BQ, stream, PDL, ordered_walks(a) ? order_sections(a) : 0);
   const int ntiles = num_work_tiles(a);
   if (rc == cudaSuccess && ntiles > 0) {
-    const int grid = paired_walks(a) ? 2 * min(ntiles, resident_pairs(dev, sms))
-                                     : persistent_walks(a) ? min(ntiles, sms) : ntiles;
-    rc = launch_kernel_in_clusters(PDL, paired_walks(a) ? 2u : 1u, attngen_bwd_kernel, dim3(grid), dim3(NTHREADS),
-                                   SMEM_BYTES, stream, a, tm_q, tm_do, tm_k, tm_v, tm_dk, tm_dv);
+    const int grid = persistent_walks(a) ? min(ntiles, sms) : ntiles;
+    rc = launch_kernel(PDL, attngen_bwd_kernel, dim3(grid), dim3(NTHREADS), SMEM_BYTES, stream, a, tm_q, tm_do, tm_k,
+                       tm_v, tm_dk, tm_dv);
   }
   const long long qblocks = (long long)a.B * a.Hq * ((a.Lq + BQ - 1) / BQ);
   if (rc == cudaSuccess && qblocks > 0)

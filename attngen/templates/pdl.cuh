@@ -26,48 +26,26 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// A cudaLaunchKernelEx configuration with the programmatic-serialization attribute when pdl and clusters of `cluster`
-// CTAs along x (grid.x a multiple of it; 1: none); `attr` holds the attributes it points to.
-inline cudaLaunchConfig_t launch_config(cudaLaunchAttribute (&attr)[2], bool pdl, unsigned cluster, dim3 grid,
-                                        dim3 block, size_t smem, cudaStream_t stream) {
-  unsigned n = 0;
-  if (pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster;
-    attr[n].val.clusterDim.y = 1;
-    attr[n++].val.clusterDim.z = 1;
-  }
+// kernel<<<grid, block, smem, stream>>>(args...) followed by cudaGetLastError(), through cudaLaunchKernelEx with the
+// programmatic-serialization attribute when pdl: the launch's error, else any the runtime held, and the runtime's
+// last error cleared either way (left set, it would surface at the next launch check, torch's among them, as that
+// launch's).
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                          cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attr;
-  config.numAttrs = n;
-  return config;
-}
-
-// kernel<<<grid, block, smem, stream>>>(args...) followed by cudaGetLastError(), launched as launch_config says: the
-// launch's error, else any the runtime held, and the runtime's last error cleared either way (left set, it would
-// surface at the next launch check, torch's among them, as that launch's). launch_kernel: without clusters.
-template <typename... Params, typename... Args>
-cudaError_t launch_kernel_in_clusters(bool pdl, unsigned cluster, void (*kernel)(Params...), dim3 grid, dim3 block,
-                                      size_t smem, cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t config = launch_config(attr, pdl, cluster, grid, block, smem, stream);
+  config.numAttrs = pdl ? 1u : 0u;
   const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, static_cast<Args&&>(args)...);
   const cudaError_t last = cudaGetLastError();
   return launched != cudaSuccess ? launched : last;
-}
-
-template <typename... Params, typename... Args>
-cudaError_t launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                          cudaStream_t stream, Args&&... args) {
-  return launch_kernel_in_clusters(pdl, 1u, kernel, grid, block, smem, stream, static_cast<Args&&>(args)...);
 }
 
 }  // namespace attngen

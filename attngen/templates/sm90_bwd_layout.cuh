@@ -80,32 +80,23 @@ constexpr int REL_SLOTS = BQ + 15;
 constexpr int REL_WARP_BYTES = (REL_SLOTS * REL_SLOT_BYTES_T + 15) / 16 * 16;
 // K and V loaded; per stage: Q, dO, statistics loaded / released; per consumer: its staged dQ written / read, its
 // walk over; K and V read for the last time in a work tile; the work tile named
-// DQ_PAIR: per consumer, the half of dQ the other CTA sent received / read (bwd_sm90.cuh exchange_dq)
-constexpr int NUM_MBARS = 1 + 2 * STAGES + 3 * NUM_CONSUMERS + 2 + (DQ_PAIR ? 2 * NUM_CONSUMERS : 0);
-// DQ_PAIR: an int per consumer (the part of the staged dQ its writer adds) and per ring stage (whether the other CTA's
-// walk visits that stage's q block too), and the half of dQ received from the other CTA
-constexpr int PEER_BYTES = DQ_PAIR ? (4 * (NUM_CONSUMERS + STAGES) + 15) / 16 * 16 : 0;
-constexpr int DQ_HALF_BYTES = DQ_STAGE_BYTES / 2;
-constexpr int RECV_BYTES = DQ_PAIR ? NUM_CONSUMERS * DQ_HALF_BYTES : 0;
+constexpr int NUM_MBARS = 1 + 2 * STAGES + 3 * NUM_CONSUMERS + 2;
 // The staged dQ is 128-byte aligned for the bulk reductions; with DKV_STAGED it also holds dV at head dim 128, as
 // 128-byte swizzled boxes for a TMA store: 1024-byte aligned.
 constexpr int DQ_ALIGN = DKV_STAGED ? 1024 : 128;
 constexpr int smem_bytes_for(int rel_bytes) {
   return 1024 /* alignment slack */ +
-         (OFF_REL + rel_bytes + 16 * NUM_CONSUMERS + 64 + PEER_BYTES + NUM_MBARS * 8 + DQ_ALIGN - 1) / DQ_ALIGN *
-             DQ_ALIGN +
-         NUM_CONSUMERS * DQ_STAGE_BYTES + RECV_BYTES;
+         (OFF_REL + rel_bytes + 16 * NUM_CONSUMERS + 64 + NUM_MBARS * 8 + DQ_ALIGN - 1) / DQ_ALIGN * DQ_ALIGN +
+         NUM_CONSUMERS * DQ_STAGE_BYTES;
 }
 constexpr int REL_BYTES_WANTED = REL_WALK && REL_STAGE && ATTNGEN_REL_STAGEABLE ? 4 * NUM_CONSUMERS * REL_WARP_BYTES : 0;
 constexpr int REL_BYTES = smem_bytes_for(REL_BYTES_WANTED) <= SMEM_LIMIT ? REL_BYTES_WANTED : 0;
 constexpr bool REL_STAGED = REL_BYTES > 0;
 constexpr int OFF_TURN = OFF_REL + REL_BYTES;  // each consumer's turn and dQ slot (16 B)
 constexpr int OFF_TILE = OFF_TURN + 16 * NUM_CONSUMERS;  // the work tile of the CTA's even / odd turns (8 ints each)
-constexpr int OFF_PEER = OFF_TILE + 64;
-constexpr int OFF_BAR = OFF_PEER + PEER_BYTES;
+constexpr int OFF_BAR = OFF_TILE + 64;
 constexpr int OFF_DQ = (OFF_BAR + NUM_MBARS * 8 + DQ_ALIGN - 1) / DQ_ALIGN * DQ_ALIGN;  // the consumers' staged dQ
-constexpr int OFF_RECV = OFF_DQ + NUM_CONSUMERS * DQ_STAGE_BYTES;  // DQ_PAIR: the halves received
-constexpr int SMEM_BYTES = 1024 /* alignment slack */ + OFF_RECV + RECV_BYTES;
+constexpr int SMEM_BYTES = 1024 /* alignment slack */ + OFF_DQ + NUM_CONSUMERS * DQ_STAGE_BYTES;
 static_assert(SMEM_BYTES == smem_bytes_for(REL_BYTES), "layout and its size formula agree");
 
 constexpr uint32_t BAR_DS = 1;  // named barrier (0 is __syncthreads): dS^T written (+ consumer index at D = 64)
@@ -125,10 +116,6 @@ static_assert(STATS_BYTES % 16 == 0 && (BQ * 4) % 16 == 0, "bulk copies move mul
 static_assert(OFF_STATS % 16 == 0 && OFF_TURN % 8 == 0 && OFF_TILE % 8 == 0 && OFF_BAR % 8 == 0,
               "alignment of the statistics, the slots and the mbarriers");
 static_assert(OFF_DQ % 16 == 0 && DQ_STAGE_BYTES % 16 == 0, "bulk reductions read 16-byte aligned sources");
-static_assert(!DQ_PAIR || (BQ == 64 && NDQ % 8 == 0 && DQ_HALF_BYTES == NDQ / 8 * 128 * 16),
-              "DQ_PAIR: BQ 64, each thread's float4s of dQ in two halves, each half a contiguous half of the staging");
-static_assert(!DQ_PAIR || (WALK_SHIFT == 0 && PERSISTENT),
-              "DQ_PAIR: persistent CTAs whose walks are not rotated (a pair meets the q blocks both visit in one order)");
 static_assert(!DKV_STAGED || (OFF_DS % 1024 == 0 && OFF_DQ % 1024 == 0 && DQ_STAGE_BYTES >= 64 * D * 2),
               "DKV_STAGED: 1024-aligned boxes of 64 kv rows in the dS^T buffers and the staged dQ");
 static_assert(GRAD_ROWS == 64 && (kGradDiagSites == 0 || GRAD_ROWS + BQ - 1 <= GRAD_BINS),
@@ -181,21 +168,6 @@ struct BwdSmem {
   __device__ uint32_t dq_done(int consumer) const { return bar(1 + 2 * STAGES + 2 * NUM_CONSUMERS + consumer); }
   __device__ uint32_t kv_empty() const { return bar(1 + 2 * STAGES + 3 * NUM_CONSUMERS); }
   __device__ uint32_t tile_full() const { return bar(2 + 2 * STAGES + 3 * NUM_CONSUMERS); }
-  // DQ_PAIR: the part of consumer cw's staged dQ its writer adds (-1 all, else the half of that index); ring stage
-  // st's flag (the other CTA visits its q block too, set by the producer with the stage's copies); the consumer's
-  // received half; the other CTA's half of dQ arrived in it (recv_full) and this CTA's half read out of the other's
-  // (recv_empty)
-  __device__ volatile int* dq_part(int consumer) const {
-    return reinterpret_cast<volatile int*>(ptr + OFF_PEER) + consumer;
-  }
-  __device__ volatile int* peer_stage(int st) const {
-    return reinterpret_cast<volatile int*>(ptr + OFF_PEER) + NUM_CONSUMERS + st;
-  }
-  __device__ uint32_t recv(int consumer) const { return base + OFF_RECV + (uint32_t)(consumer * DQ_HALF_BYTES); }
-  __device__ uint32_t recv_full(int consumer) const { return bar(3 + 2 * STAGES + 3 * NUM_CONSUMERS + consumer); }
-  __device__ uint32_t recv_empty(int consumer) const {
-    return bar(3 + 2 * STAGES + 4 * NUM_CONSUMERS + consumer);
-  }
 };
 
 // Float offset in a tiled dQ_acc q-block of the element at tile row r (< BQ), column col.

@@ -286,20 +286,6 @@ def test_wait_hint_matches_no_hint(hd, variant, monkeypatch):
     _assert_setting_keeps_grads(monkeypatch, hd, variant, dict(wait_ns=0), dict(wait_ns=100000))
 
 
-@pytest.mark.requires_sm90
-@pytest.mark.parametrize("hd", [64, 128])
-@pytest.mark.parametrize("variant", ["full", "causal", "window", "document", "softcap_causal"])
-def test_dq_pair_matches_unpaired(hd, variant, monkeypatch):
-    """kv-block pairs on 2-CTA clusters, each adding half of both CTAs' dQ at the q blocks both visit
-    (Sm90BwdTiles.dq_pair), against a CTA per kv block adding its own: dK and dV bit for bit (each CTA's walk is the
-    same), dQ within its fp32 additions' order; deterministic mode (launched unpaired) bit for bit. An odd count of kv
-    blocks (the last pair's second walks nothing), GQA, walks of different lengths in a pair (causal, window,
-    documents: q blocks only one of the two visits), more pairs than clusters, the split, staged and one-pass rungs
-    (at 64 q rows, which pairs need: full attention's first rung at head dim 128 has 80)."""
-    rows64 = dict(block_q=64, ds_from_packed=False)
-    _assert_setting_keeps_grads(monkeypatch, hd, variant, dict(dq_pair=False, **rows64), dict(dq_pair=True, **rows64))
-
-
 def _assert_setting_keeps_grads(monkeypatch, hd, variant, before, after):
     """The sm90 backward at settings `before` and `after` (Sm90BwdTiles fields) on one variant, more work tiles than
     SMs, GQA, an odd count of kv blocks, kv blocks past the last query: dK and dV bit for bit, dQ within its fp32
