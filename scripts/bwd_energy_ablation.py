@@ -42,15 +42,15 @@ T = "attngen/templates/"
 
 # the stores skipped at run time (the scale is never 0), not compiled out: with dQ's accumulator unread ptxas drops
 # dQ's product too (session 39's round A ran that form, so its dq_stage measured dq_product)
-STAGE_DQ = ("bwd_sm90.cuh", "      stage_dq(sm.dq(cw), dq, tid, part);\n",
-            "      if (a.scale == 0.f) stage_dq(sm.dq(cw), dq, tid, part);\n", 1)
+STAGE_DQ = ("bwd_sm90.cuh", "      stage_dq(sm.dq(cw), dq, tid);\n", "      if (a.scale == 0.f) stage_dq(sm.dq(cw), dq, tid);\n", 1)
 DQ_ADD = ("bwd_dq.cuh", "        store_or_add_dq(a.dq_written + 2 * tile + DQ_CHUNK * cw, dst, buf);\n",
           "        (void)dst;\n", 1)
 DQ_PRODUCT = ("bwd_sm90.cuh",
               "      wgmma_ss_mnmajor<Elem, DQ_T ? BQ : DQ_N, DQ_KSTEPS, 2048, DS_SW32 ? 512 : 2048>(dq, DQ_T ? desc_kt : desc_ds,\n"
               "                                                                                      DQ_T ? desc_ds : desc_kt);\n",
               "      (void)desc_ds;\n#pragma unroll\n      for (int x = 0; x < NDQ; ++x) dq[x] = 0.f;\n", 1)
-STAGE_HALF = ("bwd_sm90.cuh", "    if (part < 0 || v / (NDQ / 8) == part)\n", "    if (v < NDQ / 8)\n", 1)
+STAGE_HALF = ("bwd_sm90.cuh", "  for (int v = 0; v < NDQ / 4; ++v)\n    asm volatile(\"st.shared.v4.f32",
+              "  for (int v = 0; v < NDQ / 8; ++v)\n    asm volatile(\"st.shared.v4.f32", 1)
 # (file under attngen/templates, old, new, occurrences: an exact count, or 0 for "at least one")
 ABLATIONS = {
     "base": [],
