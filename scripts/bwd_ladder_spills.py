@@ -1,7 +1,8 @@
 """Spill bytes of the sm90 backward kernel at every rung of its ladder (jit/tiles.py sm90_bwd_ladder) for the
 training anchors: which register split (producer / consumers) each variant builds clean at, as ptxas reports it for
 the main kernel. No GPU needed (nvcc builds for sm_90a); one build per variant and rung. `--set` replaces fields of
-every rung (jit.tiles.Sm90BwdTiles, bwd_tiles_ab.py's syntax: `--set dkv_staged=1`).
+every rung that takes them (jit.tiles.Sm90BwdTiles, bwd_tiles_ab.py's syntax: `--set dkv_staged=1`); a rung that
+refuses them (ds_mul_packed on a rung without split_probs) is built as it is and marked "as is".
 
     python scripts/bwd_ladder_spills.py [--variants causal full ...] [--head-dim 128] [--set FIELD=VALUE,...]
 """
@@ -44,7 +45,14 @@ def main(argv=None):
             attn = attngen.compile(score_mod=score_mod, mask_mod=mask_mod)
             spec = attn.spec(torch.bfloat16, hd, "sm_90a", kernel=SM90_BWD_KERNEL)
             inc = spec.variant_inc()
-            ladder = tuple(replace(t, **fields) for t in spec.tile_choices())
+            ladder, as_is = [], []
+            for t in spec.tile_choices():
+                try:
+                    ladder.append(replace(t, **fields))
+                    as_is.append(False)
+                except attngen.BuildError:
+                    ladder.append(t)
+                    as_is.append(True)
             spills = []
             for rung in ladder:
                 with tempfile.TemporaryDirectory() as d:
@@ -52,8 +60,9 @@ def main(argv=None):
                                                           kernel=SM90_BWD_KERNEL)
                 spills.append(spill)
             rungs = [f"{t.producer_regs} / {t.consumer_regs}{' split' if t.split_probs else ''}"
-                     f"{' staged' if t.dkv_staged else ''}{f' ahead {t.s_ahead}' if t.s_ahead else ''}: {s} B"
-                     for t, s in zip(ladder, spills)]
+                     f"{' staged' if t.dkv_staged else ''}{f' ahead {t.s_ahead}' if t.s_ahead else ''}"
+                     f"{' (as is)' if kept else ''}: {s} B"
+                     for t, s, kept in zip(ladder, spills, as_is)]
             print(f"| {key} | {', '.join(rungs)} |", flush=True)
 
 

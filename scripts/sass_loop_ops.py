@@ -6,12 +6,14 @@ takes one (a masked and an unmasked exponential, say) counts them all; --skip dr
 file's count, so the table can show the path a step takes. No GPU needed.
 
     python scripts/sass_loop_ops.py ours.sass theirs.sass [--names ours FA4] [--skip 0:0x19e0-0x25c0] [--top 40]
+        [--classes]
 
 --skip I:START-END (hex, END exclusive) applies to the I-th file; it may be given more than once. --attngen I finds the
 two ranges an interior step of attngen's sm90 backward does not take, in the I-th file: the block its first
 reconvergence (BSSY) guards at the loop's top (the deterministic mode's turn, skipped by a forward branch) and, from
 the unmasked exponentials to the next product, what each unconditional forward branch jumps over (the paths of masked
-and bounded tiles).
+and bounded tiles). --classes adds a row per class of instruction (op_class): what each lane executes (vector), what
+the uniform datapath executes once per warp, branches and synchronization, and the tensor cores' issues.
 """
 import argparse
 import re
@@ -58,6 +60,24 @@ def innermost_loop(insns, labels, min_hgmma: int) -> tuple[int, int]:
         raise SystemExit(f"no loop holds {min_hgmma} HGMMA")
     _, start, end = min(loops)
     return start, end
+
+
+# op_class's classes, in the table's order
+CLASSES = ("vector", "uniform", "control and sync", "tensor")
+CONTROL = ("BRA", "BSSY", "BSYNC", "NOP", "EXIT", "RET", "CALL", "WARPSYNC", "NANOSLEEP", "SYNCS", "BAR", "MEMBAR",
+           "FENCE", "ERRBAR", "DEPBAR")
+
+
+def op_class(op: str) -> str:
+    """The class of an opcode: tensor (HGMMA and its warpgroup fences and waits), uniform (the uniform datapath's U*
+    instructions), control and sync (branches, reconvergence, barriers, fences), else vector."""
+    if op.startswith(("HGMMA", "WARPGROUP")):
+        return "tensor"
+    if op.startswith("U"):
+        return "uniform"
+    if op.split(".")[0] in CONTROL:
+        return "control and sync"
+    return "vector"
 
 
 def branch_target(text: str, labels) -> int | None:
@@ -108,6 +128,7 @@ def main(argv=None):
                    help="skip the paths an interior step of attngen's sm90 backward does not take, in the I-th file")
     p.add_argument("--min-hgmma", type=int, default=20)
     p.add_argument("--top", type=int, default=40, help="rows of opcodes (most frequent over all files first)")
+    p.add_argument("--classes", action="store_true", help="a row per class of instruction (op_class) after `all`")
     args = p.parse_args(argv)
     names = args.names or args.sass
     if len(names) != len(args.sass):
@@ -128,6 +149,10 @@ def main(argv=None):
     print("| opcode | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
     print("| all | " + " | ".join(str(sum(c.values())) for c in counts) + " |")
+    if args.classes:
+        for cls in CLASSES:
+            print(f"| ({cls}) | " + " | ".join(str(sum(n for op, n in c.items() if op_class(op) == cls)) for c in counts)
+                  + " |")
     total = sum(counts, Counter())
     for op, _ in total.most_common(args.top):
         print(f"| {op} | " + " | ".join(str(c[op]) for c in counts) + " |")

@@ -93,3 +93,18 @@ def test_attngen_skips_follow_each_join_up_to_the_next_product():
     _, c, skips = loop_ops.loop_ops(text, 2, attngen=True)
     assert skips == [(0x20, 0x30), (0x90, 0xa0), (0xc0, 0xe0)]
     assert sum(c.values()) == 12 and c["MUFU.EX2"] == 1 and c["F2FP.BF16.F32.PACK_AB"] == 1
+
+
+def test_op_classes_and_their_rows(tmp_path, capsys):
+    assert [loop_ops.op_class(op) for op in ("HGMMA.64x64x16.F32.BF16", "WARPGROUP.DEPBAR.LE", "UIADD3.64", "UMOV",
+                                             "BRA", "BSSY", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "BAR.SYNC.DEFER_BLOCKING",
+                                             "MEMBAR.ALL.CTA", "FENCE.VIEW.ASYNC.S", "FFMA", "MUFU.EX2", "PLOP3.LUT",
+                                             "R2UR", "STSM.16.M88.4")] == \
+        ["tensor"] * 2 + ["uniform"] * 2 + ["control and sync"] * 6 + ["vector"] * 5
+    f = tmp_path / "k.sass"
+    f.write_text(sass(BODY))
+    loop_ops.main([str(f), "--min-hgmma", "2", "--classes"])
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1].rstrip(" |") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| (") or line.startswith("| all")}
+    # the inner loop 0x20 .. 0x80: HGMMA, BRA, MUFU, FSEL, MUFU, HGMMA, BRA
+    assert rows == {"all": "7", "(vector)": "3", "(uniform)": "0", "(control and sync)": "2", "(tensor)": "2"}
