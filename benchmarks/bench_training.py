@@ -9,6 +9,9 @@ matmuls); the figure is the median of the rounds.
 TFLOP/s = 4 * B * H * S^2 * D * density * 3.5 / time (the forward's work plus 2.5 times it for the backward),
 density as in bench_forward.py: masked-out pairs are not counted, for every implementation alike.
 ``--bwd-kernel sm80_bwd`` times attngen with the portable backward instead of the sm90 one (the "before").
+``--fa4`` adds FlashAttention-4 (``flash_attn.cute``, its SM90 kernels on an H100/H200) in the same rounds, on the
+variants its arguments express (FA4_ARGS), with its own (B, S, H, D) copies of q, k, v and dout; its gradients are
+compared with flex's as attngen's are. FA4 is not a dependency: ``scripts/fa4_pack.py`` packs it for the device.
 The learnable variants (LEARNABLE) capture a tensor that requires grad, and their step differentiates it too:
 ``relpos_learnable`` is issue 11's ``s + table[h, q - kv + S - 1]``, ``alibi_learnable`` ALiBi + causal with
 learnable slopes, ``relpos_frozen`` the relative-position step with the table not requiring grad (the control).
@@ -37,6 +40,9 @@ FLEX_RETRY_OPTIONS = [{"num_stages": 1},
                        "BLOCK_N2": 32}]
 FLOP_FACTOR = 3.5  # forward + backward work over the forward's
 GRAD_NAMES = ("dq", "dk", "dv", "dcaptured")
+# FA4's flash_attn_func arguments for the anchors it has (sliding_window(1024) keeps kv in [q - 1023, q])
+FA4_ARGS = {"full": {}, "causal": {"causal": True}, "softcap_causal": {"causal": True, "softcap": 30.0},
+            "sliding_window": {"window_size": (1023, 0)}}
 
 
 def make_learnable(key: str, S: int, H: int, device, seed: int = 0):
@@ -75,6 +81,30 @@ def step_fn(fn, q, k, v, dout, leaves=()):
     return step
 
 
+def fa4_step(flash_attn_func, kwargs, q, k, v, dout):
+    """FA4's step on its own (B, S, H, D) copies of q, k, v and dout (its layout), its gradients returned as views in
+    attngen's (B, H, S, D)."""
+    import torch
+
+    qf, kf, vf = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+    df = dout.transpose(1, 2).contiguous()
+
+    def step():
+        out = bf._out(flash_attn_func(qf, kf, vf, **kwargs))
+        return tuple(g.transpose(1, 2) for g in torch.autograd.grad(out, (qf, kf, vf), df))
+
+    return step
+
+
+def import_fa4():
+    """(flash_attn_func, None) or (None, the error line) for --fa4."""
+    try:
+        from flash_attn.cute import flash_attn_func
+        return flash_attn_func, None
+    except Exception as e:  # noqa: BLE001
+        return None, bf.err_line("FA4 import", e)
+
+
 def run(args):
     import torch
 
@@ -91,6 +121,7 @@ def run(args):
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     bf.heat_gpu(device)
     flex = bf.Flex()
+    fa4_func, fa4_error = import_fa4() if args.fa4 else (None, None)
     rows = []
     for key in args.variants:
         print(f"[{key}]", flush=True)
@@ -140,31 +171,57 @@ def run(args):
             if sd is not None:
                 fns["sdpa"] = step_fn(sd, q, k, v, dout)
                 row["sdpa_backend"] = backend
+        if args.fa4 and key in FA4_ARGS and fa4_error:
+            row["fa4_error"] = fa4_error
+        elif args.fa4 and key in FA4_ARGS:
+            try:
+                f = fa4_step(fa4_func, FA4_ARGS[key], q, k, v, dout)
+                grads = f()
+                if ref is not None:
+                    errs = [(g.float() - r).abs().max().item() for g, r in zip(grads, ref)]
+                    row["fa4_max_abs_diff_vs_flex"] = dict(zip(GRAD_NAMES, errs))
+                    print("  FA4 vs flex: " + ", ".join(f"{n} {e:.3e}" for n, e in zip(GRAD_NAMES, errs)), flush=True)
+                del grads
+                fns["fa4"] = f
+            except Exception as e:  # noqa: BLE001
+                row["fa4_error"] = bf.err_line("FA4", e)
         bf.heat_gpu(device, 1.0)
-        bf.interleaved_ms(fns, row)
+        bf.interleaved_ms(fns, row, order=("attngen", "flex", "sdpa", "fa4"))
         for n in fns:
             if f"{n}_ms" in row:
                 row[f"{n}_tflops"] = bf.tflops(B, H, S, D, row["density"], row[f"{n}_ms"]) * FLOP_FACTOR
         bf.speed_ratios(row)
-        print("  " + ", ".join(f"{n}={bf.fmt(row.get(n + '_tflops'))} TFLOP/s" for n in ("attngen", "flex", "sdpa")),
-              flush=True)
+        if row.get("attngen_ms") and row.get("fa4_ms"):
+            row["attngen_over_fa4"] = row["fa4_ms"] / row["attngen_ms"]
+        print("  " + ", ".join(f"{n}={bf.fmt(row.get(n + '_tflops'))} TFLOP/s" for n in ("attngen", "flex", "sdpa", "fa4")
+                               if n != "fa4" or args.fa4), flush=True)
         rows.append(row)
         bf._free()
     return rows
 
 
-def table(rows, bwd_kernel, deterministic: bool = False) -> str:
-    head = ("| variant | attngen ms | attngen TFLOP/s | flex TFLOP/s | cuDNN TFLOP/s | ÷ flex | ÷ cuDNN | density |"
-            " max abs diff vs flex (dq, dk, dv[, dcaptured]) |\n|---|---|---|---|---|---|---|---|---|\n")
+def table(rows, bwd_kernel, deterministic: bool = False, fa4: bool = False) -> str:
+    """The run's markdown table; with ``fa4``, FA4's TFLOP/s, attngen over it and FA4's gradients against flex's too."""
+    fa4_head = " FA4 TFLOP/s | ÷ FA4 | FA4 max abs diff vs flex |" if fa4 else ""
+    head = ("| variant | attngen ms | attngen TFLOP/s | flex TFLOP/s | cuDNN TFLOP/s | ÷ flex | ÷ cuDNN |" + fa4_head +
+            " density | max abs diff vs flex (dq, dk, dv[, dcaptured]) |\n|---|---|---|---|---|---|---|---|---|"
+            + ("---|---|---|" if fa4 else "") + "\n")
     lines, notes = [], []
     for r in rows:
         d = r.get("max_abs_diff_vs_flex") or {}
         if r.get("flex_kernel_options"):
             notes.append(f"{r['variant']}: flex with kernel_options={r['flex_kernel_options']} (its defaults exceed "
                          "shared memory)")
+        if r.get("fa4_error"):
+            notes.append(f"{r['variant']}: FA4 failed: {r['fa4_error']}")
+        fa4_cells = ""
+        if fa4:
+            d4 = r.get("fa4_max_abs_diff_vs_flex") or {}
+            fa4_cells = (f" {bf.fmt(r.get('fa4_tflops'))} | {bf.fmt(r.get('attngen_over_fa4'), 2)}x | "
+                         f"{', '.join(f'{x:.2e}' for x in d4.values()) or 'n/a'} |")
         lines.append(f"| {r['variant']} | {bf.fmt(r.get('attngen_ms'), 3)} | {bf.fmt(r.get('attngen_tflops'))} | "
                      f"{bf.fmt(r.get('flex_tflops'))} | {bf.fmt(r.get('sdpa_tflops'))} | "
-                     f"{bf.fmt(r.get('attngen_over_flex'), 2)}x | {bf.fmt(r.get('attngen_over_sdpa'), 2)}x | "
+                     f"{bf.fmt(r.get('attngen_over_flex'), 2)}x | {bf.fmt(r.get('attngen_over_sdpa'), 2)}x |{fa4_cells} "
                      f"{r['density']:.3f} | {', '.join(f'{x:.2e}' for x in d.values()) or 'n/a'} |")
     return (f"attngen backward: {bwd_kernel or 'default (sm90_bwd on sm_90a at D 64 / 128)'}"
             f"{', deterministic' if deterministic else ''}\n\n" + head
@@ -183,10 +240,11 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bwd-kernel", choices=["sm80_bwd", "sm90_bwd"], default=None)
     p.add_argument("--deterministic", action="store_true", help="attngen's backward with dQ in a fixed order")
+    p.add_argument("--fa4", action="store_true", help="FlashAttention-4 (flash_attn.cute) in the same rounds")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "latest"))
     args = p.parse_args(argv)
     rows = run(args)
-    bf.write_results(args.out, "training", args, rows, table(rows, args.bwd_kernel, args.deterministic))
+    bf.write_results(args.out, "training", args, rows, table(rows, args.bwd_kernel, args.deterministic, args.fa4))
 
 
 if __name__ == "__main__":
