@@ -109,11 +109,10 @@ def test_sm90_backward_family_and_tiles():
         == dataclasses.replace(tiles.SM90_BWD_TILES[128], split_probs=True, dkv_staged=True, s_ahead=2)
     assert not attngen.compile(causal=True).spec(torch.bfloat16, 128, "sm_90a",
                                                  kernel=SM90_BWD_KERNEL).tile_choices()[0].dkv_staged
-    split = dataclasses.replace(tiles.SM90_BWD_TILES[64], split_probs=True, dk_last=True)
+    split = dataclasses.replace(tiles.SM90_BWD_TILES[64], split_probs=True)
     text = render.render_sources("", torch.float16, 64, "sm_90a", tiles=split,
                                  kernel=SM90_BWD_KERNEL)[render.BWD_KERNEL_SOURCE]
-    assert "constexpr bool SPLIT_PROBS = 1;" in text and "constexpr bool DK_LAST = 1;" in text
-    assert "constexpr bool DK_LAST = 0;" in src
+    assert "constexpr bool SPLIT_PROBS = 1;" in text
     assert "constexpr bool DKV_STAGED = 0;" in src  # dK and dV from registers unless asked for
     staged = dataclasses.replace(tiles.SM90_BWD_TILES[64], dkv_staged=True)
     assert "constexpr bool DKV_STAGED = 1;" in render.render_sources(
@@ -541,20 +540,17 @@ def test_sm90_backward_scores_ahead_build_clean(variant, tmp_path):
     assert tiles.sm90_bwd_ladder(128)[0].s_ahead == 2 and tiles.sm90_bwd_ladder(128)[0].block_q == 80
     with pytest.raises(attngen.BuildError, match="s_ahead"):
         tiles.Sm90BwdTiles(s_ahead=3)
-    with pytest.raises(attngen.BuildError, match="s_ahead and dk_last"):
-        tiles.Sm90BwdTiles(split_probs=True, s_ahead=2, dk_last=True)
 
 
 def test_bad_tile_setting_is_its_own_error(monkeypatch):
-    """A tile setting that cannot build (s_ahead with dk_last) surfaces as that BuildError from the build, not as the
-    one about a missing nvcc that a failure to compute the cache key otherwise becomes."""
+    """A tile setting that cannot build (the packed dS^T multiply without the split pass) surfaces as that BuildError
+    from the build, not as the one about a missing nvcc that a failure to compute the cache key otherwise becomes."""
     import attngen.jit.spec as spec
 
     monkeypatch.setattr(spec, "sm90_bwd_ladder",
-                        lambda hd, **kw: (dataclasses.replace(tiles.SM90_BWD_TILES[hd], split_probs=True, s_ahead=2,
-                                                              dk_last=True),))
+                        lambda hd, **kw: (dataclasses.replace(tiles.SM90_BWD_TILES[hd], ds_mul_packed=True),))
     s = attngen.compile(causal=True).spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
-    with pytest.raises(attngen.BuildError, match="s_ahead and dk_last") as err:
+    with pytest.raises(attngen.BuildError, match="set split_probs=True with it") as err:
         s.build_cached()
     assert "nvcc" not in str(err.value)
 

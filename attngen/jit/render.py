@@ -107,7 +107,7 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
                       producer_regs=t.producer_regs, consumer_regs=t.consumer_regs, walk_shift=t.walk_shift,
                       persistent=int(t.persistent), sections=int(t.sections), order=int(t.order),
                       dq_init=t.dq_init, rel_walk=int(t.rel_walk), rel_stage=int(t.rel_stage), pdl=int(t.pdl),
-                      split_probs=int(t.split_probs), dk_last=int(t.dk_last), dkv_staged=int(t.dkv_staged),
+                      split_probs=int(t.split_probs), dkv_staged=int(t.dkv_staged),
                       s_ahead=t.s_ahead, wait_ns=t.wait_ns,
                       ds_from_packed=int(t.ds_from_packed), ds_stmatrix=int(t.ds_stmatrix),
                       ds_mul_packed=int(t.ds_mul_packed), arch_number=90)

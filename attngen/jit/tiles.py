@@ -175,9 +175,6 @@ class Sm90BwdTiles:
     # without a score_mod: P^T from S^T while dP^T = V dO^T is still in flight, dV's product issued before the wait
     # for dP^T, dS^T under it (FA3's order; False: one pass over S^T and dP^T once both products are done)
     split_probs: bool = False
-    # with split_probs: dK += dS^T Q issued after dQ = dS K, so that dQ is staged while dK's product runs (FA3's order;
-    # off: no effect out of the run's spread on the window, docs/performance.md)
-    dk_last: bool = False
     # a work tile's dK and dV staged in shared memory (dK in the consumer's rows of the two dS^T buffers, dV in its
     # staged-dQ buffer at head dim 128, in the second dS^T buffer at 64) and stored with TMA by one thread per
     # consumer, the next tile's first dS^T and dQ writes waiting for the stores to have read them (False: every
@@ -186,9 +183,9 @@ class Sm90BwdTiles:
     dkv_staged: bool = False
     # the next q-block's S^T = K Q^T issued by this step, so that the tensor cores have it while the step ends: 1 once
     # dQ's product is done, under dQ's staging and the walk's step; 2 once dV's and dK's are, under dQ's product too
-    # (0: each step issues its own; not with dk_last, which puts dK's product there). On the staged rung at head dim 128
-    # (sm90_bwd_ladder); full attention's and causal's split rung measured within the runs' spread of each step
-    # issuing its own (docs/performance.md)
+    # (0: each step issues its own). 2 on the staged rung and on full attention's 80-row rung at head dim 128
+    # (sm90_bwd_ladder); causal's split rung measured within the runs' spread of each step issuing its own
+    # (docs/performance.md)
     s_ahead: int = 0
     # a suspend-time hint (ns) for the waits off the products' path: the tile loader's for the walk's end, the producer's
     # for ring slots, the dQ writers' for staged dQ (whose end then comes through the same barrier too, after dq_done).
@@ -222,8 +219,6 @@ class Sm90BwdTiles:
         if self.s_ahead not in (0, 1, 2):
             raise BuildError(f"Sm90BwdTiles.s_ahead must be 0 (off), 1 (the next S^T under dQ's staging) or 2 (under "
                              f"dQ's product), got {self.s_ahead}")
-        if self.s_ahead and self.dk_last:
-            raise BuildError("Sm90BwdTiles.s_ahead and dk_last each put a product under dQ's staging: set one of them")
         if self.ds_mul_packed and not self.split_probs:
             raise BuildError("Sm90BwdTiles.ds_mul_packed multiplies P^T as packed for dV's product, which only the "
                              "split pass packs before dS^T: set split_probs=True with it")

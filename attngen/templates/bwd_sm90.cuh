@@ -374,13 +374,10 @@ __device__ __forceinline__ void store_kv_grad(void* out, const long long (&st)[3
 constexpr bool kSplitProbs = SPLIT_PROBS && !ATTNGEN_HAS_SCORE_MOD && kGradSites == 0;
 // DS_MUL_PACKED with the split, bf16 only (grad_scores_mul_packed_t; fp16 keeps the fp32 products).
 constexpr bool kDsMulPacked = kSplitProbs && DS_MUL_PACKED && kDtypeCode == 1;
-// DK_LAST (with the split): dK's product issued after dQ's, and dQ staged while it runs.
-constexpr bool kDkLast = kSplitProbs && DK_LAST;
 // S_AHEAD (Sm90BwdTiles.s_ahead): each step issues the next q-block's S^T = K Q^T, 1 once dQ's product is done (under
 // its staging), 2 once dV's and dK's are (under dQ's product too), so that the tensor cores have work while the step
-// ends and the next begins with S^T done (not with dK last, whose product takes that place).
+// ends and the next begins with S^T done.
 static_assert(S_AHEAD >= 0 && S_AHEAD <= 2, "S_AHEAD: 0, 1 or 2");
-static_assert(!(S_AHEAD && DK_LAST), "S_AHEAD and DK_LAST each put a product under dQ's staging: one or the other");
 
 // DKV_STAGED: this consumer's rows of a finished dK (times `scale`) and dV in shared memory as TMA boxes of 64 kv
 // rows: dK in its rows of the two dS^T buffers (free once both consumers' walks are over: at head dim 128 the other's dQ
@@ -565,11 +562,9 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
           pack_a_frags<Elem, BQ>(st, da);
         }
         store_ds(ds, da, cw * 64 + r0, tig);
-        if constexpr (!kDkLast) {
-          wgmma_fence();
-          wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dk, da, make_smem_desc_sw128(sm.q(stage), Q_BLOCK_BYTES, 1024));
-          wgmma_commit();
-        }
+        wgmma_fence();
+        wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dk, da, make_smem_desc_sw128(sm.q(stage), Q_BLOCK_BYTES, 1024));
+        wgmma_commit();
       } else {
         wgmma_wait<0>();
         fence_regs(st);
@@ -609,10 +604,6 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
       wgmma_ss_mnmajor<Elem, DQ_T ? BQ : DQ_N, DQ_KSTEPS, 2048, DS_SW32 ? 512 : 2048>(dq, DQ_T ? desc_kt : desc_ds,
                                                                                       DQ_T ? desc_ds : desc_kt);
       wgmma_commit();
-      if constexpr (kDkLast) {  // dK += dS^T Q behind dQ, so that dQ is staged under it
-        wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dk, da, make_smem_desc_sw128(sm.q(stage), Q_BLOCK_BYTES, 1024));
-        wgmma_commit();
-      }
       // the tile's gradient sums out under the products (every thread of the consumer has added its elements)
       if (kGradSites > 0) {
         grad_sites_flush_tile(gs, C, hc, t.QOFF + q0, min(kv0, t.KVLEN - 1), lane);
@@ -621,28 +612,17 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
       // Q, dO and the statistics of this slot are read once every product is done: each thread releases it, so
       // that compute-sanitizer's racecheck sees every read of the statistics ordered before the bulk copy that
       // refills the slot (it does not follow a __syncwarp then one lane's arrival: scripts/racecheck_bulk_probe.cu)
-      auto products_done = [&]() {
-        wgmma_wait<0>();
-        fence_regs(dv);
-        fence_regs(dk);
-        fence_regs(dq);
-        fence_regs(pa);
-        fence_regs(da);
-        mbar_arrive(sm.empty(stage));
-      };
-      if constexpr (kDkLast) {
-        wgmma_wait<1>();  // dV and dQ (dK's product runs on)
-        fence_regs(dq);
-      } else if constexpr (S_AHEAD == 2) {
+      if constexpr (S_AHEAD == 2) {
         wgmma_wait<1>();  // dV and dK (dQ's product runs on): the slot is free
-        fence_regs(dv);
-        fence_regs(dk);
-        fence_regs(pa);
-        fence_regs(da);
-        mbar_arrive(sm.empty(stage));
       } else {
-        products_done();
+        wgmma_wait<0>();
+        fence_regs(dq);
       }
+      fence_regs(dv);
+      fence_regs(dk);
+      fence_regs(pa);
+      fence_regs(da);
+      mbar_arrive(sm.empty(stage));
       // this step's dQ tile ((b * Hq + h) * q-blocks + i), for its writer
       auto dq_tile_of = [&](const QStep& q) { return ((long long)c.b * a.Hq + q.h) * ((t.QLEN + BQ - 1) / BQ) + q.i; };
       long long dq_tile_ahead = 0;  // S_AHEAD: named before s moves on
@@ -672,7 +652,6 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
       fence_proxy_async_smem();  // generic stores, read by the bulk reduction (the async proxy)
       __syncwarp();
       if (lane == 0) mbar_arrive(sm.dq_full(cw));
-      if constexpr (kDkLast) products_done();
       if constexpr (S_AHEAD) {
         wgmma_wait<0>();
         fence_regs(st);

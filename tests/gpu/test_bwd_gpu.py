@@ -317,10 +317,9 @@ def _document_ids_mask(L):
 @pytest.mark.parametrize("mask", ["causal", "window", "document"])
 def test_split_probabilities_match_one_pass(hd, mask, monkeypatch):
     """P^T taken while dP^T's product runs and dS^T under dV's (Sm90BwdTiles.split_probs, the first rung of a
-    variant without score_mod; with dk_last, dK's product behind dQ's and dQ staged under it) against one pass over
-    both once the products are done: the same arithmetic per
-    element, so dK and dV bit for bit and dQ to its fp32 additions' order. Odd lengths, GQA, q_offset, kv longer
-    than q, partial and FULL tiles, a captured-tensor mask (through autograd: the call's captured tensors and block
+    variant without score_mod) against one pass over both once the products are done: the same arithmetic per
+    element, so dK and dV bit for bit and dQ to its fp32 additions' order. Odd lengths, GQA, q_offset, kv longer than
+    q, partial and FULL tiles, a captured-tensor mask (through autograd: the call's captured tensors and block
     summaries with it)."""
     B, Hq, Hkv, Lq, Lk = 2, 4, 2, 1100, 2450
     q_offset = 0 if mask == "document" else 130
@@ -331,9 +330,8 @@ def test_split_probabilities_match_one_pass(hd, mask, monkeypatch):
     q, do = (torch.randn(B, Hq, Lq, hd, generator=gen).to(DEV, torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(B, Hkv, Lk, hd, generator=gen).to(DEV, torch.bfloat16).requires_grad_() for _ in range(2))
     q.requires_grad_()
-    # s_ahead off in all three (the staged rung at head dim 128 has it, and it is refused with dk_last)
-    settings = {"one pass": dict(split_probs=False, s_ahead=0), "split": dict(split_probs=True, s_ahead=0),
-                "split, dK last": dict(split_probs=True, dk_last=True, s_ahead=0)}
+    # s_ahead off in both (the staged rung at head dim 128 has it; test_scores_ahead_match_each_step_its_own tests it)
+    settings = {"one pass": dict(split_probs=False, s_ahead=0), "split": dict(split_probs=True, s_ahead=0)}
     grads, paths = {}, set()
     for name, setting in settings.items():
         attn = make()
@@ -344,11 +342,10 @@ def test_split_probabilities_match_one_pass(hd, mask, monkeypatch):
         torch.cuda.synchronize()
     assert len(paths) == len(settings), "two settings loaded one library"
     dq1, dk1, dv1 = grads["one pass"]
-    for name in ("split", "split, dK last"):
-        dq, dk, dv = grads[name]
-        assert torch.isfinite(dq).all() and dk.abs().max().item() > 0, name
-        assert torch.equal(dk, dk1) and torch.equal(dv, dv1), name
-        assert (dq.float() - dq1.float()).abs().max().item() <= 2 ** -7 * dq1.float().abs().max().item(), name
+    dq, dk, dv = grads["split"]
+    assert torch.isfinite(dq).all() and dk.abs().max().item() > 0
+    assert torch.equal(dk, dk1) and torch.equal(dv, dv1)
+    assert (dq.float() - dq1.float()).abs().max().item() <= 2 ** -7 * dq1.float().abs().max().item()
 
 
 @pytest.mark.requires_sm90
