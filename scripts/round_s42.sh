@@ -8,6 +8,9 @@
 #    archive unpacked beside the first, then bench_training.py --fa4 on the four anchors FA4's arguments express
 #    (causal, full, softcap + causal, the window): FA4's SM90 forward + backward in the same rounds as attngen, flex and
 #    cuDNN, the side-by-side figure issue 11's FA4 column has never had. Without the first archive it stops at once.
+# G: after F on the same warm machine (FA4 unpacked there; carry nothing): Nsight Compute's full set on one warm launch
+#    of FA4's backward main kernel and of ours (`G causal`, then `G full` in a call of its own), for the stall
+#    reasons, pipes and traffic side by side (device_step.sh's ncu_profile; scripts/profile_case.py --fa4).
 # E, C, B: session 41's (scripts/round_s41.sh): E the training table with wip/ds-rungs.patch (only after D finds the
 #    options faster), C the backward suites and sanitizers on the landed tree, B session 39's dQ ablations.
 set -uo pipefail
@@ -24,6 +27,13 @@ case "$1" in
     timeout 480 python benchmarks/bench_training.py --fa4 --variants causal full softcap_causal sliding_window \
       --out "$R" > "$R/training.log" 2>&1
     grep -E "^\||rror|FA4" "$R/training.log"
+    pack_results ;;
+  G)
+    source scripts/device_step.sh  # environment, $R, ncu_profile, pack_results
+    eval "$(python scripts/fa4_pack.py env)" || exit 1
+    m=${2:-causal}
+    ncu_profile "fa4-bwd-$m" FlashAttentionBackwardSm90 240 "$m" --fa4 --backward
+    ncu_profile "bwd-$m" attngen_bwd_kernel 240 "$m" --backward
     pack_results ;;
   E|C|B) bash scripts/round_s41.sh "$1" ;;
 esac
