@@ -11,6 +11,9 @@
 # G: after F on the same warm machine (FA4 unpacked there; carry nothing): Nsight Compute's full set on one warm launch
 #    of FA4's backward main kernel and of ours (`G causal`, then `G full` in a call of its own), for the stall
 #    reasons, pipes and traffic side by side (device_step.sh's ncu_profile; scripts/profile_case.py --fa4).
+# H: where head dim 256 trains today (the portable sm80 backward on the H200: no sm90 backward has tiles for it):
+#    bench_training.py at D = 256 on causal and full beside flex and cuDNN, the figure a sm90 backward at 256 (FA3's
+#    64 x 64 tiles with dK and dV split over the head dim) would be measured against.
 # E, C, B: session 41's (scripts/round_s41.sh): E the training table with wip/ds-rungs.patch (only after D finds the
 #    options faster), C the backward suites and sanitizers on the landed tree, B session 39's dQ ablations.
 set -uo pipefail
@@ -34,6 +37,12 @@ case "$1" in
     m=${2:-causal}
     ncu_profile "fa4-bwd-$m" FlashAttentionBackwardSm90 240 "$m" --fa4 --backward
     ncu_profile "bwd-$m" attngen_bwd_kernel 240 "$m" --backward
+    pack_results ;;
+  H)
+    source scripts/device_step.sh  # environment, $R, pack_results
+    timeout 540 python benchmarks/bench_training.py --head-dim 256 --variants causal full --out "$R" \
+      > "$R/training.log" 2>&1
+    grep -E "^\||rror" "$R/training.log"
     pack_results ;;
   E|C|B) bash scripts/round_s41.sh "$1" ;;
 esac
