@@ -59,22 +59,32 @@ EXACT = [
     ("dilated", attngen.dilated(300, 3)),
     ("document_sorted", attngen.document(_DOCS)),
     ("document_batched", attngen.document(_DOCS_B)),
-    ("prefix_or_window", attngen.prefix_lm(64) & ~attngen.block_diagonal(100) | attngen.sliding_window(300)),
+    ("prefix_or_window", attngen.prefix_lm(64, specialize=True) & ~attngen.block_diagonal(100, specialize=True)
+     | attngen.sliding_window(300, specialize=True)),
     ("not_causal", ~attngen.causal()),
     ("causal_and_doc", attngen.causal() & attngen.document(_DOCS)),
     ("min", attngen.MaskMod(_custom_min, "min")),
     ("abs", attngen.MaskMod(_custom_abs, "abs")),
     ("max", attngen.MaskMod(_custom_max, "max")),
     ("prefix_and_dilated", attngen.prefix_lm(100) | attngen.dilated(200, 4)),
-    # difference and floor forms in one conjunction (chunk >= block: exact by cutting rows at chunk edges)
-    ("window_and_not_chunk", attngen.local(64, 64) & ~attngen.chunked(128)),
-    ("window_and_not_block_diagonal", attngen.sliding_window(300) & ~attngen.block_diagonal(130)),
+    # difference and floor forms in one conjunction (chunk >= block: exact by cutting rows at chunk edges, which
+    # takes a chunk size that is a number: specialized)
+    ("window_and_not_chunk", attngen.local(64, 64, specialize=True) & ~attngen.chunked(128, specialize=True)),
+    ("window_and_not_block_diagonal", attngen.sliding_window(300, specialize=True)
+     & ~attngen.block_diagonal(130, specialize=True)),
     ("chunk_or_window", attngen.chunked(130) | attngen.local(30, 10)),
 ]
 SOUND_ONLY = [
     # difference form mixed with a floor form whose chunk (40) is narrower than most blocks: blocks that
     # span three or more chunks fall back to the per-form decision (see docs/architecture.md)
     ("window_and_not_narrow_chunk", attngen.local(20, 20) & ~attngen.chunked(40)),
+    # the same with the chunk size a kernel argument (the library's default): no cut at chunk edges, so a tile whose
+    # kv block spans one may be PARTIAL where nothing (or everything) is kept
+    # (test_runtime_chunk_sizes_keep_the_per_form_decision)
+    ("window_and_not_chunk_runtime", attngen.local(64, 64) & ~attngen.chunked(128)),
+    ("window_and_not_block_diagonal_runtime", attngen.sliding_window(300) & ~attngen.block_diagonal(130)),
+    # (exact at tile widths up to 128; at 176, where a kv block spans three chunks of 100, some FULL tiles are PARTIAL)
+    ("prefix_or_window_runtime", attngen.prefix_lm(64) & ~attngen.block_diagonal(100) | attngen.sliding_window(300)),
     ("document_unsorted", attngen.document(_DOCS_UNSORTED)),
     ("mod_two_vars", attngen.MaskMod(_custom_mod, "mod2")),
     ("key_padding", _PAD),
@@ -146,6 +156,26 @@ def test_block_map_exact_and_sound(name, variant):
     rng = random.Random(zlib.crc32(name.encode()))  # stable across processes
     for shape in _shapes(rng, 12):
         _check(variant, *shape, exact=True)
+
+
+def test_runtime_chunk_sizes_keep_the_per_form_decision():
+    """Chunk forms next to a window, on the shapes where scripts/predicate_stress.py found tiles PARTIAL though
+    nothing (or, at 176-column tiles, everything) is kept: with the chunk size a number (specialize=True) the rows are
+    cut at chunk edges and the map is exact; with a kernel argument (the library's default) they are not (the cut's
+    predicates grew the variant's code 1.65-2.04x and made its kernels spill more, docs/architecture.md), and the map
+    stays sound."""
+    window_cases = [(396, 336, 16, 128, 19), (48, 512, 16, 32, 99), (640, 231, 128, 64, 0), (620, 261, 32, 16, 0),
+                    (64, 384, 32, 128, 65), (640, 256, 128, 64, 98), (256, 459, 128, 32, 203)]
+    cases = [(lambda sp: attngen.sliding_window(300, specialize=sp) & ~attngen.block_diagonal(130, specialize=sp),
+              window_cases),
+             (lambda sp: attngen.local(64, 64, specialize=sp) & ~attngen.chunked(128, specialize=sp), window_cases),
+             (lambda sp: attngen.prefix_lm(64, specialize=sp) & ~attngen.block_diagonal(100, specialize=sp)
+              | attngen.sliding_window(300, specialize=sp),
+              [(1072, 1685, 64, 176, 0), (256, 704, 128, 176, 448), (1024, 1024, 128, 176, 0)])]
+    for specialize in (True, False):
+        for make, shapes in cases:
+            for shape in shapes:
+                _check(make(specialize), *shape, exact=specialize)
 
 
 @pytest.mark.parametrize("name,variant", _params(SOUND_ONLY))
