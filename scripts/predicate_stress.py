@@ -2,9 +2,9 @@
 for a time budget: tests/test_predicates.py's library variants and combinations (its EXACT list checked for
 exactness, its SOUND_ONLY list for soundness), with --random-masks random formulas of up to 8 atoms
 (benchmarks/bench_analysis.py's random_mask, checked for soundness), with --zoo benchmarks/mask_zoo.py's masks at
-test scale (its exact families checked for exactness, built for 2048 positions). Every check is test_predicates._check: the
-block map (EMPTY only where no element is kept, FULL only where every one is) and the backward's q ranges. Prints
-each failure and a count; exit status 1 when any failed. CPU only.
+test scale (its exact families checked for exactness, built for 2048 positions). Every check is
+test_predicates._check: the block map (EMPTY only where no element is kept, FULL only where every one is) and the
+backward's q ranges. Prints each failure and a count; exit status 1 when any failed. CPU only.
 
     python scripts/predicate_stress.py [--seconds 600] [--seed 1] [--random-masks | --zoo]
 """
@@ -19,8 +19,6 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 
 POSITIONS = 3000  # test_predicates' captured tensors (document ids, key padding) cover this many positions
-
-
 ZOO_POSITIONS = 2048  # the zoo's masks at test scale (tests/test_mask_zoo.py's L)
 
 
@@ -39,9 +37,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=600)
     p.add_argument("--seed", type=int, default=1)
-    kind = p.add_mutually_exclusive_group()
-    kind.add_argument("--random-masks", action="store_true")
-    kind.add_argument("--zoo", action="store_true")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--random-masks", action="store_true")
+    which.add_argument("--zoo", action="store_true")
     args = p.parse_args(argv)
     import test_predicates as tp
 
