@@ -81,6 +81,13 @@ def step_fn(fn, q, k, v, dout, leaves=()):
     return step
 
 
+def grad_diffs(name, grads, ref) -> dict:
+    """Max abs difference of each gradient from flex's (``ref``), by GRAD_NAMES, printed as ``name`` vs flex."""
+    errs = dict(zip(GRAD_NAMES, [(g.float() - r).abs().max().item() for g, r in zip(grads, ref)]))
+    print(f"  {name} vs flex: " + ", ".join(f"{n} {e:.3e}" for n, e in errs.items()), flush=True)
+    return errs
+
+
 def fa4_step(flash_attn_func, kwargs, q, k, v, dout):
     """FA4's step on its own (B, S, H, D) copies of q, k, v and dout (its layout), its gradients returned as views in
     attngen's (B, H, S, D)."""
@@ -157,11 +164,8 @@ def run(args):
             torch.cuda.synchronize()
             row["attngen_first_step_s"] = time.perf_counter() - t0
             if ref is not None:
-                errs = [(g.float() - r).abs().max().item() for g, r in zip(grads, ref)]
-                row["max_abs_diff_vs_flex"] = dict(zip(GRAD_NAMES, errs))
+                row["max_abs_diff_vs_flex"] = grad_diffs("attngen", grads, ref)
                 row["max_abs_grad_flex"] = dict(zip(GRAD_NAMES, [r.abs().max().item() for r in ref]))
-                print("  attngen vs flex: " + ", ".join(f"{n} {e:.3e}" for n, e in zip(GRAD_NAMES, errs)),
-                      flush=True)
             del grads
             fns["attngen"] = a
         except Exception as e:  # noqa: BLE001
@@ -178,9 +182,7 @@ def run(args):
                 f = fa4_step(fa4_func, FA4_ARGS[key], q, k, v, dout)
                 grads = f()
                 if ref is not None:
-                    errs = [(g.float() - r).abs().max().item() for g, r in zip(grads, ref)]
-                    row["fa4_max_abs_diff_vs_flex"] = dict(zip(GRAD_NAMES, errs))
-                    print("  FA4 vs flex: " + ", ".join(f"{n} {e:.3e}" for n, e in zip(GRAD_NAMES, errs)), flush=True)
+                    row["fa4_max_abs_diff_vs_flex"] = grad_diffs("FA4", grads, ref)
                 del grads
                 fns["fa4"] = f
             except Exception as e:  # noqa: BLE001

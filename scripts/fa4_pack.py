@@ -6,14 +6,14 @@ with the working tree: `benchmarks/bench_training.py --fa4` times it beside attn
     eval "$(python scripts/fa4_pack.py env)"            # there: PYTHONPATH for flash_attn.cute
 
 `pack` downloads the anchors' FA4 (flash-attn-4 4.0.0b36, ../shared/anchors/README.md) and what it needs that the
-device's image lacks, as CPython 3.12 x86-64 wheels, unzips them into one folder and keeps CUDA 13's libraries only.
-The CuTe DSL's MLIR library alone is about 48 MB compressed, so it is archive a, carried by one call, and the rest is
-archive b, carried by the next while the machine is still warm (an ignored folder stays there between calls).
+device's image lacks, as CPython 3.12 x86-64 wheels (the DSL's CUDA 13 libraries: the device runs CUDA 13), and unzips
+them into one folder. The CuTe DSL's MLIR library alone is about 48 MB compressed, so it is archive a, carried by one
+call, and the rest is archive b, carried by the next while the machine is still warm (an ignored folder stays there
+between calls).
 """
 import argparse
 import lzma
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -46,10 +46,6 @@ def pack(out: Path, wheel_dir: Path, python: str) -> None:
         site = Path(tmp)
         for w in wheels:
             zipfile.ZipFile(w).extractall(site)
-        # the device runs CUDA 13; the cu12 copies are the same size again
-        for p in list(site.rglob("*")):
-            if p.exists() and ("cu12" in p.name and (p.is_dir() or p.suffix == ".so")):
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
         files = sorted(p for p in site.rglob("*") if p.is_file())
         big = [p for p in files if BIG in p.name]
         if len(big) != 1:
