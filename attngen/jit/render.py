@@ -110,7 +110,8 @@ def render_sources(variant_inc: str, dtype, head_dim: int, arch: str, *, tiles=N
                       split_probs=int(t.split_probs), dkv_staged=int(t.dkv_staged),
                       s_ahead=t.s_ahead, wait_ns=t.wait_ns,
                       ds_from_packed=int(t.ds_from_packed), ds_stmatrix=int(t.ds_stmatrix),
-                      ds_mul_packed=int(t.ds_mul_packed), arch_number=90)
+                      ds_mul_packed=int(t.ds_mul_packed), stats_early=int(t.stats_early),
+                      arch_number=90)
         text = _render(BWD_KERNEL_TEMPLATE, template_dir, **params)
         return {BWD_KERNEL_SOURCE: text, VARIANT_INCLUDE: variant_inc, **headers(template_dir)}
     if kernel == "sm90":

@@ -153,10 +153,41 @@ ATTNGEN_DEV_INLINE uint32_t rel_slot_base_t(uint32_t slots, int lane) {
   return slots + (uint32_t)(REL_SLOT_BYTES_T * (2 * (lane & 3) - (lane >> 2) + 7));
 }
 
+// A q-block's row statistics (lse in the log2 domain, or delta) at one thread's q columns, 8 nt + 2 tig + {0, 1} for
+// each nt: read where they are used (stat_pair of a pointer into shared memory), or held in registers, read from
+// shared memory ahead of the products they are then issued under (load_stat_pairs; bwd_sm90.cuh's STATS_EARLY).
+template <int NT>
+struct StatPairs {
+  float2 v[NT];
+};
+
+ATTNGEN_DEV_INLINE float2 stat_pair(const float* p, int nt, int tig) {
+  return *reinterpret_cast<const float2*>(p + nt * 8 + 2 * tig);
+}
+
+template <int NT>
+ATTNGEN_DEV_INLINE float2 stat_pair(const StatPairs<NT>& p, int nt, int) {
+  return p.v[nt];
+}
+
+// The loads volatile, so that they stay where they are written: ahead of the products' issue, which is what they are
+// read early for (at their use they wait on shared memory that the products' operand reads keep busy).
+template <int NT>
+ATTNGEN_DEV_INLINE StatPairs<NT> load_stat_pairs(uint32_t at, int tig) {
+  StatPairs<NT> r;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                 : "=f"(r.v[nt].x), "=f"(r.v[nt].y)
+                 : "r"(at + (uint32_t)(4 * (nt * 8 + 2 * tig))));
+  return r;
+}
+
 // S^T (fp32 accumulators of K Q^T, unscaled) -> P^T = exp(x - lse) in place, x = score_mod(s * scale) (or
 // s * scale), 0 where masked: MASK evaluates mask_mod (the tile is not known FULL), BOUNDS masks q columns
-// past QLEN and kv rows past KVLEN (the mods see clamped indices there, results discarded). lse2 points at
-// the tile's BQ row log-sum-exps in the log2 domain (+inf for rows with nothing kept, so P = 0, never NaN).
+// past QLEN and kv rows past KVLEN (the mods see clamped indices there, results discarded). lse2 holds
+// the tile's BQ row log-sum-exps in the log2 domain (stat_pair: a pointer, or StatPairs) (+inf for rows with nothing
+// kept, so P = 0, never NaN).
 // kv0: the kv position of this thread's row g of slice 0; q0: the tile's first q row. With a score_mod, g
 // receives d score_mod / d score at each element.
 // GRADS (the sm90 kernel, which holds dP^T when it takes the probabilities): g holds dP^T on entry and receives
@@ -167,10 +198,11 @@ ATTNGEN_DEV_INLINE uint32_t rel_slot_base_t(uint32_t slots, int lane) {
 // REL (the sm90 kernel's Sm90BwdTiles.rel_walk, with GRADS): a relative score mod takes probs_t_rel, unless b(d)
 // is linear in d (ALiBi: score_mod per element costs no more than score_rel, and measured a little faster);
 // REL_STAGED (with REL), its terms from the warp's shared slots, this thread's at rel_base.
-template <bool MASK, bool BOUNDS, bool GRADS = false, bool REL = false, bool REL_STAGED = false, int MT, int NT>
+template <bool MASK, bool BOUNDS, bool GRADS = false, bool REL = false, bool REL_STAGED = false, int MT, int NT,
+          class Lse>
 ATTNGEN_DEV_INLINE void probs_t(float (&s)[MT][NT][4], float (&g)[MT][NT][4], float scale, const CapturedArgs& C,
                                 const HeadCtx& hc, const ColCtx (&cc)[MT][2], int kv0, int q0, const TileArgs& t,
-                                const float* lse2, int tig, const float* delta = nullptr,
+                                const Lse& lse2, int tig, const float* delta = nullptr,
                                 GradSites* sites = nullptr, uint32_t rel_base = 0) {
   static_assert(!GRADS || MT == 1, "GradSites' bins address one 16-row slice per warp");
 #if ATTNGEN_REL_STAGEABLE
@@ -184,7 +216,7 @@ ATTNGEN_DEV_INLINE void probs_t(float (&s)[MT][NT][4], float (&g)[MT][NT][4], fl
 #endif
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const float2 l2 = *reinterpret_cast<const float2*>(lse2 + nt * 8 + 2 * tig);
+    const float2 l2 = stat_pair(lse2, nt, tig);
     float2 d2 = make_float2(0.f, 0.f);
     if (GRADS) d2 = *reinterpret_cast<const float2*>(delta + nt * 8 + 2 * tig);
 #pragma unroll
@@ -258,14 +290,14 @@ ATTNGEN_DEV_INLINE void probs_t_for(bool masked, bool bounds, Args&&... args) {
 }
 
 // P^T -> dS^T in place: dS = P (dP - delta) (times d score_mod / d score with a score_mod), delta per q
-// column (BQ floats at `delta`). Where P = 0 (masked, or a row with nothing kept) dS is exactly 0, whatever
+// column (BQ floats at `delta`, or StatPairs). Where P = 0 (masked, or a row with nothing kept) dS is exactly 0, whatever
 // the derivative there.
-template <int MT, int NT>
+template <int MT, int NT, class Delta>
 ATTNGEN_DEV_INLINE void grad_scores_t(float (&p)[MT][NT][4], const float (&dp)[MT][NT][4],
-                                      const float (&gs)[MT][NT][4], const float* delta, int tig) {
+                                      const float (&gs)[MT][NT][4], const Delta& delta, int tig) {
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const float2 d2 = *reinterpret_cast<const float2*>(delta + nt * 8 + 2 * tig);
+    const float2 d2 = stat_pair(delta, nt, tig);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll

@@ -13,7 +13,7 @@
 //   S^T = K Q^T and dP^T = V dO^T (both operands from shared memory), then in registers P^T and
 //   dS^T = P^T (dP^T - delta) [* d score_mod / d score] (bwd_probs.cuh, one pass; DS_FROM_PACKED: from P^T as
 //   packed for dV's product, grad_scores_from_packed_t; DS_MUL_PACKED: multiplied as bf16 pairs,
-//   grad_scores_mul_packed_t);
+//   grad_scores_mul_packed_t; STATS_EARLY: lse and delta read into registers ahead of the products, load_stat_pairs);
 //   dV += P^T dO and dK += dS^T Q (A from registers, B = dO / Q read MN-major);
 //   dS^T to shared memory (DS_STMATRIX: with stmatrix), then dQ = dS K (dQ^T = K^T dS^T at BQ = 80; both operands
 //   MN-major from shared memory), staged in shared memory
@@ -326,11 +326,12 @@ __device__ __forceinline__ uint32_t lane_now() {
 // DS_FROM_PACKED: dS^T = P^T (dP^T - delta) into dp, P^T read from its fragments packed for dV's product (elements
 // i, i + 1 of the accumulator, i even, are the pair pa[i / 8][i % 8 / 2], pack_a_frags' order; their columns
 // 8 (i / 4) + 2 tig + {0, 1}), so that the fp32 P^T need not live until dP^T's product is done.
+template <class Delta>
 __device__ __forceinline__ void grad_scores_from_packed_t(float (&dp)[NS], const uint32_t (&pa)[KSTEPS_Q][4],
-                                                          const float* delta, int tig) {
+                                                          const Delta& delta, int tig) {
 #pragma unroll
   for (int i = 0; i < NS; i += 2) {
-    const float2 d2 = *reinterpret_cast<const float2*>(delta + i / 4 * 8 + 2 * tig);
+    const float2 d2 = stat_pair(delta, i / 4, tig);
     const float2 p = unpack2<Elem>(pa[i / 8][i % 8 / 2]);
     dp[i] = p.x * (dp[i] - d2.x);
     dp[i + 1] = p.y * (dp[i + 1] - d2.y);
@@ -342,12 +343,13 @@ __device__ __forceinline__ void grad_scores_from_packed_t(float (&dp)[NS], const
 // P^T as packed for dV's product (the pair order of grad_scores_from_packed_t): a pack and a mul.rn.bf16x2 per pair
 // where unpacking P^T, two multiplies and packing dS^T took five instructions. bf16 only (kDsMulPacked): fp16's range
 // would overflow dP^T - delta where P^T is small.
+template <class Delta>
 __device__ __forceinline__ void grad_scores_mul_packed_t(uint32_t (&da)[KSTEPS_Q][4], const float (&dp)[NS],
-                                                        const uint32_t (&pa)[KSTEPS_Q][4], const float* delta,
+                                                        const uint32_t (&pa)[KSTEPS_Q][4], const Delta& delta,
                                                         int tig) {
 #pragma unroll
   for (int i = 0; i < NS; i += 2) {
-    const float2 d2 = *reinterpret_cast<const float2*>(delta + i / 4 * 8 + 2 * tig);
+    const float2 d2 = stat_pair(delta, i / 4, tig);
     const uint32_t d = pack2<Elem>(dp[i] - d2.x, dp[i + 1] - d2.y);
     asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(da[i / 8][i % 8 / 2]) : "r"(pa[i / 8][i % 8 / 2]), "r"(d));
   }
@@ -378,6 +380,17 @@ constexpr bool kDsMulPacked = kSplitProbs && DS_MUL_PACKED && kDtypeCode == 1;
 // its staging), 2 once dV's and dK's are (under dQ's product too), so that the tensor cores have work while the step
 // ends and the next begins with S^T done.
 static_assert(S_AHEAD >= 0 && S_AHEAD <= 2, "S_AHEAD: 0, 1 or 2");
+// STATS_EARLY (Sm90BwdTiles.stats_early) with the split: a step's delta (bit 0) read into registers before dV's
+// product is issued, its lse (bit 1) before dP^T's, rather than where dS^T and the exponentials use them.
+constexpr bool kLseEarly = kSplitProbs && (STATS_EARLY & 2) != 0;
+constexpr bool kDeltaEarly = kSplitProbs && (STATS_EARLY & 1) != 0;
+
+// x where FIRST, else y: the statistics in registers (StatPairs) or their pointer into shared memory.
+template <bool FIRST, class X, class Y>
+__device__ __forceinline__ const auto& either(const X& x, const Y& y) {
+  if constexpr (FIRST) return x;
+  else return y;
+}
 
 // DKV_STAGED: this consumer's rows of a finished dK (times `scale`) and dV in shared memory as TMA boxes of 64 kv
 // rows: dK in its rows of the two dS^T buffers (free once both consumers' walks are over: at head dim 128 the other's dQ
@@ -521,6 +534,8 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
       float st_here[NS], dp[NS];
       float (&st)[NS] = S_AHEAD ? s_ahead : st_here;  // the other array is never touched
       mbar_wait(sm.full(stage), (n / STAGES) & 1u);
+      StatPairs<BQ / 8> lse_early, delta_early;  // kLseEarly, kDeltaEarly
+      if constexpr (kLseEarly) lse_early = load_stat_pairs<BQ / 8>(sm.stats(stage), tig);
       wgmma_fence();
       if constexpr (!S_AHEAD) {
         issue_scores_t(st, desc_k, sm.q(stage));
@@ -540,25 +555,28 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
         wgmma_wait<1>();
         fence_regs(st);
         // (without a score_mod probs_t writes no derivatives: its second array is st itself, unread)
+        const auto& lse_in = either<kLseEarly>(lse_early, lse2);
         if constexpr (kDsMulPacked) {  // nothing reads the fp32 P^T once packed: packed on each side
           probs_t_for_then(masked, bounds, [&] { pack_a_frags<Elem, BQ>(st, pa); }, as_frags(st), as_frags(st), scale,
-                           C, hc, cc, kv0, q0, t, lse2, tig);
+                           C, hc, cc, kv0, q0, t, lse_in, tig);
         } else {
-          probs_t_for(masked, bounds, as_frags(st), as_frags(st), scale, C, hc, cc, kv0, q0, t, lse2, tig);
+          probs_t_for(masked, bounds, as_frags(st), as_frags(st), scale, C, hc, cc, kv0, q0, t, lse_in, tig);
           pack_a_frags<Elem, BQ>(st, pa);
         }
+        if constexpr (kDeltaEarly) delta_early = load_stat_pairs<BQ / 8>(sm.stats(stage) + 4u * BQ, tig);
+        const auto& delta_in = either<kDeltaEarly>(delta_early, delta);
         wgmma_fence();
         wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dv, pa, make_smem_desc_sw128(sm.dout(stage), Q_BLOCK_BYTES, 1024));
         wgmma_commit();
         wgmma_wait<1>();
         fence_regs(dp);
         if constexpr (kDsMulPacked) {
-          grad_scores_mul_packed_t(da, dp, pa, delta, tig);
+          grad_scores_mul_packed_t(da, dp, pa, delta_in, tig);
         } else if constexpr (DS_FROM_PACKED) {
-          grad_scores_from_packed_t(dp, pa, delta, tig);  // dS^T into dp
+          grad_scores_from_packed_t(dp, pa, delta_in, tig);  // dS^T into dp
           pack_a_frags<Elem, BQ>(dp, da);
         } else {
-          grad_scores_t(as_frags(st), as_frags(dp), as_frags(dp), delta, tig);  // dS^T into st (no derivatives read)
+          grad_scores_t(as_frags(st), as_frags(dp), as_frags(dp), delta_in, tig);  // dS^T into st (no derivatives read)
           pack_a_frags<Elem, BQ>(st, da);
         }
         store_ds(ds, da, cw * 64 + r0, tig);
