@@ -268,15 +268,16 @@ def sm90_bwd_ladder(head_dim: int, has_score_mod: bool = False, has_mask: bool =
     """The settings an sm90 backward build tries, best first: the spec builds the first that ptxas compiles
     without spills, else the one that spills least. Without a score_mod a rung splits the probabilities
     (split_probs: P^T and dP^T's product overlapped), which keeps dP^T live through P^T's pass (prefix-LM at head dim
-    128 spills there, and takes the next rung); those rungs store dS^T with stmatrix and multiply it as bf16 pairs
-    (ds_stmatrix, ds_mul_packed: fewer instructions per step, docs/performance.md). Without a score_mod, a mask other than a half plane (a window,
-    documents, a union) first tries that rung with dK and dV staged for TMA stores (dkv_staged): its walks are short or
-    uneven, so a tile's end is a large share of its time (full and causal-like masks walk long ranges, and gained
-    nothing; with a score_mod, the one pass staged did not clearly gain: docs/performance.md). At head dim 128 that
-    rung first tries each step's S^T issued by the step before (s_ahead 2), which frees the registers that make the
-    document's staged rung spill (prefix-LM gained by it, the window was level; at 64 it was level or slower); the
-    staged rung without it is not tried after it (documents with int64 ids spill on both: it only lengthened their
-    cold build). There the split rung is tried again without the waits' suspend-time hint (wait_ns 0) before the one
+    128 spills there, and takes the next rung); those rungs store dS^T with stmatrix, multiply it as bf16 pairs and
+    read delta into registers before dV's product is issued (ds_stmatrix, ds_mul_packed, stats_early 1: together 3-5%
+    off full attention's step, docs/performance.md session 43). Without a score_mod, a mask other than a half plane (a
+    window, documents, a union) first tries that rung with dK and dV staged for TMA stores (dkv_staged): its walks are
+    short or uneven, so a tile's end is a large share of its time (full and causal-like masks walk long ranges, and
+    gained nothing; with a score_mod, the one pass staged did not clearly gain: docs/performance.md). At head dim 128
+    that rung first tries each step's S^T issued by the step before (s_ahead 2), which frees the registers that make
+    the document's staged rung spill (prefix-LM gained by it, the window was level; at 64 it was level or slower), and
+    then the same without delta read early (documents with int64 ids spill with it and build clean without it). There
+    the split rung is tried again without the waits' suspend-time hint (wait_ns 0) before the one
     pass: the hint's end arrival keeps a register live through the walks, which made documents with int64 ids spill on
     the split rung (16 bytes), and that rung without it is the kernel they were measured on (docs/performance.md,
     session 37). Full attention at head dim 128 first tries the split rung at 80 q rows per step with dS^T from the
@@ -300,7 +301,6 @@ def sm90_bwd_ladder(head_dim: int, has_score_mod: bool = False, has_mask: bool =
     staged = (replace(split, dkv_staged=True),) if has_mask and not half_plane else ()
     unhinted = ()
     if staged and head_dim == 128:
-        # documents with int64 ids spill on the staged rung with delta read early, and build it clean without
         staged = (replace(staged[0], s_ahead=2), replace(staged[0], s_ahead=2, stats_early=0))
         unhinted = (replace(split, wait_ns=0),)
     return staged + (split,) + unhinted + (t, producer_heavy)
