@@ -7,7 +7,7 @@
 # S: the row statistics read early (Sm90BwdTiles.stats_early: 1 delta before dV's issue, 2 lse before dP^T's, 3 both):
 #    their GPU test against float64, then the step A/B'd on full attention's 80-row rung (delta only: lse early spills
 #    there) and causal's split rung, alone and with dS^T's stmatrix stores / packed multiply, 6 rotated rounds.
-# T [END]: the ladder with dS^T's options and delta early on every split rung: the backward suite, the training table
+# T [END]: the ladder with dS^T's options and delta early on every split rung (wip/ds-rungs.patch, applied here): the backward suite, the training table
 #    on every anchor, then the backward's small cases plainly and under memcheck, each within what is left of END
 #    seconds (520; racecheck is R, the next call while the machine is warm).
 # R: the backward's small cases under racecheck (built by T on the warm machine; built again if not).
@@ -42,6 +42,8 @@ case "$1" in
     source scripts/device_step.sh  # environment, $R, training_table, run_tests, smoke_backward, sanitize_backward
     end=${2:-520}  # the call's seconds: each step's limit is what is left of them
     left() { echo $(( end - ${1:-0} - SECONDS )); }  # seconds left, less a reserve (the first argument)
+    # the ladder under test, in this call's copy of the tree (already there once it has landed)
+    grep -q "ds_mul_packed=True, stats_early=1)" attngen/jit/tiles.py || git apply wip/ds-rungs.patch || exit 1
     run_tests bwd 170 -n 8 tests/gpu/test_bwd_gpu.py
     training_table $(left 20)
     [ $(left) -gt 90 ] && smoke_backward 40 && sanitize_backward memcheck $(left 5)

@@ -90,30 +90,23 @@ def test_sm90_backward_family_and_tiles():
     assert [t.dkv_staged for t in tiles.sm90_bwd_ladder(64, has_mask=True)] == [True, False, False, False]
     # at head dim 128 that rung with each step's S^T issued by the step before
     # and the split rung again without the waits' suspend-time hint before the one pass
-    assert [(t.dkv_staged, t.s_ahead, t.wait_ns, t.stats_early) for t in tiles.sm90_bwd_ladder(128, has_mask=True)] \
-        == [(True, 2, 2000, 1), (True, 2, 2000, 0), (False, 0, 2000, 1), (False, 0, 0, 1), (False, 0, 2000, 0),
-            (False, 0, 2000, 0)]
-    assert all(t.split_probs for t in tiles.sm90_bwd_ladder(128, has_mask=True)[:4])
+    assert [(t.dkv_staged, t.s_ahead, t.wait_ns) for t in tiles.sm90_bwd_ladder(128, has_mask=True)] \
+        == [(True, 2, 2000), (False, 0, 2000), (False, 0, 0), (False, 0, 2000), (False, 0, 2000)]
+    assert all(t.split_probs for t in tiles.sm90_bwd_ladder(128, has_mask=True)[:3])
     assert not any(t.dkv_staged for t in tiles.sm90_bwd_ladder(128, has_mask=True, half_plane=True)
                    + tiles.sm90_bwd_ladder(128, has_score_mod=True, has_mask=True) + tiles.sm90_bwd_ladder(128))
     # full attention at head dim 128 first tries 80 q rows per step, dS^T from the packed P^T, S^T a step ahead; no
     # other ladder has 80 rows
-    ds = dict(ds_stmatrix=True, ds_mul_packed=True, stats_early=1)  # dS^T stmatrix, packed multiply, delta early
     assert tiles.sm90_bwd_ladder(128)[0] == dataclasses.replace(tiles.SM90_BWD_TILES[128], split_probs=True,
-                                                                block_q=80, ds_from_packed=True, s_ahead=2, **ds)
+                                                                block_q=80, ds_from_packed=True, s_ahead=2)
     assert tiles.sm90_bwd_ladder(128)[1:] == (
-        dataclasses.replace(tiles.SM90_BWD_TILES[128], split_probs=True, **ds), tiles.SM90_BWD_TILES[128],
+        dataclasses.replace(tiles.SM90_BWD_TILES[128], split_probs=True), tiles.SM90_BWD_TILES[128],
         dataclasses.replace(tiles.SM90_BWD_TILES[128], producer_regs=56, consumer_regs=224))
     assert [(hd, kw) for hd in (64, 128) for kw in ({}, dict(has_mask=True), dict(has_mask=True, half_plane=True),
                                                     dict(has_score_mod=True))
             for r in tiles.sm90_bwd_ladder(hd, **kw) if r.block_q == 80 or r.ds_from_packed] == [(128, {})]
     assert attngen.compile(window=64).spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL).tile_choices()[0] \
-        == dataclasses.replace(tiles.SM90_BWD_TILES[128], split_probs=True, dkv_staged=True, s_ahead=2, **ds)
-    # delta read early on every split rung but the staged rung's fallback without it (masks at head dim 128)
-    assert all(r.ds_stmatrix == r.ds_mul_packed == r.split_probs == bool(r.stats_early) or
-               (hd == 128 and r.dkv_staged and r.stats_early == 0) for hd in (64, 128)
-               for kw in ({}, dict(has_mask=True), dict(has_mask=True, half_plane=True), dict(has_score_mod=True))
-               for r in tiles.sm90_bwd_ladder(hd, **kw))
+        == dataclasses.replace(tiles.SM90_BWD_TILES[128], split_probs=True, dkv_staged=True, s_ahead=2)
     assert not attngen.compile(causal=True).spec(torch.bfloat16, 128, "sm_90a",
                                                  kernel=SM90_BWD_KERNEL).tile_choices()[0].dkv_staged
     split = dataclasses.replace(tiles.SM90_BWD_TILES[64], split_probs=True)
@@ -229,19 +222,17 @@ def test_sm90_backward_builds_on_wgmma_without_spills(tmp_path):
 
 
 @pytest.mark.requires_nvcc
-def test_int64_document_ids_build_the_staged_rung(tmp_path):
-    """Documents with int64 ids (torch's default for randint and cumsum) at head dim 128 build the ladder's second rung,
-    dK and dV staged with each step's S^T issued a step ahead, clean; the first, the same with delta read early
-    (stats_early), spills for them. Before dS^T was stored with stmatrix and multiplied packed (ds_stmatrix,
-    ds_mul_packed) the staged rung and the split rung with the waits' suspend-time hint spilled, and they built the
-    split rung without the hint (sessions 35-37)."""
+def test_int64_document_ids_build_the_split_rung_without_the_hint(tmp_path):
+    """Documents with int64 ids (torch's default for randint and cumsum) at head dim 128: the staged rung and the split
+    rung with the waits' suspend-time hint spill, and the ladder's next rung is the split rung without the hint (the
+    kernel they were measured on, session 35-36), not the one pass, built clean."""
     docs = torch.randint(0, 5, (NPOS,), generator=torch.Generator().manual_seed(3)).sort().values
     assert docs.dtype == torch.int64
     spec = attngen.compile(mask_mod=attngen.document(docs)).spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
     t, spill = build_first_without_spills(tmp_path, spec.variant_inc(), torch.bfloat16, 128, "sm_90a",
                                           spec.tile_choices(), kernel=SM90_BWD_KERNEL)
-    assert spill == 0 and t == spec.tile_choices()[1] == dataclasses.replace(spec.tile_choices()[0], stats_early=0), t
-    assert t.split_probs and t.dkv_staged and t.s_ahead == 2 and t.ds_stmatrix and t.ds_mul_packed
+    assert spill == 0 and t == spec.tile_choices()[2], t
+    assert t.split_probs and not t.dkv_staged and t.wait_ns == 0
 
 
 @pytest.mark.requires_nvcc
@@ -431,7 +422,7 @@ def test_sm90_backward_stages_kv_grads_for_tma_stores(tmp_path, hd):
     first = spec.tile_choices()[0]
     waits = {}
     for staged in (False, True):
-        t = dataclasses.replace(first, dkv_staged=staged, ds_stmatrix=False)  # stmatrix: only the staging
+        t = dataclasses.replace(first, dkv_staged=staged)
         d = tmp_path / f"staged{int(staged)}"
         chosen, spill = build_first_without_spills(d, spec.variant_inc(), torch.bfloat16, hd, "sm_90a", (t,),
                                                    kernel=SM90_BWD_KERNEL)
@@ -505,9 +496,7 @@ def test_sm90_backward_wait_hint_builds_clean(tmp_path):
         assert first.wait_ns == 2000
         for ns in (0, 2000):
             d = tmp_path / f"{name}{ns}"
-            # without the hint, delta read early spills on full attention's 80-row rung (44 bytes), a pair on no rung
-            early = first.stats_early if ns or name != "full" else 0
-            ptx = _clean_rung_ptx(d, spec, dataclasses.replace(first, wait_ns=ns, stats_early=early))
+            ptx = _clean_rung_ptx(d, spec, dataclasses.replace(first, wait_ns=ns))
             assert f"constexpr uint32_t WAIT_NS = {ns};" in (d / render.BWD_KERNEL_SOURCE).read_text()
             # the loader's kv_empty, the producer's tile_full and ring slots, the writers' dq_full: four sites
             assert len(hinted.findall(ptx)) == (4 if ns else 0), (name, ns, len(hinted.findall(ptx)))
@@ -518,7 +507,7 @@ def test_sm90_backward_wait_hint_builds_clean(tmp_path):
     # (test_sm90_backward_family_and_tiles)
     rungs = [r for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd) + tiles.sm90_bwd_ladder(hd, has_mask=True)
              + tiles.sm90_bwd_ladder(hd, has_score_mod=True, has_mask=True)]
-    assert [r for r in rungs if r.wait_ns != 2000] == [dataclasses.replace(tiles.sm90_bwd_ladder(128, has_mask=True)[2],
+    assert [r for r in rungs if r.wait_ns != 2000] == [dataclasses.replace(tiles.sm90_bwd_ladder(128, has_mask=True)[1],
                                                                            wait_ns=0)]
     for bad in (-1, 10_000_001):
         with pytest.raises(attngen.BuildError, match="wait_ns"):
@@ -547,8 +536,7 @@ def test_sm90_backward_scores_ahead_build_clean(variant, tmp_path):
     # on the staged rung of masks at head dim 128 and on full attention's 80-row rung there, nowhere else
     assert not any(r.s_ahead for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd)[hd == 128:] + tiles.sm90_bwd_ladder(
         hd, has_mask=True, half_plane=True) + tiles.sm90_bwd_ladder(hd, has_score_mod=True, has_mask=True))
-    # the staged rung and its fallback without delta read early
-    assert [r.s_ahead for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd, has_mask=True) if r.s_ahead] == [2, 2]
+    assert [r.s_ahead for hd in (64, 128) for r in tiles.sm90_bwd_ladder(hd, has_mask=True) if r.s_ahead] == [2]
     assert tiles.sm90_bwd_ladder(128)[0].s_ahead == 2 and tiles.sm90_bwd_ladder(128)[0].block_q == 80
     with pytest.raises(attngen.BuildError, match="s_ahead"):
         tiles.Sm90BwdTiles(s_ahead=3)
@@ -569,19 +557,23 @@ def test_bad_tile_setting_is_its_own_error(monkeypatch):
 
 @pytest.mark.requires_nvcc
 def test_sm90_backward_ds_stmatrix_and_packed_multiply_build_clean(tmp_path):
-    """dS^T stored with stmatrix (Sm90BwdTiles.ds_stmatrix) and multiplied as bf16 pairs (ds_mul_packed), on every
-    split rung: full attention's 80-row rung and causal's split rung build clean with both (no spills, wgmmas not
-    serialized; causal's spilled 648 bytes while P^T was packed after its masked paths joined), their PTX stores dS^T
-    with stmatrix and multiplies with mul.rn.bf16x2; an fp16 build keeps the fp32 products. ds_mul_packed without the
-    split pass is refused."""
+    """dS^T stored with stmatrix (Sm90BwdTiles.ds_stmatrix) and multiplied as bf16 pairs (ds_mul_packed), on no rung:
+    full attention's 80-row rung and causal's split rung build clean with both (no spills, wgmmas not serialized;
+    causal's spilled 648 bytes while P^T was packed after its masked paths joined), their PTX stores dS^T with
+    stmatrix and multiplies with mul.rn.bf16x2, which the shipped rungs do not; an fp16 build keeps the fp32 products.
+    ds_mul_packed and stats_early without the split pass are refused."""
     from attngen.jit.toolchain import find_nvcc
 
     for name, attn in (("full", attngen.compile()), ("causal", attngen.compile(causal=True))):
         spec = attn.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
         first = spec.tile_choices()[0]
-        assert first.split_probs and first.ds_stmatrix and first.ds_mul_packed
-        ptx = _clean_rung_ptx(tmp_path / name, spec, first)
+        assert not (first.ds_stmatrix or first.ds_mul_packed)
+        assert first.split_probs
+        ptx = _clean_rung_ptx(tmp_path / name, spec, dataclasses.replace(first, ds_stmatrix=True, ds_mul_packed=True))
         assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx and "mul.rn.bf16x2" in ptx, name
+    shipped = [r for hd in (64, 128) for kw in ({}, dict(has_mask=True), dict(has_mask=True, half_plane=True),
+                                                dict(has_score_mod=True)) for r in tiles.sm90_bwd_ladder(hd, **kw)]
+    assert not any(r.ds_stmatrix or r.ds_mul_packed for r in shipped)
     fp16 = render.render_sources(attngen.compile().spec(torch.float16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
                                  .variant_inc(), torch.float16, 128, "sm_90a", kernel=SM90_BWD_KERNEL,
                                  tiles=dataclasses.replace(first, ds_mul_packed=True))
@@ -595,7 +587,7 @@ def test_sm90_backward_ds_stmatrix_and_packed_multiply_build_clean(tmp_path):
     assert "mul.rn.bf16x2" not in ptx and "mul.rn.f16x2" not in ptx
     with pytest.raises(attngen.BuildError, match="ds_mul_packed"):
         tiles.Sm90BwdTiles(ds_mul_packed=True)
-    # the statistics read early (Sm90BwdTiles.stats_early: delta on every split rung) need the split pass too
+    # the statistics read early (Sm90BwdTiles.stats_early, on no rung) need the split pass too
     with pytest.raises(attngen.BuildError, match="stats_early"):
         tiles.Sm90BwdTiles(stats_early=1)
     with pytest.raises(attngen.BuildError, match="stats_early must be 0"):

@@ -200,21 +200,20 @@ class Sm90BwdTiles:
     ds_from_packed: bool = False
     # a warp's dS^T fragments of a q step stored to shared memory with one stmatrix (four 8 x 8 matrices) instead of
     # four 32-bit stores per thread (bwd_sm90.cuh store_ds: the same bytes at the same places; FA4's sm90 backward
-    # stores dS so). On every split rung (sm90_bwd_ladder; on score-mod rungs softcap + causal spills with it at head
-    # dim 128: docs/performance.md)
+    # stores dS so). On no rung (docs/performance.md, sessions 40 and 43: with stats_early, wip/ds-rungs.patch)
     ds_stmatrix: bool = False
     # with split_probs, bf16 inputs: dS^T = P^T (dP^T - delta) multiplied as bf16 pairs (mul.rn.bf16x2) from P^T as
     # packed for dV's product and dP^T - delta rounded to bf16 once (the eager implementation rounds dP^T itself
     # before subtracting), straight into dK's packed fragments: two instructions per pair where unpacking, two
     # products and packing took five (bwd_sm90.cuh grad_scores_mul_packed_t; fp16 keeps the fp32 products, whose
-    # range it needs). On every split rung (sm90_bwd_ladder)
+    # range it needs). On no rung (docs/performance.md, sessions 40 and 43: with stats_early, wip/ds-rungs.patch)
     ds_mul_packed: bool = False
     # with split_probs, which row statistics a step reads from shared memory into registers ahead of the products they
     # are used under (bwd_sm90.cuh STATS_EARLY), as FA4's sm90 backward reads them, rather than where the exponentials
     # and dS^T use them, each load then waiting on shared memory that the products' operand reads keep busy: 1 delta
-    # before dV's product is issued, 2 lse before dP^T's (and S^T's), 3 both (0: none). 1 on every split rung
-    # (sm90_bwd_ladder; lse early spills on full attention's 80-row rung, and measured level on causal's:
-    # docs/performance.md, session 43)
+    # before dV's product is issued, 2 lse before dP^T's (and S^T's), 3 both (0: none). On no rung: with ds_stmatrix
+    # and ds_mul_packed it took 3-5% off full attention's step (docs/performance.md, session 43), and the ladder with
+    # the three on every split rung (wip/ds-rungs.patch) waits for the GPU suite on its rungs
     stats_early: int = 0
 
     def __post_init__(self):
@@ -268,16 +267,14 @@ def sm90_bwd_ladder(head_dim: int, has_score_mod: bool = False, has_mask: bool =
     """The settings an sm90 backward build tries, best first: the spec builds the first that ptxas compiles
     without spills, else the one that spills least. Without a score_mod a rung splits the probabilities
     (split_probs: P^T and dP^T's product overlapped), which keeps dP^T live through P^T's pass (prefix-LM at head dim
-    128 spills there, and takes the next rung); those rungs store dS^T with stmatrix, multiply it as bf16 pairs and
-    read delta into registers before dV's product is issued (ds_stmatrix, ds_mul_packed, stats_early 1: together 3-5%
-    off full attention's step, docs/performance.md session 43). Without a score_mod, a mask other than a half plane (a
-    window, documents, a union) first tries that rung with dK and dV staged for TMA stores (dkv_staged): its walks are
-    short or uneven, so a tile's end is a large share of its time (full and causal-like masks walk long ranges, and
-    gained nothing; with a score_mod, the one pass staged did not clearly gain: docs/performance.md). At head dim 128
-    that rung first tries each step's S^T issued by the step before (s_ahead 2), which frees the registers that make
-    the document's staged rung spill (prefix-LM gained by it, the window was level; at 64 it was level or slower), and
-    then the same without delta read early (documents with int64 ids spill with it and build clean without it). There
-    the split rung is tried again without the waits' suspend-time hint (wait_ns 0) before the one
+    128 spills there, and takes the next rung). Without a score_mod, a mask other than a half plane (a window,
+    documents, a union) first tries that rung with dK and dV staged for TMA stores (dkv_staged): its walks are short or
+    uneven, so a tile's end is a large share of its time (full and causal-like masks walk long ranges, and gained
+    nothing; with a score_mod, the one pass staged did not clearly gain: docs/performance.md). At head dim 128 that
+    rung first tries each step's S^T issued by the step before (s_ahead 2), which frees the registers that make the
+    document's staged rung spill (prefix-LM gained by it, the window was level; at 64 it was level or slower); the
+    staged rung without it is not tried after it (documents with int64 ids spill on both: it only lengthened their
+    cold build). There the split rung is tried again without the waits' suspend-time hint (wait_ns 0) before the one
     pass: the hint's end arrival keeps a register live through the walks, which made documents with int64 ids spill on
     the split rung (16 bytes), and that rung without it is the kernel they were measured on (docs/performance.md,
     session 37). Full attention at head dim 128 first tries the split rung at 80 q rows per step with dS^T from the
@@ -295,13 +292,13 @@ def sm90_bwd_ladder(head_dim: int, has_score_mod: bool = False, has_mask: bool =
     producer_heavy = replace(t, producer_regs=56, consumer_regs=224)
     if has_score_mod:
         return t, producer_heavy
-    split = replace(t, split_probs=True, ds_stmatrix=True, ds_mul_packed=True, stats_early=1)
+    split = replace(t, split_probs=True)
     if not has_mask and head_dim == 128:
         return (replace(split, block_q=80, ds_from_packed=True, s_ahead=2), split, t, producer_heavy)
     staged = (replace(split, dkv_staged=True),) if has_mask and not half_plane else ()
     unhinted = ()
     if staged and head_dim == 128:
-        staged = (replace(staged[0], s_ahead=2), replace(staged[0], s_ahead=2, stats_early=0))
+        staged = (replace(staged[0], s_ahead=2),)
         unhinted = (replace(split, wait_ns=0),)
     return staged + (split,) + unhinted + (t, producer_heavy)
 
