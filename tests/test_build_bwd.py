@@ -557,20 +557,34 @@ def test_bad_tile_setting_is_its_own_error(monkeypatch):
 
 @pytest.mark.requires_nvcc
 def test_sm90_backward_ds_stmatrix_and_packed_multiply_build_clean(tmp_path):
-    """dS^T stored with stmatrix (Sm90BwdTiles.ds_stmatrix) and multiplied as bf16 pairs (ds_mul_packed), on no rung:
-    full attention's 80-row rung and causal's split rung build clean with both (no spills, wgmmas not serialized;
-    causal's spilled 648 bytes while P^T was packed after its masked paths joined), their PTX stores dS^T with
-    stmatrix and multiplies with mul.rn.bf16x2, which the shipped rungs do not; an fp16 build keeps the fp32 products.
+    """dS^T stored with stmatrix (Sm90BwdTiles.ds_stmatrix) and multiplied as bf16 pairs (ds_mul_packed), with delta
+    read early (stats_early 1), on no rung: full attention's 80-row rung and causal's split rung build clean with the
+    three (no spills, wgmmas not serialized; causal's spilled 648 bytes while P^T was packed after its masked paths
+    joined), their PTX stores dS^T with stmatrix, multiplies with mul.rn.bf16x2 and reads delta with BQ / 8 loads of
+    its own (lse too with stats_early 3), which the shipped rungs do not; an fp16 build keeps the fp32 products.
     ds_mul_packed and stats_early without the split pass are refused."""
     from attngen.jit.toolchain import find_nvcc
 
+    early_loads = re.compile(r"// begin inline asm\s*\n\s*ld\.shared\.v2\.f32")  # load_stat_pairs' volatile loads
     for name, attn in (("full", attngen.compile()), ("causal", attngen.compile(causal=True))):
         spec = attn.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
         first = spec.tile_choices()[0]
-        assert not (first.ds_stmatrix or first.ds_mul_packed)
+        assert not (first.ds_stmatrix or first.ds_mul_packed or first.stats_early)
         assert first.split_probs
-        ptx = _clean_rung_ptx(tmp_path / name, spec, dataclasses.replace(first, ds_stmatrix=True, ds_mul_packed=True))
+        ptx = _clean_rung_ptx(tmp_path / name, spec, dataclasses.replace(first, ds_stmatrix=True, ds_mul_packed=True,
+                                                                         stats_early=1))
         assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx and "mul.rn.bf16x2" in ptx, name
+        assert len(early_loads.findall(ptx)) == first.block_q // 8, name
+    both = render.render_sources(spec.variant_inc(), torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL,
+                                 tiles=dataclasses.replace(first, stats_early=3))
+    (tmp_path / "both").mkdir()
+    for fname, text in both.items():
+        (tmp_path / "both" / fname).write_text(text)
+    ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(tmp_path / "both"),
+                          str(tmp_path / "both" / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True,
+                         text=True, check=True).stdout
+    assert len(early_loads.findall(ptx)) == 2 * first.block_q // 8  # causal's rung: lse and delta
+    assert not early_loads.search(_clean_rung_ptx(tmp_path / "shipped", spec, first))
     shipped = [r for hd in (64, 128) for kw in ({}, dict(has_mask=True), dict(has_mask=True, half_plane=True),
                                                 dict(has_score_mod=True)) for r in tiles.sm90_bwd_ladder(hd, **kw)]
     assert not any(r.ds_stmatrix or r.ds_mul_packed for r in shipped)
