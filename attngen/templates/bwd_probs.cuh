@@ -218,7 +218,7 @@ ATTNGEN_DEV_INLINE void probs_t(float (&s)[MT][NT][4], float (&g)[MT][NT][4], fl
   for (int nt = 0; nt < NT; ++nt) {
     const float2 l2 = stat_pair(lse2, nt, tig);
     float2 d2 = make_float2(0.f, 0.f);
-    if (GRADS) d2 = *reinterpret_cast<const float2*>(delta + nt * 8 + 2 * tig);
+    if (GRADS) d2 = stat_pair(delta, nt, tig);
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int row = q0 + nt * 8 + 2 * tig + e;
@@ -290,8 +290,8 @@ ATTNGEN_DEV_INLINE void probs_t_for(bool masked, bool bounds, Args&&... args) {
 }
 
 // P^T -> dS^T in place: dS = P (dP - delta) (times d score_mod / d score with a score_mod), delta per q
-// column (BQ floats at `delta`, or StatPairs). Where P = 0 (masked, or a row with nothing kept) dS is exactly 0, whatever
-// the derivative there.
+// column (BQ floats at `delta`, or StatPairs). Where P = 0 (masked, or a row with nothing kept) dS is exactly 0,
+// whatever the derivative there.
 template <int MT, int NT, class Delta>
 ATTNGEN_DEV_INLINE void grad_scores_t(float (&p)[MT][NT][4], const float (&dp)[MT][NT][4],
                                       const float (&gs)[MT][NT][4], const Delta& delta, int tig) {

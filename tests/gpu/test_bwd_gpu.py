@@ -540,18 +540,24 @@ def test_ds_stores_and_packed_multiply_match_float64(case, block_q, fields, monk
     assert _setting_matches_float64(monkeypatch, case, {**rung, **fields}) == block_q
 
 
-# the row statistics read early (Sm90BwdTiles.stats_early: 1 delta, 2 lse, 3 both) on the split rung at 64 and 80 q rows,
-# alone and with dS^T's options; the one pass of a score_mod variant, which takes no statistics early
+# the row statistics read early (Sm90BwdTiles.stats_early: 1 delta, 2 lse, 3 both) on the split rung at 64 and 80 q
+# rows, alone and with dS^T's options; the one pass of a score_mod variant, which takes no statistics early
 STATS_EARLY_RUNS = [(c, bq, dict(stats_early=3)) for c in DS_STORE_CASES for bq in (64, 80)] + [
     (DS_STORE_CASES[3], 64, dict(stats_early=2, **BOTH)), (DS_STORE_CASES[0], 80, dict(stats_early=1, **BOTH)),
     (("softcap_causal", torch.bfloat16, 2, 4, 2, 200, 200, 0), 64, dict(stats_early=3))]
 
 
+def _stats_run_id(x):
+    """A STATS_EARLY_RUNS parameter's id: the case, its q rows, its fields (`stats_early3+ds_stmatrix`)."""
+    if isinstance(x, int):
+        return str(x)
+    if isinstance(x, dict):
+        return "+".join(f"{k}{'' if v is True else v}" for k, v in x.items())
+    return f"{x[0]}-{str(x[1])[6:]}-{x[2]}x{x[3]}x{x[4]}-{x[5]}x{x[6]}+{x[7]}"
+
+
 @pytest.mark.requires_sm90
-@pytest.mark.parametrize("case,block_q,fields", STATS_EARLY_RUNS,
-                         ids=lambda x: x if isinstance(x, int) else "+".join(f"{k}{v if v is not True else ''}"
-                                                                             for k, v in x.items())
-                         if isinstance(x, dict) else f"{x[0]}-{str(x[1])[6:]}-{x[2]}x{x[3]}x{x[4]}-{x[5]}x{x[6]}+{x[7]}")
+@pytest.mark.parametrize("case,block_q,fields", STATS_EARLY_RUNS, ids=_stats_run_id)
 def test_statistics_read_early_match_float64(case, block_q, fields, monkeypatch):
     """lse and delta read into registers ahead of the products (Sm90BwdTiles.stats_early) on the split rung at 64 q
     rows (causal's) and at 80 (full attention's first rung), with and without dS^T's stmatrix stores and packed
