@@ -7,11 +7,11 @@
 # S: the row statistics read early (Sm90BwdTiles.stats_early: 1 delta before dV's issue, 2 lse before dP^T's, 3 both):
 #    their GPU test against float64, then the step A/B'd on full attention's 80-row rung (delta only: lse early spills
 #    there) and causal's split rung, alone and with dS^T's stmatrix stores / packed multiply, 6 rotated rounds.
-# T [END]: the ladder with dS^T's options and delta early on every split rung (wip/ds-rungs.patch, applied here): the backward suite, the training table
-#    on every anchor, then the backward's small cases plainly and under memcheck, each within what is left of END
-#    seconds (520; racecheck is R, the next call while the machine is warm).
-# R: the backward's small cases under racecheck (built by T on the warm machine; built again if not).
-# F, G, H, E, C, B: scripts/round_s42.sh's rounds as prepared there (F carries ".fa4/b.tar.xz" while the machine is warm).
+# T [END]: the ladder with dS^T's options and delta early on every split rung (wip/ds-rungs.patch, applied here): the
+#    backward suite, the training table on every anchor, then the backward's small cases plainly and under memcheck,
+#    each within what is left of END seconds (520; racecheck is R, the next call while the machine is warm).
+# R: the backward's small cases under racecheck on the same ladder (built by T on the warm machine; built again if not).
+# F, G, H, E, C, B: scripts/round_s42.sh's rounds as prepared there (F carries ".fa4/b.tar.xz" while warm).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "$1" in
@@ -50,6 +50,8 @@ case "$1" in
     pack_results ;;
   R)
     source scripts/device_step.sh
+    # each call's copy of the tree is sent afresh: the ladder under test applied again
+    grep -q "ds_mul_packed=True, stats_early=1)" attngen/jit/tiles.py || git apply wip/ds-rungs.patch || exit 1
     smoke_backward 60 && sanitize_backward racecheck 240
     pack_results ;;
   *) bash scripts/round_s42.sh "$@" ;;
