@@ -224,6 +224,12 @@ def fmt(x, nd=1):
     return f"{x:.{nd}f}"
 
 
+def fmt_ratio(x):
+    """A ratio of two implementations' figures, "1.41x", or "n/a" where one of them did not run."""
+    text = fmt(x, 2)
+    return text if text == "n/a" else text + "x"
+
+
 def err_line(what: str, e: BaseException) -> str:
     tb = traceback.format_exception_only(type(e), e)[-1].strip()
     print(f"  !! {what} failed: {tb}", flush=True)
@@ -452,11 +458,11 @@ def anchors_table(rows) -> str:
         sdpa = fmt(r.get("sdpa_tflops"))
         if r.get("sdpa_backend") and r["sdpa_backend"] != "cudnn":
             sdpa += f" ({r['sdpa_backend']})"
-        ratio = lambda k: f"{r[k]:.2f}x" if r.get(k) else "n/a"  # noqa: E731
         err = r.get("max_abs_err_vs_flex")
         lines.append(
             f"| {r.get('variant', r['key'])} | {fmt(r.get('attngen_ms'), 3)} | {fmt(r.get('attngen_tflops'))} "
-            f"| {fmt(r.get('flex_tflops'))} | {sdpa} | {ratio('attngen_over_flex')} | {ratio('attngen_over_sdpa')} "
+            f"| {fmt(r.get('flex_tflops'))} | {sdpa} | {fmt_ratio(r.get('attngen_over_flex'))} "
+            f"| {fmt_ratio(r.get('attngen_over_sdpa'))} "
             f"| {fmt(r.get('density'), 3)} | {'n/a' if err is None else f'{err:.2e}'} |"
         )
     return "\n".join(lines)
@@ -521,10 +527,9 @@ def sweep_table(rows) -> str:
         sdpa = fmt(r.get("sdpa_tflops"))
         if r.get("sdpa_backend") and r["sdpa_backend"] != "cudnn":
             sdpa += f" ({r['sdpa_backend']})"
-        ratio = f"{r['attngen_over_sdpa']:.2f}x" if r.get("attngen_over_sdpa") else "n/a"
         err = f"{r['max_abs_err_vs_sdpa']:.2e}" if r.get("max_abs_err_vs_sdpa") is not None else "n/a"
         lines.append(f"| {r['variant']} | {r['S']} | {r['D']} | {r['B']} | {r['H']} | {fmt(r.get('attngen_ms'), 3)} "
-                     f"| {fmt(r.get('attngen_tflops'))} | {sdpa} | {ratio} | {err} |")
+                     f"| {fmt(r.get('attngen_tflops'))} | {sdpa} | {fmt_ratio(r.get('attngen_over_sdpa'))} | {err} |")
     return "\n".join(lines)
 
 

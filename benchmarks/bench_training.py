@@ -209,11 +209,6 @@ def table(rows, bwd_kernel, deterministic: bool = False, fa4: bool = False) -> s
             " density | max abs diff vs flex (dq, dk, dv[, dcaptured]) |\n|---|---|---|---|---|---|---|---|---|"
             + ("---|---|---|" if fa4 else "") + "\n")
     lines, notes = [], []
-
-    def ratio(x):  # "1.41x", or "n/a" where an implementation did not run
-        text = bf.fmt(x, 2)
-        return text if text == "n/a" else text + "x"
-
     for r in rows:
         d = r.get("max_abs_diff_vs_flex") or {}
         if r.get("flex_kernel_options"):
@@ -224,11 +219,12 @@ def table(rows, bwd_kernel, deterministic: bool = False, fa4: bool = False) -> s
         fa4_cells = ""
         if fa4:
             d4 = r.get("fa4_max_abs_diff_vs_flex") or {}
-            fa4_cells = (f" {bf.fmt(r.get('fa4_tflops'))} | {ratio(r.get('attngen_over_fa4'))} | "
+            fa4_cells = (f" {bf.fmt(r.get('fa4_tflops'))} | {bf.fmt_ratio(r.get('attngen_over_fa4'))} | "
                          f"{', '.join(f'{x:.2e}' for x in d4.values()) or 'n/a'} |")
         lines.append(f"| {r['variant']} | {bf.fmt(r.get('attngen_ms'), 3)} | {bf.fmt(r.get('attngen_tflops'))} | "
                      f"{bf.fmt(r.get('flex_tflops'))} | {bf.fmt(r.get('sdpa_tflops'))} | "
-                     f"{ratio(r.get('attngen_over_flex'))} | {ratio(r.get('attngen_over_sdpa'))} |{fa4_cells} "
+                     f"{bf.fmt_ratio(r.get('attngen_over_flex'))} | {bf.fmt_ratio(r.get('attngen_over_sdpa'))} |"
+                     f"{fa4_cells} "
                      f"{r['density']:.3f} | {', '.join(f'{x:.2e}' for x in d.values()) or 'n/a'} |")
     return (f"attngen backward: {bwd_kernel or 'default (sm90_bwd on sm_90a at D 64 / 128)'}"
             f"{', deterministic' if deterministic else ''}\n\n" + head

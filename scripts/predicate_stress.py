@@ -41,24 +41,21 @@ def main(argv=None):
     which.add_argument("--random-masks", action="store_true")
     which.add_argument("--zoo", action="store_true")
     args = p.parse_args(argv)
+    import bench_analysis
+    import mask_zoo
     import test_predicates as tp
+    from attngen.mods import MaskMod
 
     rng = random.Random(args.seed)
     t0, checks, failures = time.time(), 0, 0
     library = [(n, v, True) for n, v in tp.EXACT] + [(n, v, False) for n, v in tp.SOUND_ONLY]
     positions = POSITIONS
     if args.zoo:
-        import mask_zoo
-        from attngen.mods import MaskMod
-
         library = [(n, MaskMod(mask_zoo.make(n, ZOO_POSITIONS, small=True), n), exact)
                    for n, (_, exact) in mask_zoo.ZOO.items()]
         positions = ZOO_POSITIONS
     while time.time() - t0 < args.seconds:
         if args.random_masks:
-            import bench_analysis
-            from attngen.mods import MaskMod
-
             text, fn = bench_analysis.random_mask(rng, rng.randint(1, 8))
             name, variant, exact = text, MaskMod(lambda b, h, q, kv, fn=fn: fn(q, kv), "random"), False
         else:

@@ -209,8 +209,7 @@ def test_sm90_backward_builds_on_wgmma_without_spills(tmp_path):
                              capture_output=True, text=True, check=True).stderr
         assert "serializ" not in out.lower(), f"{key}: ptxas serialised the wgmmas"
     d = tmp_path / "causal_128"
-    ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
-                          str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True, check=True).stdout
+    ptx = _bwd_ptx(d)
     # per consumer and q-block: S^T, dP^T (8 k16 steps each), dV, dK (4 each), dQ (8, both operands transposed)
     assert ptx.count("wgmma.mma_async") == 32, "a product is missing from wgmma"
     assert ptx.count("p, 1, 1, 1, 1;") == 8, "dQ = dS K does not read both operands MN-major"
@@ -251,11 +250,8 @@ def test_sm90_backward_sums_captured_gradients_without_spills(tmp_path):
     assert "#define ATTNGEN_GRAD_DIAG_SITES 1" in inc
     for key, (t, spill) in _ladder_builds(tmp_path, {"l": attn}).items():
         assert spill == 0, f"{key}: every rung spills (the least: {t}, {spill} bytes)"
-    from attngen.jit.toolchain import find_nvcc
-
     d = tmp_path / "l_128"
-    ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
-                          str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True, check=True).stdout
+    ptx = _bwd_ptx(d)
     assert "red.shared.add.f32" in ptx, "the table's diagonal bins"
     assert ptx.count("red.global.add.f32") >= 3, "slope per tile, table per bin, pair bias per element"
     # one site's bins leave room for the staged dQ (one bulk reduction per q-block, no per-thread dQ reductions)
@@ -278,8 +274,6 @@ def test_sm90_backward_stages_dq_beside_the_most_gradient_bins(tmp_path):
     inc = attngen.compile(score_mod=many_tables).spec(torch.bfloat16, 128, "sm_90a",
                                                       kernel=SM90_BWD_KERNEL).variant_inc()
     assert f"#define ATTNGEN_GRAD_DIAG_SITES {GRAD_DIAG_SITES}" in inc
-    from attngen.jit.toolchain import find_nvcc
-
     for hd in (128, 64):
         d = tmp_path / f"h{hd}"
         d.mkdir()
@@ -287,9 +281,7 @@ def test_sm90_backward_stages_dq_beside_the_most_gradient_bins(tmp_path):
                                                                         kernel=SM90_BWD_KERNEL)}.items():
             (d / name).write_text(text)
         (d / render.VARIANT_INCLUDE).write_text(inc)
-        ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
-                              str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True,
-                             check=True).stdout
+        ptx = _bwd_ptx(d)
         assert "cp.reduce.async.bulk" in ptx and "red.global.add.v2.f32" not in ptx, hd
 
 
@@ -416,8 +408,6 @@ def test_sm90_backward_stages_kv_grads_for_tma_stores(tmp_path, hd):
     each, the last tile's stores waited for before the CTA exits; without it every thread stores from registers.
     Causal's split rung builds without spills either way."""
     from attngen.jit.spec import build_first_without_spills
-    from attngen.jit.toolchain import find_nvcc
-
     spec = attngen.compile(causal=True).spec(torch.bfloat16, hd, "sm_90a", kernel=SM90_BWD_KERNEL)
     first = spec.tile_choices()[0]
     waits = {}
@@ -427,9 +417,7 @@ def test_sm90_backward_stages_kv_grads_for_tma_stores(tmp_path, hd):
         chosen, spill = build_first_without_spills(d, spec.variant_inc(), torch.bfloat16, hd, "sm_90a", (t,),
                                                    kernel=SM90_BWD_KERNEL)
         assert (chosen, spill) == (t, 0)
-        ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
-                              str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True,
-                             check=True).stdout
+        ptx = _bwd_ptx(d)
         stores = ptx.count("cp.async.bulk.tensor.4d.global.shared::cta")
         assert stores == (2 * hd // 64 if staged else 0), stores
         assert ("stmatrix.sync.aligned.m8n8.x4" in ptx) == staged
@@ -444,8 +432,6 @@ def test_sm90_backward_builds_80_query_rows(tmp_path):
     layout's compile-time checks (sm90_bwd_layout.cuh: the transposed dQ_acc chunk's offsets against the staging
     order and the postprocess's reads) and computes dQ^T on m64n80 products with both operands MN-major, dS^T read
     through 32-byte swizzle descriptors; 80 rows are refused with dkv_staged and other counts are refused."""
-    from attngen.jit.toolchain import find_nvcc
-
     spec = attngen.compile().spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
     t = dataclasses.replace(spec.tile_choices()[0], block_q=80, split_probs=True)
     assert t.smem_bytes(128) <= tiles.SMEM_PER_BLOCK[90]
@@ -453,9 +439,7 @@ def test_sm90_backward_builds_80_query_rows(tmp_path):
     chosen, _ = build_first_without_spills(d, spec.variant_inc(), torch.bfloat16, 128, "sm_90a", (t,),
                                            kernel=SM90_BWD_KERNEL)
     assert chosen == t
-    ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
-                          str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True,
-                         check=True).stdout
+    ptx = _bwd_ptx(d)
     assert "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16" in ptx
     assert ptx.count("m64n80k16") >= 3 * 8  # S^T, dP^T (K = 128) and dQ^T (K = BK = 128): 8 k16 steps each
     with pytest.raises(attngen.BuildError, match="block_q"):
@@ -464,21 +448,33 @@ def test_sm90_backward_builds_80_query_rows(tmp_path):
         tiles.Sm90BwdTiles(block_q=96)
 
 
+def _bwd_ptx(d) -> str:
+    """The PTX of the backward kernel source written in build directory d (nvcc -ptx for compute_90a)."""
+    from attngen.jit.toolchain import find_nvcc
+
+    return subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
+                           str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def _write_sources(d, sources) -> None:
+    """Rendered sources (render.render_sources) into a new directory d."""
+    d.mkdir()
+    for name, text in sources.items():
+        (d / name).write_text(text)
+
+
 def _clean_rung_ptx(d, spec, t) -> str:
     """Rung t of spec's sm90 backward built in d with ptxas's report: asserts no spills and its wgmmas not serialized
     (ptxas serializes all of them around one issued conditionally or in flight over a loop's back edge); the PTX."""
     from attngen.jit.ninja import ptxas_serialized_wgmma
-    from attngen.jit.toolchain import find_nvcc
-
     d.mkdir()
     sources = render.render_sources(spec.variant_inc(), torch.bfloat16, 128, "sm_90a", tiles=t, kernel=SM90_BWD_KERNEL)
     write_build_ninja(d, sources, "sm_90a", ["-Xptxas", "-v"], library=BWD_LIBRARY_NAME)
     out = run_ninja(d)
     assert not ptxas_serialized_wgmma(out, "attngen_bwd_kernel"), f"{t}: wgmmas serialized"
     assert ptxas_report(out)["spill_bytes"] == 0, f"{t}: spills"
-    return subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(d),
-                           str(d / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True, text=True,
-                          check=True).stdout
+    return _bwd_ptx(d)
 
 
 @pytest.mark.requires_nvcc
@@ -563,8 +559,6 @@ def test_sm90_backward_ds_stmatrix_and_packed_multiply_build_clean(tmp_path):
     joined), their PTX stores dS^T with stmatrix, multiplies with mul.rn.bf16x2 and reads delta with BQ / 8 loads of
     its own (lse too with stats_early 3), which the shipped rungs do not; an fp16 build keeps the fp32 products.
     ds_mul_packed and stats_early without the split pass are refused."""
-    from attngen.jit.toolchain import find_nvcc
-
     early_loads = re.compile(r"// begin inline asm\s*\n\s*ld\.shared\.v2\.f32")  # load_stat_pairs' volatile loads
     for name, attn in (("full", attngen.compile()), ("causal", attngen.compile(causal=True))):
         spec = attn.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
@@ -577,12 +571,8 @@ def test_sm90_backward_ds_stmatrix_and_packed_multiply_build_clean(tmp_path):
         assert len(early_loads.findall(ptx)) == first.block_q // 8, name
     both = render.render_sources(spec.variant_inc(), torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL,
                                  tiles=dataclasses.replace(first, stats_early=3))
-    (tmp_path / "both").mkdir()
-    for fname, text in both.items():
-        (tmp_path / "both" / fname).write_text(text)
-    ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(tmp_path / "both"),
-                          str(tmp_path / "both" / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True,
-                         text=True, check=True).stdout
+    _write_sources(tmp_path / "both", both)
+    ptx = _bwd_ptx(tmp_path / "both")
     assert len(early_loads.findall(ptx)) == 2 * first.block_q // 8  # causal's rung: lse and delta
     assert not early_loads.search(_clean_rung_ptx(tmp_path / "shipped", spec, first))
     shipped = [r for hd in (64, 128) for kw in ({}, dict(has_mask=True), dict(has_mask=True, half_plane=True),
@@ -591,13 +581,9 @@ def test_sm90_backward_ds_stmatrix_and_packed_multiply_build_clean(tmp_path):
     fp16 = render.render_sources(attngen.compile().spec(torch.float16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
                                  .variant_inc(), torch.float16, 128, "sm_90a", kernel=SM90_BWD_KERNEL,
                                  tiles=dataclasses.replace(first, ds_mul_packed=True))
-    (tmp_path / "fp16").mkdir()
-    for fname, text in fp16.items():
-        (tmp_path / "fp16" / fname).write_text(text)
+    _write_sources(tmp_path / "fp16", fp16)
     assert "constexpr bool DS_MUL_PACKED = 1;" in fp16[render.BWD_KERNEL_SOURCE]
-    ptx = subprocess.run([find_nvcc(), "-std=c++17", "-ptx", "-arch=compute_90a", "-I", str(tmp_path / "fp16"),
-                          str(tmp_path / "fp16" / render.BWD_KERNEL_SOURCE), "-o", "-"], capture_output=True,
-                         text=True, check=True).stdout
+    ptx = _bwd_ptx(tmp_path / "fp16")
     assert "mul.rn.bf16x2" not in ptx and "mul.rn.f16x2" not in ptx
     with pytest.raises(attngen.BuildError, match="ds_mul_packed"):
         tiles.Sm90BwdTiles(ds_mul_packed=True)

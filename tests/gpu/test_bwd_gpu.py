@@ -526,10 +526,17 @@ DS_STORE_RUNS = [(c, bq, BOTH) for c in DS_STORE_CASES for bq in (64, 80)] + [
     (("alibi", torch.float16, 1, 2, 2, 300, 257, 0), 64, BOTH)]
 
 
+def _setting_run_id(x):
+    """A (case, block_q, fields) parameter's id: the case, its q rows, its fields (`stats_early3+ds_stmatrix`)."""
+    if isinstance(x, int):
+        return str(x)
+    if isinstance(x, dict):
+        return "+".join(f"{k}{'' if v is True else v}" for k, v in x.items())
+    return f"{x[0]}-{str(x[1])[6:]}-{x[2]}x{x[3]}x{x[4]}-{x[5]}x{x[6]}+{x[7]}"
+
+
 @pytest.mark.requires_sm90
-@pytest.mark.parametrize("case,block_q,fields", DS_STORE_RUNS,
-                         ids=lambda x: x if isinstance(x, int) else "+".join(x) if isinstance(x, dict) else
-                         f"{x[0]}-{str(x[1])[6:]}-{x[2]}x{x[3]}x{x[4]}-{x[5]}x{x[6]}+{x[7]}")
+@pytest.mark.parametrize("case,block_q,fields", DS_STORE_RUNS, ids=_setting_run_id)
 def test_ds_stores_and_packed_multiply_match_float64(case, block_q, fields, monkeypatch):
     """dS^T stored with stmatrix (Sm90BwdTiles.ds_stmatrix) and multiplied as bf16 pairs (ds_mul_packed) on the split
     rung at 64 q rows (causal's) and at 80 (full attention's first rung: dS^T in 32-byte swizzle rows, from the packed
@@ -547,17 +554,8 @@ STATS_EARLY_RUNS = [(c, bq, dict(stats_early=3)) for c in DS_STORE_CASES for bq 
     (("softcap_causal", torch.bfloat16, 2, 4, 2, 200, 200, 0), 64, dict(stats_early=3))]
 
 
-def _stats_run_id(x):
-    """A STATS_EARLY_RUNS parameter's id: the case, its q rows, its fields (`stats_early3+ds_stmatrix`)."""
-    if isinstance(x, int):
-        return str(x)
-    if isinstance(x, dict):
-        return "+".join(f"{k}{'' if v is True else v}" for k, v in x.items())
-    return f"{x[0]}-{str(x[1])[6:]}-{x[2]}x{x[3]}x{x[4]}-{x[5]}x{x[6]}+{x[7]}"
-
-
 @pytest.mark.requires_sm90
-@pytest.mark.parametrize("case,block_q,fields", STATS_EARLY_RUNS, ids=_stats_run_id)
+@pytest.mark.parametrize("case,block_q,fields", STATS_EARLY_RUNS, ids=_setting_run_id)
 def test_statistics_read_early_match_float64(case, block_q, fields, monkeypatch):
     """lse and delta read into registers ahead of the products (Sm90BwdTiles.stats_early) on the split rung at 64 q
     rows (causal's) and at 80 (full attention's first rung), with and without dS^T's stmatrix stores and packed
