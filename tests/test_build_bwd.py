@@ -560,6 +560,7 @@ def test_sm90_backward_ds_stmatrix_and_packed_multiply_build_clean(tmp_path):
     its own (lse too with stats_early 3), which the shipped rungs do not; an fp16 build keeps the fp32 products.
     ds_mul_packed and stats_early without the split pass are refused."""
     early_loads = re.compile(r"// begin inline asm\s*\n\s*ld\.shared\.v2\.f32")  # load_stat_pairs' volatile loads
+    tid_reads = re.compile(r"mov\.u32 \t?%r\d+, %tid\.x;")
     for name, attn in (("full", attngen.compile()), ("causal", attngen.compile(causal=True))):
         spec = attn.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
         first = spec.tile_choices()[0]
@@ -569,6 +570,12 @@ def test_sm90_backward_ds_stmatrix_and_packed_multiply_build_clean(tmp_path):
                                                                          stats_early=1))
         assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx and "mul.rn.bf16x2" in ptx, name
         assert len(early_loads.findall(ptx)) == first.block_q // 8, name
+        # lse early too: the thread's place read again where each step and each tile's end use it (place_now), which
+        # keeps full attention's 80 rows clean (held across the walk, it spilled 28 bytes)
+        both = _clean_rung_ptx(tmp_path / f"{name}-both", spec, dataclasses.replace(
+            first, ds_stmatrix=True, ds_mul_packed=True, stats_early=3))
+        assert len(early_loads.findall(both)) == 2 * first.block_q // 8, name
+        assert len(tid_reads.findall(both)) > len(tid_reads.findall(ptx)), name
     both = render.render_sources(spec.variant_inc(), torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL,
                                  tiles=dataclasses.replace(first, stats_early=3))
     _write_sources(tmp_path / "both", both)

@@ -323,6 +323,23 @@ __device__ __forceinline__ uint32_t lane_now() {
   return lane;
 }
 
+// A consumer thread's place in its warpgroup: its index, lane, warp, accumulator rows r0 and r0 + 8 (of 64) and
+// column pair tig.
+struct Place {
+  int tid, lane, wq, tig, r0;
+};
+__device__ __forceinline__ Place place_of(int tid) {
+  const int lane = tid & 31;
+  return {tid, lane, tid >> 5, lane & 3, (tid >> 5) * 16 + (lane >> 2)};
+}
+
+// The place from the thread's special register, read where it is used (a consumer warpgroup is 128 aligned threads).
+__device__ __forceinline__ Place place_now() {
+  uint32_t t;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+  return place_of((int)(t & 127u));
+}
+
 // DS_FROM_PACKED: dS^T = P^T (dP^T - delta) into dp, P^T read from its fragments packed for dV's product (elements
 // i, i + 1 of the accumulator, i even, are the pair pa[i / 8][i % 8 / 2], pack_a_frags' order; their columns
 // 8 (i / 4) + 2 tig + {0, 1}), so that the fp32 P^T need not live until dP^T's product is done.
@@ -439,12 +456,11 @@ __device__ __forceinline__ void issue_scores_t(float (&st)[NS], uint64_t desc_k,
 __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorMap* tm_dk, const CUtensorMap* tm_dv,
                                         const BwdSmem& sm, int wg) {
   const int cw = wg - 1;
-  const int tid = (int)threadIdx.x - 128 * wg;
-  const int lane = tid & 31;
-  const int wq = tid >> 5;
-  const int g = lane >> 2;
-  const int tig = lane & 3;
-  const int r0 = wq * 16 + g;          // this thread's accumulator rows r0, r0 + 8 (of 64)
+  const Place place = place_of((int)threadIdx.x - 128 * wg);
+  const int tid = place.tid, lane = place.lane, wq = place.wq;
+  // with lse held through the products (kLseEarly) the place is read again where each step and each tile's end use it:
+  // held across the walk, its values spilled at 80 rows
+  auto place_here = [&] { return kLseEarly ? place_now() : place; };
   const uint32_t rel_slots = sm.rel(cw * 4 + wq);  // REL_STAGED: this warp's relative terms, this thread's first
   const uint32_t rel_base = rel_slot_base_t(rel_slots, lane);
   const CapturedArgs& C = a.captured;
@@ -485,7 +501,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
     const BwdCta c = take_tile(a, sm.tile(turn));
     if (c.j < 0) break;
     if (DKV_STAGED && staged) {  // before this tile writes its dS^T rows and staged dQ
-      if (tid == 0) bulk_wait_read<0>();
+      if (place_here().tid == 0) bulk_wait_read<0>();
       named_bar_sync(BAR_DKV + cw, 128);
       staged = false;
     }
@@ -514,7 +530,8 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
       // registers across it (softcap + causal and prefix_lm spill at 240 then)
       int j = c.j;
       asm volatile("" : "+r"(j));
-      const int kv0 = j * BK + cw * 64 + r0;  // the kv position of this thread's first row
+      const Place p = place_here();
+      const int kv0 = j * BK + cw * 64 + p.r0;  // the kv position of this thread's first row
       const int kv_row0 = j * BK + cw * 64;  // this consumer's first kv row
       if (s.h != ctx_h) {  // a new query head: its HeadCtx and this thread's kv rows' ColCtx
         ctx_h = s.h;
@@ -527,7 +544,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
       const int stage = (int)(n % STAGES);
       // deterministic mode: thread 0 finds this tile's turn before the products hold registers, and keeps it in
       // shared memory (one register more across the tile spills)
-      if (a.dq_semaphore != nullptr && tid == 0) sm.turn(cw)[0] = dq_turn(C, t, s.i, c.j);
+      if (a.dq_semaphore != nullptr && p.tid == 0) sm.turn(cw)[0] = dq_turn(C, t, s.i, c.j);
       const float* lse2 = sm.stats_ptr(stage);
       const float* delta = lse2 + BQ;
 
@@ -535,7 +552,7 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
       float (&st)[NS] = S_AHEAD ? s_ahead : st_here;  // the other array is never touched
       mbar_wait(sm.full(stage), (n / STAGES) & 1u);
       StatPairs<BQ / 8> lse_early, delta_early;  // kLseEarly, kDeltaEarly
-      if constexpr (kLseEarly) lse_early = load_stat_pairs<BQ / 8>(sm.stats(stage), tig);
+      if constexpr (kLseEarly) lse_early = load_stat_pairs<BQ / 8>(sm.stats(stage), p.tig);
       wgmma_fence();
       if constexpr (!S_AHEAD) {
         issue_scores_t(st, desc_k, sm.q(stage));
@@ -558,12 +575,12 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
         const auto& lse_in = either<kLseEarly>(lse_early, lse2);
         if constexpr (kDsMulPacked) {  // nothing reads the fp32 P^T once packed: packed on each side
           probs_t_for_then(masked, bounds, [&] { pack_a_frags<Elem, BQ>(st, pa); }, as_frags(st), as_frags(st), scale,
-                           C, hc, cc, kv0, q0, t, lse_in, tig);
+                           C, hc, cc, kv0, q0, t, lse_in, p.tig);
         } else {
-          probs_t_for(masked, bounds, as_frags(st), as_frags(st), scale, C, hc, cc, kv0, q0, t, lse_in, tig);
+          probs_t_for(masked, bounds, as_frags(st), as_frags(st), scale, C, hc, cc, kv0, q0, t, lse_in, p.tig);
           pack_a_frags<Elem, BQ>(st, pa);
         }
-        if constexpr (kDeltaEarly) delta_early = load_stat_pairs<BQ / 8>(sm.stats(stage) + 4u * BQ, tig);
+        if constexpr (kDeltaEarly) delta_early = load_stat_pairs<BQ / 8>(sm.stats(stage) + 4u * BQ, p.tig);
         const auto& delta_in = either<kDeltaEarly>(delta_early, delta);
         wgmma_fence();
         wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dv, pa, make_smem_desc_sw128(sm.dout(stage), Q_BLOCK_BYTES, 1024));
@@ -571,15 +588,15 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
         wgmma_wait<1>();
         fence_regs(dp);
         if constexpr (kDsMulPacked) {
-          grad_scores_mul_packed_t(da, dp, pa, delta_in, tig);
+          grad_scores_mul_packed_t(da, dp, pa, delta_in, p.tig);
         } else if constexpr (DS_FROM_PACKED) {
-          grad_scores_from_packed_t(dp, pa, delta_in, tig);  // dS^T into dp
+          grad_scores_from_packed_t(dp, pa, delta_in, p.tig);  // dS^T into dp
           pack_a_frags<Elem, BQ>(dp, da);
         } else {
-          grad_scores_t(as_frags(st), as_frags(dp), as_frags(dp), delta_in, tig);  // dS^T into st (no derivatives read)
+          grad_scores_t(as_frags(st), as_frags(dp), as_frags(dp), delta_in, p.tig);  // dS^T into st (no derivatives read)
           pack_a_frags<Elem, BQ>(st, da);
         }
-        store_ds(ds, da, cw * 64 + r0, tig);
+        store_ds(ds, da, cw * 64 + p.r0, p.tig);
         wgmma_fence();
         wgmma_rs_mnmajor<Elem, D, KSTEPS_Q>(dk, da, make_smem_desc_sw128(sm.q(stage), Q_BLOCK_BYTES, 1024));
         wgmma_commit();
@@ -591,17 +608,17 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
         // a relative score mod's terms for this q-block into the warp's slots, after the products' wait: issued under
         // them (with S^T, dP^T, dK and dV live) the table's consumers spilled 680 bytes
         if constexpr (REL_STAGED)
-          stage_rel_terms_t<BQ / 8>(rel_slots, scale, C, t, hc, t.QOFF + q0 - (kv_row0 + 16 * wq) - 15, lane);
+          stage_rel_terms_t<BQ / 8>(rel_slots, scale, C, t, hc, t.QOFF + q0 - (kv_row0 + 16 * p.wq) - 15, p.lane);
 #endif
 
         // P^T into st, dS^T into dp
-        gs.bins = grad_sites_lane_bins(sm.bins(cw, n & 1), lane, wq);
+        gs.bins = grad_sites_lane_bins(sm.bins(cw, n & 1), p.lane, p.wq);
         GradSites* const sites = kGradSites > 0 ? &gs : nullptr;
         probs_t_for<true, REL_WALK, REL_STAGED>(masked, bounds, as_frags(st), as_frags(dp), scale, C, hc, cc, kv0, q0, t,
-                                                lse2, tig, delta, sites, rel_base);
+                                                lse2, p.tig, delta, sites, rel_base);
         pack_a_frags<Elem, BQ>(st, pa);
         pack_a_frags<Elem, BQ>(dp, da);
-        store_ds(ds, da, cw * 64 + r0, tig);
+        store_ds(ds, da, cw * 64 + p.r0, p.tig);
 
         // dV += P^T dO, dK += dS^T Q
         wgmma_fence();
@@ -624,8 +641,8 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
       wgmma_commit();
       // the tile's gradient sums out under the products (every thread of the consumer has added its elements)
       if (kGradSites > 0) {
-        grad_sites_flush_tile(gs, C, hc, t.QOFF + q0, min(kv0, t.KVLEN - 1), lane);
-        if (kGradDiagSites > 0) grad_sites_flush_bins(gs, sm.bins(cw, n & 1), C, hc, t.QOFF + q0, kv_row0, tid);
+        grad_sites_flush_tile(gs, C, hc, t.QOFF + q0, min(kv0, t.KVLEN - 1), p.lane);
+        if (kGradDiagSites > 0) grad_sites_flush_bins(gs, sm.bins(cw, n & 1), C, hc, t.QOFF + q0, kv_row0, p.tid);
       }
       // Q, dO and the statistics of this slot are read once every product is done: each thread releases it, so
       // that compute-sanitizer's racecheck sees every read of the statistics ordered before the bulk copy that
@@ -662,14 +679,14 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
         }
       }
       mbar_wait(sm.dq_empty(cw), (n & 1u) ^ 1u);  // the writer's last reduction has read the buffer
-      stage_dq(sm.dq(cw), dq, tid);
-      if (tid == 0) {
+      stage_dq(sm.dq(cw), dq, p.tid);
+      if (p.tid == 0) {
         sm.dq_tile(cw)[0] = S_AHEAD ? dq_tile_ahead : dq_tile_of(s);
         if (a.dq_semaphore != nullptr) sm.turn(cw)[1] = sm.turn(cw)[0];
       }
       fence_proxy_async_smem();  // generic stores, read by the bulk reduction (the async proxy)
       __syncwarp();
-      if (lane == 0) mbar_arrive(sm.dq_full(cw));
+      if (p.lane == 0) mbar_arrive(sm.dq_full(cw));
       if constexpr (S_AHEAD) {
         wgmma_wait<0>();
         fence_regs(st);
@@ -681,22 +698,23 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
     // the fields again from the slot (the loader names the next tile in the other), so that none is held across the
     // walk for the stores
     const BwdCta e = take_tile(a, sm.tile(turn));
+    const Place pe = place_here();
     if constexpr (DKV_STAGED) {
-      stage_kv_grads(a, tm_dk, tm_dv, sm, e, cw, tid, (n & 1u) ^ 1u, dk, dv);
+      stage_kv_grads(a, tm_dk, tm_dv, sm, e, cw, pe.tid, (n & 1u) ^ 1u, dk, dv);
       staged = true;
     } else {
-      const int kv_row = e.j * BK + cw * 64 + r0;
-      store_kv_grad(a.dk, a.dk_stride, e.b, e.kvh, kv_row, a.Lk, dk, scale, tig);
-      store_kv_grad(a.dv, a.dv_stride, e.b, e.kvh, kv_row, a.Lk, dv, 1.f, tig);
+      const int kv_row = e.j * BK + cw * 64 + pe.r0;
+      store_kv_grad(a.dk, a.dk_stride, e.b, e.kvh, kv_row, a.Lk, dk, scale, pe.tig);
+      store_kv_grad(a.dv, a.dv_stride, e.b, e.kvh, kv_row, a.Lk, dv, 1.f, pe.tig);
     }
   }
-  if (DKV_STAGED && tid == 0) bulk_wait_all();  // the last tile's stores complete before the CTA exits
+  if (DKV_STAGED && place_here().tid == 0) bulk_wait_all();  // the last tile's stores complete before the CTA exits
   // the walks are over: once the writer has taken the last staged dQ, it stops (WAIT_NS: dq_done, then dq_full woken
   // with no dQ staged, the one barrier it waits on; the slot is not written, so nothing of it races the writer's read)
   mbar_wait(sm.dq_empty(cw), (n & 1u) ^ 1u);
   // at 80 q rows the lane is read again here: held across the walks, it was the one register spilled (elsewhere it
   // stays as it was, the kernels' SASS as measured; read again there, it moved spills onto other rungs: session 37)
-  const int end_lane = BQ == 80 ? (int)lane_now() : lane;
+  const int end_lane = BQ == 80 ? (int)lane_now() : place_here().lane;
   if (end_lane == 0) mbar_arrive(sm.dq_done(cw));
   if (WAIT_NS != 0 && end_lane == 0) mbar_arrive(sm.dq_full(cw));
 }

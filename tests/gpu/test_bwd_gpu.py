@@ -550,7 +550,9 @@ def test_ds_stores_and_packed_multiply_match_float64(case, block_q, fields, monk
 # the row statistics read early (Sm90BwdTiles.stats_early: 1 delta, 2 lse, 3 both) on the split rung at 64 and 80 q
 # rows, alone and with dS^T's options; the one pass of a score_mod variant, which takes no statistics early
 STATS_EARLY_RUNS = [(c, bq, dict(stats_early=3)) for c in DS_STORE_CASES for bq in (64, 80)] + [
-    (DS_STORE_CASES[3], 64, dict(stats_early=2, **BOTH)), (DS_STORE_CASES[0], 80, dict(stats_early=1, **BOTH)),
+    (DS_STORE_CASES[3], 64, dict(stats_early=2, **BOTH)), (DS_STORE_CASES[0], 80, dict(stats_early=1, **BOTH))] + [
+    (c, bq, dict(stats_early=3, **BOTH)) for c, bq in ((DS_STORE_CASES[1], 80), (DS_STORE_CASES[3], 64),
+                                                       (DS_STORE_CASES[5], 64))] + [
     (("softcap_causal", torch.bfloat16, 2, 4, 2, 200, 200, 0), 64, dict(stats_early=3))]
 
 
