@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Session 44's device calls (scripts/round_s44.sh X on the H200; results in
+# benchmarks/results/<date>-h200-session44/round-X/). Session 44 itself got no machine: these wait for the next.
+# T [END]: the ladder with dS^T's options and delta early on every split rung (wip/ds-rungs.patch, applied here): the
+#    backward suite (with the statistics-early cases of lse read early on full attention's 80-row rung, which builds
+#    clean since session 44), the training table on every anchor, then the backward's small cases plainly and under
+#    memcheck, each within what is left of END seconds (520; racecheck is R, the next call while the machine is warm).
+# R: the backward's small cases under racecheck on the same ladder (built by T on the warm machine; built again if not).
+# A: lse read early too (stats_early 3) against delta only (1), both with dS^T's options, on full attention's 80-row
+#    rung and causal's split rung, against each rung as shipped, 6 rotated rounds each.
+# Rounds of scripts/round_s43.sh as prepared there otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ladder() {  # the ladder under test, in this call's copy of the tree (each call's copy is sent afresh)
+  grep -q "ds_mul_packed=True, stats_early=1)" attngen/jit/tiles.py || git apply wip/ds-rungs.patch || exit 1
+}
+case "$1" in
+  T)
+    source scripts/device_step.sh  # environment, $R, training_table, run_tests, smoke_backward, sanitize_backward
+    end=${2:-520}  # the call's seconds: each step's limit is what is left of them
+    left() { echo $(( end - ${1:-0} - SECONDS )); }  # seconds left, less a reserve (the first argument)
+    ladder
+    run_tests bwd 180 -n 8 tests/gpu/test_bwd_gpu.py
+    training_table $(left 20)
+    [ $(left) -gt 90 ] && smoke_backward 40 && sanitize_backward memcheck $(left 5)
+    pack_results ;;
+  R)
+    source scripts/device_step.sh
+    ladder
+    smoke_backward 60 && sanitize_backward racecheck 240
+    pack_results ;;
+  A)
+    source scripts/device_step.sh
+    S=split_probs=1
+    F=$S,block_q=80,ds_from_packed=1,s_ahead=2  # full attention's shipped first rung at head dim 128
+    B=ds_stmatrix=1,ds_mul_packed=1
+    timeout 200 python scripts/bwd_tiles_ab.py --rounds 6 --variants full --set $F $F,$B,stats_early=1 \
+      $F,$B,stats_early=3 2>&1 | tee "$R/bwd_full_ab.log" | grep -E "TFLOP|rror|diff"
+    timeout 170 python scripts/bwd_tiles_ab.py --rounds 6 --variants causal --set $S $S,$B,stats_early=1 \
+      $S,$B,stats_early=3 2>&1 | tee "$R/bwd_causal_ab.log" | grep -E "TFLOP|rror|diff"
+    pack_results ;;
+  *) bash scripts/round_s43.sh "$@" ;;
+esac
