@@ -7,7 +7,11 @@
 #    memcheck, each within what is left of END seconds (520; racecheck is R, the next call while the machine is warm).
 # R: the backward's small cases under racecheck on the same ladder (built by T on the warm machine; built again if not).
 # A: lse read early too (stats_early 3) against delta only (1), both with dS^T's options, on full attention's 80-row
-#    rung and causal's split rung, against each rung as shipped, 6 rotated rounds each.
+#    rung and causal's split rung, against each rung as shipped, 6 rotated rounds each; on full's, delta early with dQ_acc
+#    zeroed by the preprocess too (dq_init 0: its writers' first-store flag, an atomic per staged dQ, out of the way:
+#    the consumers' wait for the staged-dQ buffer was 3.6% of full's step in session 43's profile).
+# P: Nsight Compute's full set on full attention's backward main kernel with lse and delta early and dS^T's options
+#    (scripts/profile_case.py --bwd-set), to set beside session 43's round G.
 # Rounds of scripts/round_s43.sh as prepared there otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,10 +38,15 @@ case "$1" in
     S=split_probs=1
     F=$S,block_q=80,ds_from_packed=1,s_ahead=2  # full attention's shipped first rung at head dim 128
     B=ds_stmatrix=1,ds_mul_packed=1
-    timeout 200 python scripts/bwd_tiles_ab.py --rounds 6 --variants full --set $F $F,$B,stats_early=1 \
-      $F,$B,stats_early=3 2>&1 | tee "$R/bwd_full_ab.log" | grep -E "TFLOP|rror|diff"
+    timeout 240 python scripts/bwd_tiles_ab.py --rounds 6 --variants full --set $F $F,$B,stats_early=1 \
+      $F,$B,stats_early=3 $F,$B,stats_early=1,dq_init=0 2>&1 | tee "$R/bwd_full_ab.log" | grep -E "TFLOP|rror|diff"
     timeout 170 python scripts/bwd_tiles_ab.py --rounds 6 --variants causal --set $S $S,$B,stats_early=1 \
       $S,$B,stats_early=3 2>&1 | tee "$R/bwd_causal_ab.log" | grep -E "TFLOP|rror|diff"
+    pack_results ;;
+  P)
+    source scripts/device_step.sh  # environment, $R, ncu_profile, pack_results
+    ncu_profile bwd-full-early attngen_bwd_kernel 240 full --backward \
+      --bwd-set split_probs=1,block_q=80,ds_from_packed=1,s_ahead=2,ds_stmatrix=1,ds_mul_packed=1,stats_early=3
     pack_results ;;
   *) bash scripts/round_s43.sh "$@" ;;
 esac
