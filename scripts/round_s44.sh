@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # Session 44's device calls (scripts/round_s44.sh X on the H200; results in
 # benchmarks/results/<date>-h200-session44/round-X/). Session 44 itself got no machine: these wait for the next.
-# T [END]: the ladder with dS^T's options and delta early on every split rung (wip/ds-rungs.patch, applied here): the
-#    backward suite (with the statistics-early cases of lse read early on full attention's 80-row rung, which builds
-#    clean since session 44), the training table on every anchor, then the backward's small cases plainly and under
+# T [END]: the ladder with dS^T's options and delta early on every split rung (wip/ds-rungs.patch) and lse early too on
+#    full attention's 80-row rung (wip/full-lse-early.patch: it builds clean there since session 44), both applied here:
+#    the backward suite, the training table on every anchor, then the backward's small cases plainly and under
 #    memcheck, each within what is left of END seconds (520; racecheck is R, the next call while the machine is warm).
 # R: the backward's small cases under racecheck on the same ladder (built by T on the warm machine; built again if not).
 # A: lse read early too (stats_early 3) against delta only (1), both with dS^T's options, on full attention's 80-row
 #    rung and causal's split rung, against each rung as shipped, 6 rotated rounds each; on full's, delta early with dQ_acc
 #    zeroed by the preprocess too (dq_init 0: its writers' first-store flag, an atomic per staged dQ, out of the way:
-#    the consumers' wait for the staged-dQ buffer was 3.6% of full's step in session 43's profile).
+#    the consumers' wait for the staged-dQ buffer was 3.6% of full's step in session 43's profile); on causal's, full's
+#    80-row rung with the three too (80 rows spilled on causal-like masks before; with them causal builds clean there).
 # P: Nsight Compute's full set on full attention's backward main kernel with lse and delta early and dS^T's options
 #    (scripts/profile_case.py --bwd-set), to set beside session 43's round G.
 # Rounds of scripts/round_s43.sh as prepared there otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ladder() {  # the ladder under test, in this call's copy of the tree (each call's copy is sent afresh)
+ladder() {  # the ladder under test, in this call's copy of the tree (each call's copy is sent afresh): dS^T's options
+  # and delta early on every split rung, lse early too on full attention's 80-row rung
   grep -q "ds_mul_packed=True, stats_early=1)" attngen/jit/tiles.py || git apply wip/ds-rungs.patch || exit 1
+  grep -q "s_ahead=2, stats_early=3)" attngen/jit/tiles.py || git apply wip/full-lse-early.patch || exit 1
 }
 case "$1" in
   T)
@@ -40,8 +43,8 @@ case "$1" in
     B=ds_stmatrix=1,ds_mul_packed=1
     timeout 240 python scripts/bwd_tiles_ab.py --rounds 6 --variants full --set $F $F,$B,stats_early=1 \
       $F,$B,stats_early=3 $F,$B,stats_early=1,dq_init=0 2>&1 | tee "$R/bwd_full_ab.log" | grep -E "TFLOP|rror|diff"
-    timeout 170 python scripts/bwd_tiles_ab.py --rounds 6 --variants causal --set $S $S,$B,stats_early=1 \
-      $S,$B,stats_early=3 2>&1 | tee "$R/bwd_causal_ab.log" | grep -E "TFLOP|rror|diff"
+    timeout 200 python scripts/bwd_tiles_ab.py --rounds 6 --variants causal --set $S $S,$B,stats_early=1 \
+      $S,$B,stats_early=3 $F,$B,stats_early=3 2>&1 | tee "$R/bwd_causal_ab.log" | grep -E "TFLOP|rror|diff"
     pack_results ;;
   P)
     source scripts/device_step.sh  # environment, $R, ncu_profile, pack_results
