@@ -10,7 +10,9 @@
 #    rung and causal's split rung, against each rung as shipped, 6 rotated rounds each; on full's, delta early with dQ_acc
 #    zeroed by the preprocess too (dq_init 0: its writers' first-store flag, an atomic per staged dQ, out of the way:
 #    the consumers' wait for the staged-dQ buffer was 3.6% of full's step in session 43's profile); on causal's, full's
-#    80-row rung with the three too (80 rows spilled on causal-like masks before; with them causal builds clean there).
+#    80-row rung with the three too (80 rows spilled on causal-like masks before; with them causal builds clean there),
+#    and the split rung with dK's product behind dQ's (wip/dk-last.patch, its code applied here: FA4's order, which
+#    stages dQ under dK's product; causal's step waited 8.5% of its samples for dQ's product in session 43's profile).
 # P: Nsight Compute's full set on full attention's backward main kernel with lse and delta early and dS^T's options
 #    (scripts/profile_case.py --bwd-set), to set beside session 43's round G.
 # Rounds of scripts/round_s43.sh as prepared there otherwise.
@@ -38,13 +40,14 @@ case "$1" in
     pack_results ;;
   A)
     source scripts/device_step.sh
+    grep -q "dk_last" attngen/jit/tiles.py || git apply --exclude='tests/*' wip/dk-last.patch || exit 1
     S=split_probs=1
     F=$S,block_q=80,ds_from_packed=1,s_ahead=2  # full attention's shipped first rung at head dim 128
     B=ds_stmatrix=1,ds_mul_packed=1
-    timeout 240 python scripts/bwd_tiles_ab.py --rounds 6 --variants full --set $F $F,$B,stats_early=1 \
+    timeout 230 python scripts/bwd_tiles_ab.py --rounds 6 --variants full --set $F $F,$B,stats_early=1 \
       $F,$B,stats_early=3 $F,$B,stats_early=1,dq_init=0 2>&1 | tee "$R/bwd_full_ab.log" | grep -E "TFLOP|rror|diff"
-    timeout 200 python scripts/bwd_tiles_ab.py --rounds 6 --variants causal --set $S $S,$B,stats_early=1 \
-      $S,$B,stats_early=3 $F,$B,stats_early=3 2>&1 | tee "$R/bwd_causal_ab.log" | grep -E "TFLOP|rror|diff"
+    timeout 250 python scripts/bwd_tiles_ab.py --rounds 6 --variants causal --set $S $S,$B,stats_early=1 \
+      $S,$B,stats_early=3 $F,$B,stats_early=3 $S,$B,stats_early=3,dk_last=1 2>&1 | tee "$R/bwd_causal_ab.log" | grep -E "TFLOP|rror|diff"
     pack_results ;;
   P)
     source scripts/device_step.sh  # environment, $R, ncu_profile, pack_results
