@@ -10,7 +10,8 @@ tree's whole build (its ladder, codegen and renderer). No GPU needed.
     python scripts/bwd_sass_cmp.py REV [--variants causal document softcap_causal] [--cuobjdump PATH] [--keep DIR]
         [--kernel sm90_bwd]
 
---keep writes both sides' SASS of every case that differs into DIR (<variant>-hd<D>.{rev,here}.sass).
+--keep writes both sides' SASS of every case that differs into DIR (<variant>-hd<D>.{rev,here}.sass). A kernel whose
+instructions and order are the same but whose registers were assigned otherwise is named "(registers renamed only)".
 
 cuobjdump needs nvdisasm on PATH (or NVDISASM_PATH) to dump SASS; without it the build's dump fails here.
 """
@@ -80,6 +81,14 @@ def by_kernel(sass: str) -> dict:
     return {n: "\n".join(body) for n, body in kernels.items()}
 
 
+def opcodes_and_operands(sass: str) -> str:
+    """The SASS with register numbers (general, uniform, predicate), encodings and spacing dropped: equal for two
+    kernels that issue the same instructions in the same order and differ only in how the registers were assigned."""
+    text = re.sub(r"/\* 0x[0-9a-f]+ \*/", "", sass)
+    text = re.sub(r"\bU?(R|P)\d+\b", r"\1", text)
+    return "\n".join(" ".join(line.split()) for line in text.splitlines() if line.strip())
+
+
 def kernel_name(mangled: str) -> str:
     """A kernel's own name in its mangled one (attngen_bwd_pre_kernel, ...): after the namespace's attngen_bwd_cu."""
     tail = mangled[mangled.rfind("attngen_"):]
@@ -108,7 +117,9 @@ def main(argv=None):
         old_k, new_k = by_kernel(before[case]), by_kernel(after[case])
         equal = old_k == new_k
         same &= equal
-        differ = sorted({kernel_name(k) for k in old_k.keys() | new_k.keys() if old_k.get(k) != new_k.get(k)})
+        differ = sorted({kernel_name(k) + (" (registers renamed only)" if k in old_k and k in new_k and
+                                           opcodes_and_operands(old_k[k]) == opcodes_and_operands(new_k[k]) else "")
+                         for k in old_k.keys() | new_k.keys() if old_k.get(k) != new_k.get(k)})
         print(f"{case[0]} hd{case[1]}: {'same SASS' if equal else 'SASS differs: ' + ', '.join(differ)} "
               f"({len(after[case].splitlines())} lines here, {len(before[case].splitlines())} at {args.rev})")
         if not equal and args.keep:

@@ -7,12 +7,13 @@
 #    memcheck, each within what is left of END seconds (520; racecheck is R, the next call while the machine is warm).
 # R: the backward's small cases under racecheck on the same ladder (built by T on the warm machine; built again if not).
 # A: lse read early too (stats_early 3) against delta only (1), both with dS^T's options, on full attention's 80-row
-#    rung and causal's split rung, against each rung as shipped, 6 rotated rounds each; on full's, delta early with dQ_acc
-#    zeroed by the preprocess too (dq_init 0: its writers' first-store flag, an atomic per staged dQ, out of the way:
-#    the consumers' wait for the staged-dQ buffer was 3.6% of full's step in session 43's profile); on causal's, full's
+#    rung and causal's split rung, against each rung as shipped, 6 rotated rounds each; on full's, delta early with
+#    dQ_acc zeroed by the preprocess too (dq_init 0: its writers' first-store flag, an atomic per staged dQ, out of the
+#    way: the consumers' wait for the staged-dQ buffer was 3.6% of full's step in session 43's profile); on causal's, full's
 #    80-row rung with the three too (80 rows spilled on causal-like masks before; with them causal builds clean there),
 #    and the split rung with dK's product behind dQ's (wip/dk-last.patch, its code applied here: FA4's order, which
-#    stages dQ under dK's product; causal's step waited 8.5% of its samples for dQ's product in session 43's profile).
+#    stages dQ under dK's product; 8.5% of causal's kernel's stall samples were the wait for dQ's product in session
+#    43's profile).
 # P: Nsight Compute's full set on full attention's backward main kernel with lse and delta early and dS^T's options
 #    (scripts/profile_case.py --bwd-set), to set beside session 43's round G.
 # Rounds of scripts/round_s43.sh as prepared there otherwise.
@@ -47,7 +48,8 @@ case "$1" in
     timeout 230 python scripts/bwd_tiles_ab.py --rounds 6 --variants full --set $F $F,$B,stats_early=1 \
       $F,$B,stats_early=3 $F,$B,stats_early=1,dq_init=0 2>&1 | tee "$R/bwd_full_ab.log" | grep -E "TFLOP|rror|diff"
     timeout 250 python scripts/bwd_tiles_ab.py --rounds 6 --variants causal --set $S $S,$B,stats_early=1 \
-      $S,$B,stats_early=3 $F,$B,stats_early=3 $S,$B,stats_early=3,dk_last=1 2>&1 | tee "$R/bwd_causal_ab.log" | grep -E "TFLOP|rror|diff"
+      $S,$B,stats_early=3 $F,$B,stats_early=3 $S,$B,stats_early=3,dk_last=1 2>&1 | tee "$R/bwd_causal_ab.log" \
+      | grep -E "TFLOP|rror|diff"
     pack_results ;;
   P)
     source scripts/device_step.sh  # environment, $R, ncu_profile, pack_results
