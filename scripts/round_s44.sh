@@ -9,8 +9,8 @@
 # A: lse read early too (stats_early 3) against delta only (1), both with dS^T's options, on full attention's 80-row
 #    rung and causal's split rung, against each rung as shipped, 6 rotated rounds each; on full's, delta early with
 #    dQ_acc zeroed by the preprocess too (dq_init 0: its writers' first-store flag, an atomic per staged dQ, out of the
-#    way: the consumers' wait for the staged-dQ buffer was 3.6% of full's step in session 43's profile); on causal's, full's
-#    80-row rung with the three too (80 rows spilled on causal-like masks before; with them causal builds clean there),
+#    way: the consumers' wait for the staged-dQ buffer was 3.6% of full's step in session 43's profile); on causal's,
+#    full's 80-row rung with the three too (80 rows spilled on causal-like masks before; with them causal builds clean there),
 #    and the split rung with dK's product behind dQ's (wip/dk-last.patch, its code applied here: FA4's order, which
 #    stages dQ under dK's product; 8.5% of causal's kernel's stall samples were the wait for dQ's product in session
 #    43's profile).
