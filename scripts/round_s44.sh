@@ -10,10 +10,10 @@
 #    rung and causal's split rung, against each rung as shipped, 6 rotated rounds each; on full's, delta early with
 #    dQ_acc zeroed by the preprocess too (dq_init 0: its writers' first-store flag, an atomic per staged dQ, out of the
 #    way: the consumers' wait for the staged-dQ buffer was 3.6% of full's step in session 43's profile); on causal's,
-#    full's 80-row rung with the three too (80 rows spilled on causal-like masks before; with them causal builds clean there),
-#    and the split rung with dK's product behind dQ's (wip/dk-last.patch, its code applied here: FA4's order, which
-#    stages dQ under dK's product; 8.5% of causal's kernel's stall samples were the wait for dQ's product in session
-#    43's profile).
+#    full's 80-row rung with the three too (80 rows spilled on causal-like masks before; with them causal builds clean
+#    there), and the split rung with dK's product behind dQ's (wip/dk-last.patch, its code applied here: FA4's order,
+#    which stages dQ under dK's product; 8.5% of causal's kernel's stall samples were the wait for dQ's product in
+#    session 43's profile).
 # P: Nsight Compute's full set on full attention's backward main kernel with lse and delta early and dS^T's options
 #    (scripts/profile_case.py --bwd-set), to set beside session 43's round G.
 # Rounds of scripts/round_s43.sh as prepared there otherwise.
