@@ -42,7 +42,8 @@ T = "attngen/templates/"
 
 # the stores skipped at run time (the scale is never 0), not compiled out: with dQ's accumulator unread ptxas drops
 # dQ's product too (session 39's round A ran that form, so its dq_stage measured dq_product)
-STAGE_DQ = ("bwd_sm90.cuh", "      stage_dq(sm.dq(cw), dq, tid);\n", "      if (a.scale == 0.f) stage_dq(sm.dq(cw), dq, tid);\n", 1)
+STAGE_DQ = ("bwd_sm90.cuh", "      stage_dq(sm.dq(cw), dq, p.tid);\n",
+            "      if (a.scale == 0.f) stage_dq(sm.dq(cw), dq, p.tid);\n", 1)
 DQ_ADD = ("bwd_dq.cuh", "        store_or_add_dq(a.dq_written + 2 * tile + DQ_CHUNK * cw, dst, buf);\n",
           "        (void)dst;\n", 1)
 DQ_PRODUCT = ("bwd_sm90.cuh",
@@ -58,7 +59,7 @@ ABLATIONS = {
     "dq_stage": [DQ_ADD, STAGE_DQ],
     "dq_product": [DQ_ADD, STAGE_DQ, DQ_PRODUCT],
     "dq_product_only": [DQ_PRODUCT],
-    "ds_store": [("bwd_sm90.cuh", "store_ds(ds, da, cw * 64 + r0, tig);", "fence_regs(da);", 0)],
+    "ds_store": [("bwd_sm90.cuh", "store_ds(ds, da, cw * 64 + p.r0, p.tig);", "fence_regs(da);", 0)],
     "exp": [("bwd_probs.cuh", "x = keep ? fast_exp2(y) : 0.f;", "x = keep ? y * 1e-5f : 0.f;", 0)],
     "stage_half": [DQ_ADD, STAGE_HALF],
     "dq_half": [STAGE_HALF,
