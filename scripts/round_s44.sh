@@ -13,7 +13,7 @@
 #    full's 80-row rung with the three too (80 rows spilled on causal-like masks before; with them causal builds clean
 #    there), and the split rung with dK's product behind dQ's (wip/dk-last.patch, its code applied here: FA4's order,
 #    which stages dQ under dK's product; 8.5% of causal's kernel's stall samples were the wait for dQ's product in
-#    session 43's profile).
+#    session 43's profile), and with each step's S^T issued a step ahead instead (s_ahead 2, under dQ's product).
 # P: Nsight Compute's full set on full attention's backward main kernel with lse and delta early and dS^T's options
 #    (scripts/profile_case.py --bwd-set), to set beside session 43's round G.
 # Rounds of scripts/round_s43.sh as prepared there otherwise.
@@ -47,8 +47,9 @@ case "$1" in
     B=ds_stmatrix=1,ds_mul_packed=1
     timeout 230 python scripts/bwd_tiles_ab.py --rounds 6 --variants full --set $F $F,$B,stats_early=1 \
       $F,$B,stats_early=3 $F,$B,stats_early=1,dq_init=0 2>&1 | tee "$R/bwd_full_ab.log" | grep -E "TFLOP|rror|diff"
-    timeout 250 python scripts/bwd_tiles_ab.py --rounds 6 --variants causal --set $S $S,$B,stats_early=1 \
-      $S,$B,stats_early=3 $F,$B,stats_early=3 $S,$B,stats_early=3,dk_last=1 2>&1 | tee "$R/bwd_causal_ab.log" \
+    timeout 290 python scripts/bwd_tiles_ab.py --rounds 6 --variants causal --set $S $S,$B,stats_early=1 \
+      $S,$B,stats_early=3 $F,$B,stats_early=3 $S,$B,stats_early=3,dk_last=1 $S,$B,stats_early=3,s_ahead=2 2>&1 \
+      | tee "$R/bwd_causal_ab.log" \
       | grep -E "TFLOP|rror|diff"
     pack_results ;;
   P)
