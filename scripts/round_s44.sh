@@ -14,8 +14,10 @@
 #    there), and the split rung with dK's product behind dQ's (wip/dk-last.patch, its code applied here: FA4's order,
 #    which stages dQ under dK's product; 8.5% of causal's kernel's stall samples were the wait for dQ's product in
 #    session 43's profile), and with each step's S^T issued a step ahead instead (s_ahead 2, under dQ's product).
-# P: Nsight Compute's full set on full attention's backward main kernel with lse and delta early and dS^T's options
-#    (scripts/profile_case.py --bwd-set), to set beside session 43's round G.
+# P [VARIANT [SETTING]]: Nsight Compute's full set on a variant's backward main kernel (full) at a tile setting (full
+#    attention's 80-row rung with lse and delta early and dS^T's options; scripts/profile_case.py --bwd-set, dk_last
+#    available), to set beside session 43's round G (e.g. `P causal split_probs=1,ds_stmatrix=1,ds_mul_packed=1,
+#    stats_early=3,dk_last=1` for causal's best of round A).
 # Rounds of scripts/round_s43.sh as prepared there otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,8 +56,10 @@ case "$1" in
     pack_results ;;
   P)
     source scripts/device_step.sh  # environment, $R, ncu_profile, pack_results
-    ncu_profile bwd-full-early attngen_bwd_kernel 240 full --backward \
-      --bwd-set split_probs=1,block_q=80,ds_from_packed=1,s_ahead=2,ds_stmatrix=1,ds_mul_packed=1,stats_early=3
+    grep -q "dk_last" attngen/jit/tiles.py || git apply --exclude='tests/*' wip/dk-last.patch || exit 1
+    m=${2:-full}
+    set_=${3:-split_probs=1,block_q=80,ds_from_packed=1,s_ahead=2,ds_stmatrix=1,ds_mul_packed=1,stats_early=3}
+    ncu_profile "bwd-$m-early" attngen_bwd_kernel 240 "$m" --backward --bwd-set "$set_"
     pack_results ;;
   *) bash scripts/round_s43.sh "$@" ;;
 esac
