@@ -58,8 +58,8 @@ case "$1" in
     source scripts/device_step.sh  # environment, $R, ncu_profile, pack_results
     grep -q "dk_last" attngen/jit/tiles.py || git apply --exclude='tests/*' wip/dk-last.patch || exit 1
     m=${2:-full}
-    set_=${3:-split_probs=1,block_q=80,ds_from_packed=1,s_ahead=2,ds_stmatrix=1,ds_mul_packed=1,stats_early=3}
-    ncu_profile "bwd-$m-early" attngen_bwd_kernel 240 "$m" --backward --bwd-set "$set_"
+    tiles=${3:-split_probs=1,block_q=80,ds_from_packed=1,s_ahead=2,ds_stmatrix=1,ds_mul_packed=1,stats_early=3}
+    ncu_profile "bwd-$m-early" attngen_bwd_kernel 240 "$m" --backward --bwd-set "$tiles"
     pack_results ;;
   *) bash scripts/round_s43.sh "$@" ;;
 esac
