@@ -3,9 +3,11 @@
 # benchmarks/results/<date>-h200-session44/round-X/). Session 44 itself got no machine: these wait for the next.
 # T [END]: the ladder with dS^T's options and delta early on every split rung (wip/ds-rungs.patch) and lse early too on
 #    full attention's 80-row rung (wip/full-lse-early.patch: it builds clean there since session 44), both applied here:
-#    the backward suite, the training table on every anchor, then the backward's small cases plainly and under
-#    memcheck, each within what is left of END seconds (520; racecheck is R, the next call while the machine is warm).
+#    the backward suite (148 cases, more kernels than session 38's 156-second run built: up to 300 s), then the
+#    backward's small cases plainly and under memcheck, within what is left of END seconds (560).
+# W: the training table on every anchor on the same ladder (the next call, while the machine is warm).
 # R: the backward's small cases under racecheck on the same ladder (built by T on the warm machine; built again if not).
+# The next session's order: T, W, R (the evidence the ladder lands on), then A, and P if time is left.
 # A: lse read early too (stats_early 3) against delta only (1), both with dS^T's options, on full attention's 80-row
 #    rung and causal's split rung, against each rung as shipped, 6 rotated rounds each; on full's, delta early with
 #    dQ_acc zeroed by the preprocess too (dq_init 0: its writers' first-store flag, an atomic per staged dQ, out of the
@@ -28,13 +30,17 @@ ladder() {  # the ladder under test, in this call's copy of the tree (each call'
 }
 case "$1" in
   T)
-    source scripts/device_step.sh  # environment, $R, training_table, run_tests, smoke_backward, sanitize_backward
-    end=${2:-520}  # the call's seconds: each step's limit is what is left of them
+    source scripts/device_step.sh  # environment, $R, run_tests, smoke_backward, sanitize_backward
+    end=${2:-560}  # the call's seconds: each step's limit is what is left of them
     left() { echo $(( end - ${1:-0} - SECONDS )); }  # seconds left, less a reserve (the first argument)
     ladder
-    run_tests bwd 180 -n 8 tests/gpu/test_bwd_gpu.py
-    training_table $(left 20)
+    run_tests bwd 300 -n 8 tests/gpu/test_bwd_gpu.py
     [ $(left) -gt 90 ] && smoke_backward 40 && sanitize_backward memcheck $(left 5)
+    pack_results ;;
+  W)
+    source scripts/device_step.sh  # environment, $R, training_table
+    ladder
+    training_table 330
     pack_results ;;
   R)
     source scripts/device_step.sh
