@@ -7,19 +7,21 @@
 #    backward's small cases plainly and under memcheck, within what is left of END seconds (560).
 # W: the training table on every anchor on the same ladder (the next call, while the machine is warm).
 # R: the backward's small cases under racecheck on the same ladder (built by T on the warm machine; built again if not).
-# The next session's order: T, W, R (the evidence the ladder lands on), then A, and P if time is left.
-# A: lse read early too (stats_early 3) against delta only (1), both with dS^T's options, on full attention's 80-row
-#    rung and causal's split rung, against each rung as shipped, 6 rotated rounds each; on full's, delta early with
-#    dQ_acc zeroed by the preprocess too (dq_init 0: its writers' first-store flag, an atomic per staged dQ, out of the
-#    way: the consumers' wait for the staged-dQ buffer was 3.6% of full's step in session 43's profile); on causal's,
-#    full's 80-row rung with the three too (80 rows spilled on causal-like masks before; with them causal builds clean
-#    there), and the split rung with dK's product behind dQ's (wip/dk-last.patch, its code applied here: FA4's order,
-#    which stages dQ under dK's product; 8.5% of causal's kernel's stall samples were the wait for dQ's product in
-#    session 43's profile), and with each step's S^T issued a step ahead instead (s_ahead 2, under dQ's product).
+# The next session's order: T, W, R (the evidence the ladder lands on), then A and C, and P if time is left.
+# A: full attention's 80-row rung as shipped, with dS^T's options and delta early (the ladder patch's rung), with lse
+#    early too (stats_early 3: full-lse-early.patch's), and each of those two with dQ_acc zeroed by the preprocess
+#    (dq_init 0: its writers' first-store flag, an atomic per staged dQ, out of the way: the consumers' wait for the
+#    staged-dQ buffer was 3.6% of full's step in session 43's profile), 6 rotated rounds.
+# C: causal's split rung as shipped, with dS^T's options and delta early, with lse early too, and beside them full
+#    attention's 80-row rung with the three (80 rows spilled on causal-like masks before; with them causal builds clean
+#    there), the split rung with dK's product behind dQ's (wip/dk-last.patch, its code applied here: FA4's order, which
+#    stages dQ under dK's product; 8.5% of causal's kernel's stall samples were the wait for dQ's product in session
+#    43's profile) and with each step's S^T issued a step ahead instead (s_ahead 2, under dQ's product), 6 rotated
+#    rounds.
 # P [VARIANT [SETTING]]: Nsight Compute's full set on a variant's backward main kernel (full) at a tile setting (full
 #    attention's 80-row rung with lse and delta early and dS^T's options; scripts/profile_case.py --bwd-set, dk_last
 #    available), to set beside session 43's round G (e.g. `P causal split_probs=1,ds_stmatrix=1,ds_mul_packed=1,
-#    stats_early=3,dk_last=1` for causal's best of round A).
+#    stats_early=3,dk_last=1` for causal's best of round C).
 # Rounds of scripts/round_s43.sh as prepared there otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,18 +49,21 @@ case "$1" in
     ladder
     smoke_backward 60 && sanitize_backward racecheck 240
     pack_results ;;
-  A)
+  A|C)
     source scripts/device_step.sh
     grep -q "dk_last" attngen/jit/tiles.py || git apply --exclude='tests/*' wip/dk-last.patch || exit 1
     S=split_probs=1
     F=$S,block_q=80,ds_from_packed=1,s_ahead=2  # full attention's shipped first rung at head dim 128
     B=ds_stmatrix=1,ds_mul_packed=1
-    timeout 230 python scripts/bwd_tiles_ab.py --rounds 6 --variants full --set $F $F,$B,stats_early=1 \
-      $F,$B,stats_early=3 $F,$B,stats_early=1,dq_init=0 2>&1 | tee "$R/bwd_full_ab.log" | grep -E "TFLOP|rror|diff"
-    timeout 290 python scripts/bwd_tiles_ab.py --rounds 6 --variants causal --set $S $S,$B,stats_early=1 \
-      $S,$B,stats_early=3 $F,$B,stats_early=3 $S,$B,stats_early=3,dk_last=1 $S,$B,stats_early=3,s_ahead=2 2>&1 \
-      | tee "$R/bwd_causal_ab.log" \
-      | grep -E "TFLOP|rror|diff"
+    if [ "$1" = A ]; then
+      timeout 560 python scripts/bwd_tiles_ab.py --rounds 6 --variants full --set $F $F,$B,stats_early=1 \
+        $F,$B,stats_early=3 $F,$B,stats_early=1,dq_init=0 $F,$B,stats_early=3,dq_init=0 2>&1 \
+        | tee "$R/bwd_full_ab.log" | grep -E "TFLOP|rror|diff"
+    else
+      timeout 560 python scripts/bwd_tiles_ab.py --rounds 6 --variants causal --set $S $S,$B,stats_early=1 \
+        $S,$B,stats_early=3 $F,$B,stats_early=3 $S,$B,stats_early=3,dk_last=1 $S,$B,stats_early=3,s_ahead=2 2>&1 \
+        | tee "$R/bwd_causal_ab.log" | grep -E "TFLOP|rror|diff"
+    fi
     pack_results ;;
   P)
     source scripts/device_step.sh  # environment, $R, ncu_profile, pack_results
