@@ -316,13 +316,6 @@ __device__ __forceinline__ void stage_dq(uint32_t buf, const float (&dq)[NDQ], i
                  : "memory");
 }
 
-// The thread's lane from its special register, read where it is used.
-__device__ __forceinline__ uint32_t lane_now() {
-  uint32_t lane;
-  asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));
-  return lane;
-}
-
 // A consumer thread's place in its warpgroup: its index, lane, warp, accumulator rows r0 and r0 + 8 (of 64) and
 // column pair tig.
 struct Place {
@@ -712,9 +705,10 @@ __device__ __forceinline__ void consume(const AttngenBwdArgs& a, const CUtensorM
   // the walks are over: once the writer has taken the last staged dQ, it stops (WAIT_NS: dq_done, then dq_full woken
   // with no dQ staged, the one barrier it waits on; the slot is not written, so nothing of it races the writer's read)
   mbar_wait(sm.dq_empty(cw), (n & 1u) ^ 1u);
-  // at 80 q rows the lane is read again here: held across the walks, it was the one register spilled (elsewhere it
-  // stays as it was, the kernels' SASS as measured; read again there, it moved spills onto other rungs: session 37)
-  const int end_lane = BQ == 80 ? (int)lane_now() : place_here().lane;
+  // at 80 q rows the place is read again here too: held across the walks, the lane was the one register spilled
+  // (elsewhere it stays as it was, the kernels' SASS as measured; read again there, it moved spills onto other rungs:
+  // session 37)
+  const int end_lane = (BQ == 80 ? place_now() : place_here()).lane;
   if (end_lane == 0) mbar_arrive(sm.dq_done(cw));
   if (WAIT_NS != 0 && end_lane == 0) mbar_arrive(sm.dq_full(cw));
 }
