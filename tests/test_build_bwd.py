@@ -275,13 +275,7 @@ def test_sm90_backward_stages_dq_beside_the_most_gradient_bins(tmp_path):
                                                       kernel=SM90_BWD_KERNEL).variant_inc()
     assert f"#define ATTNGEN_GRAD_DIAG_SITES {GRAD_DIAG_SITES}" in inc
     for hd in (128, 64):
-        d = tmp_path / f"h{hd}"
-        d.mkdir()
-        for name, text in {**render.headers(), **render.render_sources(inc, torch.bfloat16, hd, "sm_90a",
-                                                                        kernel=SM90_BWD_KERNEL)}.items():
-            (d / name).write_text(text)
-        (d / render.VARIANT_INCLUDE).write_text(inc)
-        ptx = _bwd_ptx(d)
+        ptx = _rendered_ptx(tmp_path / f"h{hd}", inc, torch.bfloat16, hd)
         assert "cp.reduce.async.bulk" in ptx and "red.global.add.v2.f32" not in ptx, hd
 
 
@@ -457,11 +451,14 @@ def _bwd_ptx(d) -> str:
                           check=True).stdout
 
 
-def _write_sources(d, sources) -> None:
-    """Rendered sources (render.render_sources) into a new directory d."""
+def _rendered_ptx(d, variant_inc: str, dtype, head_dim: int, tiles=None) -> str:
+    """The PTX of the sm90 backward for variant_inc at a tile setting (the renderer's default: None), its sources
+    (render.render_sources: the kernel, the variant include and the headers) written into a new directory d; no ptxas."""
     d.mkdir()
-    for name, text in sources.items():
+    for name, text in render.render_sources(variant_inc, dtype, head_dim, "sm_90a", tiles=tiles,
+                                            kernel=SM90_BWD_KERNEL).items():
         (d / name).write_text(text)
+    return _bwd_ptx(d)
 
 
 def _clean_rung_ptx(d, spec, t) -> str:
@@ -564,6 +561,9 @@ def test_sm90_backward_ds_stmatrix_and_packed_multiply_build_clean(tmp_path):
     for name, attn in (("full", attngen.compile()), ("causal", attngen.compile(causal=True))):
         spec = attn.spec(torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
         first = spec.tile_choices()[0]
+        # the shipped rung reads the statistics where they are used
+        assert not early_loads.search(_rendered_ptx(tmp_path / f"{name}-shipped", spec.variant_inc(), torch.bfloat16,
+                                                    128, first)), name
         assert not (first.ds_stmatrix or first.ds_mul_packed or first.stats_early)
         assert first.split_probs
         ptx = _clean_rung_ptx(tmp_path / name, spec, dataclasses.replace(first, ds_stmatrix=True, ds_mul_packed=True,
@@ -576,21 +576,16 @@ def test_sm90_backward_ds_stmatrix_and_packed_multiply_build_clean(tmp_path):
             first, ds_stmatrix=True, ds_mul_packed=True, stats_early=3))
         assert len(early_loads.findall(both)) == 2 * first.block_q // 8, name
         assert len(tid_reads.findall(both)) > len(tid_reads.findall(ptx)), name
-    both = render.render_sources(spec.variant_inc(), torch.bfloat16, 128, "sm_90a", kernel=SM90_BWD_KERNEL,
-                                 tiles=dataclasses.replace(first, stats_early=3))
-    _write_sources(tmp_path / "both", both)
-    ptx = _bwd_ptx(tmp_path / "both")
-    assert len(early_loads.findall(ptx)) == 2 * first.block_q // 8  # causal's rung: lse and delta
-    assert not early_loads.search(_clean_rung_ptx(tmp_path / "shipped", spec, first))
+        # lse and delta early without dS^T's options
+        alone = _rendered_ptx(tmp_path / f"{name}-alone", spec.variant_inc(), torch.bfloat16, 128,
+                              dataclasses.replace(first, stats_early=3))
+        assert len(early_loads.findall(alone)) == 2 * first.block_q // 8, name
     shipped = [r for hd in (64, 128) for kw in ({}, dict(has_mask=True), dict(has_mask=True, half_plane=True),
                                                 dict(has_score_mod=True)) for r in tiles.sm90_bwd_ladder(hd, **kw)]
     assert not any(r.ds_stmatrix or r.ds_mul_packed for r in shipped)
-    fp16 = render.render_sources(attngen.compile().spec(torch.float16, 128, "sm_90a", kernel=SM90_BWD_KERNEL)
-                                 .variant_inc(), torch.float16, 128, "sm_90a", kernel=SM90_BWD_KERNEL,
-                                 tiles=dataclasses.replace(first, ds_mul_packed=True))
-    _write_sources(tmp_path / "fp16", fp16)
-    assert "constexpr bool DS_MUL_PACKED = 1;" in fp16[render.BWD_KERNEL_SOURCE]
-    ptx = _bwd_ptx(tmp_path / "fp16")
+    fp16_inc = attngen.compile().spec(torch.float16, 128, "sm_90a", kernel=SM90_BWD_KERNEL).variant_inc()
+    ptx = _rendered_ptx(tmp_path / "fp16", fp16_inc, torch.float16, 128, dataclasses.replace(first, ds_mul_packed=True))
+    assert "constexpr bool DS_MUL_PACKED = 1;" in (tmp_path / "fp16" / render.BWD_KERNEL_SOURCE).read_text()
     assert "mul.rn.bf16x2" not in ptx and "mul.rn.f16x2" not in ptx
     with pytest.raises(attngen.BuildError, match="ds_mul_packed"):
         tiles.Sm90BwdTiles(ds_mul_packed=True)
